@@ -1,0 +1,1 @@
+"""The per-node agent: hardware sources, sampler, outbox and the stream to the collector."""

@@ -1,0 +1,140 @@
+"""The agent at run time: poll the sources on a timer and keep the link to the collector up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agent.exceptions import SourceError
+from fleetwatch import PROTOCOL_VERSION, __version__
+from fleetwatch.clock import unix_ms
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from fleetwatch.wire.validate import Inventory, WireError, validate_event, validate_hello
+
+if TYPE_CHECKING:
+    from agent.backoff import Backoff
+    from agent.intervals import Intervals
+    from agent.link import CollectorLink, LiveSamples
+    from agent.outbox import Outbox
+    from agent.sampler import NodeInventory, PendingEvent, Sampler
+    from fleetwatch.clock import Clock
+
+log = structlog.get_logger("agent")
+
+
+def build_hello(node: str, boot_id: str, inv: NodeInventory, clock: Clock) -> pb.Hello:
+    """Build the Hello from what discovery found."""
+    return pb.Hello(
+        node=node,
+        boot_id=boot_id,
+        agent_version=__version__,
+        protocol_version=PROTOCOL_VERSION,
+        driver_version=inv.driver_version,
+        nvml_version=inv.nvml_version,
+        gpus=[
+            pb.Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                pci_bus_id=g.pci_bus_id,
+                model=g.model,
+                nvlink_count=g.nvlink_count,
+            )
+            for g in inv.gpus
+        ],
+        ib_ports=[
+            pb.IbPort(device=p.device, port=p.port, rate=p.rate, link_layer=p.link_layer)
+            for p in inv.ib_ports
+        ],
+        time_unix_ms=unix_ms(clock),
+    )
+
+
+class Agent:
+    """Polls, numbers events into the outbox, and hands samples to the link."""
+
+    def __init__(  # noqa: PLR0913 - the composition root passes every collaborator
+        self,
+        *,
+        node: str,
+        boot_id: str,
+        sampler: Sampler,
+        outbox: Outbox,
+        live: LiveSamples,
+        link: CollectorLink,
+        clock: Clock,
+        intervals: Intervals,
+        start_backoff: Backoff,
+    ) -> None:
+        """Wire the parts together; nothing runs until :meth:`run`."""
+        self.node = node
+        self.boot_id = boot_id
+        self.sampler = sampler
+        self.outbox = outbox
+        self.live = live
+        self.link = link
+        self.clock = clock
+        self.intervals = intervals
+        self._start_backoff = start_backoff
+        self._inventory = Inventory()
+        self.dropped_events: Counter[str] = Counter()
+        self.polls = 0
+
+    async def start(self) -> None:
+        """Discover the hardware, retrying with backoff while NVML cannot start."""
+        while True:
+            try:
+                self.sampler.discover()
+                hello = build_hello(self.node, self.boot_id, self.sampler.inventory, self.clock)
+                self._inventory = validate_hello(hello)
+            except SourceError as exc:
+                delay = self._start_backoff.next_delay()
+                log.error("discovery_failed", error=str(exc), retry_in_s=round(delay, 1))
+                await self.clock.sleep(delay)
+                continue
+            inv = self.sampler.inventory
+            log.info(
+                "agent_started",
+                node=self.node,
+                boot_id=self.boot_id,
+                gpus=len(inv.gpus),
+                ib_ports=len(inv.ib_ports),
+                driver=inv.driver_version,
+            )
+            return
+
+    def _accept(self, event: PendingEvent) -> None:
+        """Check an event the way the collector will, then number it into the outbox."""
+        try:
+            validate_event(event.to_pb(self.outbox.last_seq + 1), self._inventory)
+        except WireError as exc:
+            self.dropped_events[exc.reason] += 1
+            log.error("event_dropped_invalid", kind=event.kind, error=str(exc))
+            return
+        self.outbox.add(event)
+
+    def poll_once(self) -> None:
+        """Run one poll: events to the outbox, samples to the link."""
+        result = self.sampler.poll()
+        self.polls += 1
+        for event in result.events:
+            self._accept(event)
+            log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
+        self.live.update(result.samples)
+
+    async def run(self) -> None:
+        """Start, then poll forever while the link streams in the background."""
+        await self.start()
+        self.poll_once()
+        link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
+        try:
+            while True:
+                await self.clock.sleep(self.intervals.poll)
+                self.poll_once()
+        finally:
+            link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link_task

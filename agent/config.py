@@ -1,0 +1,51 @@
+"""Agent configuration: defaults, an optional TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.exceptions import ConfigError
+from fleetwatch.config_file import check_number, merge_config
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything the agent can be told. Intervals are in seconds."""
+
+    collector: str = "127.0.0.1:7070"
+    node: str = field(default_factory=socket.gethostname)
+    poll_interval: float = 5.0
+    heartbeat_interval: float = 5.0
+    sysfs_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
+    kmsg_path: str = "/dev/kmsg"  # "" turns the kernel log source off
+    udev: bool = True
+    xid_catalog: Path | None = None
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+
+    def __post_init__(self) -> None:
+        """Reject values that cannot work, naming the key."""
+        for key in ("poll_interval", "heartbeat_interval", "backoff_initial", "backoff_max"):
+            check_number(getattr(self, key), key, ConfigError)
+        if self.backoff_initial > self.backoff_max:
+            msg = "agent config: backoff_initial must not exceed backoff_max"
+            raise ConfigError(msg)
+        if not self.collector or ":" not in self.collector:
+            msg = f"agent config: collector must be host:port, got {self.collector!r}"
+            raise ConfigError(msg)
+
+
+_PATHS = {"sysfs_root", "proc_root", "xid_catalog"}
+
+
+def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
+    """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
+    values = merge_config(path, "agent", overrides, AgentConfig, ConfigError)
+    for key in _PATHS & values.keys():
+        if values[key] is not None:
+            values[key] = Path(values[key])
+    return AgentConfig(**values)

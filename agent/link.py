@@ -1,0 +1,236 @@
+"""The agent's end of the stream: connect, say Hello, replay the outbox, send changes, heartbeat.
+
+One bidirectional gRPC stream per connection. Two tasks share it: the sender (events first, then
+changed samples, or an empty Report as a heartbeat) and the reader (acks, config, commands). Writes
+go through one lock because gRPC allows one write in flight at a time. When either task ends the
+stream is torn down and the link reconnects after a jittered, growing delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeAlias
+
+import grpc
+import structlog
+
+from agent.changes import ChangeDetector
+from fleetwatch.clock import unix_ms
+from fleetwatch.model import SampleKey, SampleValue, sample_to_pb
+from fleetwatch.wire import settings
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from google.protobuf.message import Message
+
+    from agent.backoff import Backoff
+    from agent.intervals import Intervals
+    from agent.outbox import Outbox
+    from fleetwatch.clock import Clock
+
+    Call: TypeAlias = grpc.aio.StreamStreamCall[Message, pb.CollectorMessage]
+
+log = structlog.get_logger("agent.link")
+
+# A connection that stayed up this long counts as healthy: the next failure starts the backoff
+# from its smallest delay again.
+HEALTHY_AFTER_S = 10.0
+
+
+class ProtocolError(Exception):
+    """The collector broke the contract (e.g. no Welcome after Hello)."""
+
+
+@dataclass(slots=True)
+class LiveSamples:
+    """The newest value of every sample, written by the poll loop and read by the sender."""
+
+    values: dict[SampleKey, SampleValue] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def update(self, samples: dict[SampleKey, SampleValue]) -> None:
+        """Merge a poll's samples and wake the sender."""
+        self.values.update(samples)
+        self.changed.set()
+
+
+class CollectorLink:
+    """Keeps one stream to the collector alive for as long as the agent runs."""
+
+    def __init__(  # noqa: PLR0913 - everything here is an injected collaborator
+        self,
+        *,
+        target: str,
+        hello: Callable[[], pb.Hello],
+        outbox: Outbox,
+        live: LiveSamples,
+        clock: Clock,
+        backoff: Backoff,
+        intervals: Intervals,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        """Nothing connects until :meth:`run`."""
+        self.target = target
+        self._hello = hello
+        self._outbox = outbox
+        self._live = live
+        self._clock = clock
+        self._backoff = backoff
+        self.intervals = intervals
+        self._credentials = credentials
+        self.connected = False
+        self.connections = 0
+        self.failures = 0
+
+    async def run(self) -> None:
+        """Connect, stream, and reconnect with backoff, until cancelled."""
+        while True:
+            started = self._clock.monotonic()
+            try:
+                await self._connect_once()
+            except grpc.aio.AioRpcError as exc:
+                self.failures += 1
+                log.warning(
+                    "stream_failed",
+                    collector=self.target,
+                    code=exc.code().name,
+                    detail=exc.details(),
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever broke this stream, reconnect
+                # e.g. ProtocolError, OSError, or asyncio.InvalidStateError when gRPC finished
+                # the call between our read and our write.
+                self.failures += 1
+                log.warning(
+                    "stream_failed",
+                    collector=self.target,
+                    code=type(exc).__name__,
+                    detail=str(exc),
+                )
+            finally:
+                self.connected = False
+            if self._clock.monotonic() - started >= HEALTHY_AFTER_S:
+                self._backoff.reset()
+            await self._clock.sleep(self._backoff.next_delay())
+
+    def _channel(self) -> grpc.aio.Channel:
+        options = settings.client_options()
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self.target, options=options)
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
+
+    async def _connect_once(self) -> None:
+        async with self._channel() as channel:
+            call: Call = channel.stream_stream(
+                settings.STREAM_METHOD,
+                request_serializer=pb.AgentMessage.SerializeToString,
+                response_deserializer=pb.CollectorMessage.FromString,
+            )()
+            try:
+                await self._stream(call)
+            finally:
+                call.cancel()
+
+    async def _stream(self, call: Call) -> None:
+        hello = self._hello()
+        await call.write(pb.AgentMessage(hello=hello))
+        first = await call.read()
+        if not isinstance(first, pb.CollectorMessage) or first.WhichOneof("body") != "welcome":
+            msg = "collector did not answer the Hello with a Welcome"
+            raise ProtocolError(msg)
+        welcome = first.welcome
+        if welcome.journaled.boot_id not in ("", hello.boot_id):
+            msg = f"Welcome is for boot {welcome.journaled.boot_id}, not {hello.boot_id}"
+            raise ProtocolError(msg)
+        self._outbox.welcome(welcome.journaled.seq)
+        self.intervals.apply(welcome.config)
+        self.connected = True
+        self.connections += 1
+        log.info(
+            "stream_open",
+            collector=self.target,
+            journaled_seq=welcome.journaled.seq,
+            replay=len(self._outbox),
+        )
+        lock = asyncio.Lock()
+        tasks = {
+            asyncio.create_task(self._send_loop(call, lock), name="link-send"),
+            asyncio.create_task(self._read_loop(call, lock), name="link-read"),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await task
+        for task in done:
+            task.result()  # re-raise what ended the stream
+
+    async def _write(self, call: Call, lock: asyncio.Lock, msg: pb.AgentMessage) -> None:
+        async with lock:
+            await call.write(msg)
+
+    async def _send_loop(self, call: Call, lock: asyncio.Lock) -> None:
+        detector = ChangeDetector()
+        sent_seq = self._outbox.acked_seq
+        last_write = self._clock.monotonic()
+        first_report = True
+        while True:
+            self._live.changed.clear()
+            for event in self._outbox.after(sent_seq):
+                await self._write(call, lock, pb.AgentMessage(event=event))
+                sent_seq = event.seq
+                last_write = self._clock.monotonic()
+            changes = detector.diff(self._live.values)
+            due = self._clock.monotonic() - last_write >= self.intervals.heartbeat
+            if changes or due or first_report:
+                report = pb.Report(
+                    time_unix_ms=unix_ms(self._clock),
+                    samples=[sample_to_pb(key[0], key[1], value) for key, value in changes],
+                )
+                await self._write(call, lock, pb.AgentMessage(report=report))
+                last_write = self._clock.monotonic()
+                first_report = False
+            wait = self.intervals.heartbeat - (self._clock.monotonic() - last_write)
+            await self._wait_for_change(max(wait, 0.0))
+
+    async def _wait_for_change(self, seconds: float) -> None:
+        """Return when a poll changed something or ``seconds`` (clock time) have passed."""
+        if self._live.changed.is_set():
+            return
+        waiter = asyncio.create_task(self._live.changed.wait())
+        sleeper = asyncio.create_task(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+
+    async def _read_loop(self, call: Call, lock: asyncio.Lock) -> None:
+        while True:
+            msg = await call.read()
+            if not isinstance(msg, pb.CollectorMessage):
+                log.info("stream_closed_by_collector", collector=self.target)
+                return
+            body = msg.WhichOneof("body")
+            if body == "ack":
+                if msg.ack.boot_id == self._outbox.boot_id:
+                    self._outbox.ack(msg.ack.seq)
+                else:
+                    log.warning("ack_for_other_boot", boot_id=msg.ack.boot_id)
+            elif body == "config":
+                self.intervals.apply(msg.config)
+            elif body == "command":
+                result = pb.CommandResult(
+                    command_id=msg.command.command_id,
+                    ok=False,
+                    detail=f"command kind {msg.command.kind} is not supported by this agent",
+                )
+                await self._write(call, lock, pb.AgentMessage(command_result=result))
+            else:
+                log.warning("unexpected_collector_message", body=body)

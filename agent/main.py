@@ -1,0 +1,118 @@
+"""The agent's composition root: the one place that picks real or simulated hardware."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agent.agent import Agent, build_hello
+from agent.backoff import Backoff
+from agent.exceptions import SourceError
+from agent.intervals import Intervals
+from agent.link import CollectorLink, LiveSamples
+from agent.outbox import Outbox
+from agent.sampler import Sampler
+from agent.sources.kmsg import DevKmsgReader
+from agent.sources.nvml import NvmlLibrary, NvmlSource, load_pynvml
+from agent.sources.sysfs import SysfsReader
+from agent.sources.udev import PyudevSource
+from rules.xid_catalog import load_catalog
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import grpc
+
+    from agent.config import AgentConfig
+    from agent.sources.kmsg import KmsgSource
+    from agent.sources.udev import UdevSource
+    from fleetwatch.clock import Clock
+
+log = structlog.get_logger("agent")
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """The four hardware sources and the boot id, real or simulated."""
+
+    nvml: NvmlLibrary
+    sysfs_root: Path
+    kmsg: KmsgSource | None
+    udev: UdevSource | None
+    boot_id: str
+
+
+def read_boot_id(proc_root: Path) -> str:
+    """Return the kernel's boot id (changes on every boot)."""
+    path = proc_root / "sys" / "kernel" / "random" / "boot_id"
+    try:
+        return path.read_text("ascii").strip()
+    except OSError as exc:
+        msg = f"cannot read {path}: {exc.strerror}"
+        raise SourceError("proc", msg) from exc
+
+
+def real_hardware(cfg: AgentConfig) -> Hardware:
+    """Open the node's real sources; kmsg and udev are optional and say once why they are off."""
+    kmsg: KmsgSource | None = None
+    if cfg.kmsg_path:
+        try:
+            kmsg = DevKmsgReader(cfg.kmsg_path)
+        except SourceError as exc:
+            log.warning("source_disabled", source="kmsg", error=str(exc))
+    udev: UdevSource | None = None
+    if cfg.udev:
+        try:
+            udev = PyudevSource()
+        except SourceError as exc:
+            log.warning("source_disabled", source="udev", error=str(exc))
+    return Hardware(
+        nvml=load_pynvml(),
+        sysfs_root=cfg.sysfs_root,
+        kmsg=kmsg,
+        udev=udev,
+        boot_id=read_boot_id(cfg.proc_root),
+    )
+
+
+def build_agent(
+    cfg: AgentConfig,
+    hardware: Hardware,
+    clock: Clock,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> Agent:
+    """Assemble an agent from its configuration and hardware."""
+    sampler = Sampler(
+        nvml=NvmlSource(hardware.nvml),
+        sysfs=SysfsReader(hardware.sysfs_root),
+        kmsg=hardware.kmsg,
+        udev=hardware.udev,
+        catalog=load_catalog(cfg.xid_catalog),
+        clock=clock,
+    )
+    outbox = Outbox(hardware.boot_id)
+    live = LiveSamples()
+    intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
+    link = CollectorLink(
+        target=cfg.collector,
+        hello=lambda: build_hello(cfg.node, hardware.boot_id, sampler.inventory, clock),
+        outbox=outbox,
+        live=live,
+        clock=clock,
+        backoff=Backoff(cfg.backoff_initial, cfg.backoff_max),
+        intervals=intervals,
+        credentials=credentials,
+    )
+    return Agent(
+        node=cfg.node,
+        boot_id=hardware.boot_id,
+        sampler=sampler,
+        outbox=outbox,
+        live=live,
+        link=link,
+        clock=clock,
+        intervals=intervals,
+        start_backoff=Backoff(cfg.backoff_initial, cfg.backoff_max),
+    )

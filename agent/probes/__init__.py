@@ -1,0 +1,1 @@
+"""Pure functions that turn raw source text into findings (Xid lines, ...)."""

@@ -1,0 +1,31 @@
+"""Xid lines in the kernel log, parsed by a pure function.
+
+NVIDIA's driver prints ``NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:..][ GPU-CI:..]): %d, ...``: four
+lowercase hex digits of domain and no function number.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.pci import normalize_bus_id
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+),")
+
+
+@dataclass(frozen=True, slots=True)
+class XidLine:
+    """An Xid reported by the kernel for the GPU at ``pci_bus_id`` (normalised)."""
+
+    pci_bus_id: str
+    xid: int
+    text: str
+
+
+def parse_xid_line(text: str) -> XidLine | None:
+    """Return the Xid in ``text``, or None when the line is not an NVRM Xid line."""
+    match = _XID.search(text)
+    if match is None:
+        return None
+    return XidLine(pci_bus_id=normalize_bus_id(match[1]), xid=int(match[2]), text=text.strip())

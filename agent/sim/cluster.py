@@ -1,0 +1,98 @@
+"""A simulated cluster: real agents (real source code, real gRPC) on simulated hardware."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from agent.config import AgentConfig
+from agent.main import Hardware, build_agent
+from agent.sim.hardware import SimNode
+from agent.sim.nvml_lib import SimNvmlLibrary
+from agent.sim.scenario import Fault, FaultKind, apply_fault
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
+
+    from agent.agent import Agent
+    from fleetwatch.clock import Clock
+
+
+def sim_hardware(node: SimNode) -> Hardware:
+    """The four sources of a simulated node, as the agent's composition root takes them."""
+    return Hardware(
+        nvml=SimNvmlLibrary(node),
+        sysfs_root=node.sysfs.root,
+        kmsg=node.kmsg,
+        udev=node.udev,
+        boot_id=node.boot_id,
+    )
+
+
+class SimCluster:
+    """Simulated nodes, each with an agent streaming to ``collector``."""
+
+    def __init__(  # noqa: PLR0913 - cluster shape and timing
+        self,
+        names: Iterable[str],
+        root: Path,
+        clock: Clock,
+        collector: str,
+        *,
+        poll_interval: float = 0.5,
+        heartbeat_interval: float = 1.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 1.0,
+    ) -> None:
+        """Build the nodes (and their sysfs trees under ``root``) and their agents."""
+        self.nodes: dict[str, SimNode] = {}
+        self.agents: dict[str, Agent] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        for name in names:
+            node = SimNode(name, root / name / "sys", clock)
+            cfg = AgentConfig(
+                collector=collector,
+                node=name,
+                poll_interval=poll_interval,
+                heartbeat_interval=heartbeat_interval,
+                backoff_initial=backoff_initial,
+                backoff_max=backoff_max,
+            )
+            self.nodes[name] = node
+            self.agents[name] = build_agent(cfg, sim_hardware(node), clock)
+
+    def start(self) -> None:
+        """Start every agent."""
+        for name, agent in self.agents.items():
+            self._tasks[name] = asyncio.create_task(agent.run(), name=f"agent-{name}")
+
+    def running(self, name: str) -> bool:
+        """True while the node's agent runs."""
+        task = self._tasks.get(name)
+        return task is not None and not task.done()
+
+    async def crash(self, name: str) -> None:
+        """Stop a node's agent without a goodbye, as a crashed node would."""
+        task = self._tasks.get(name)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def inject(self, fault: Fault) -> None:
+        """Make a fault happen."""
+        if fault.kind == FaultKind.NODE_CRASH:
+            await self.crash(fault.node)
+        else:
+            apply_fault(fault, self.nodes[fault.node])
+
+    def unacked(self) -> int:
+        """Events still waiting in the outboxes of running agents."""
+        return sum(len(a.outbox) for n, a in self.agents.items() if self.running(n))
+
+    async def stop(self) -> None:
+        """Stop every agent."""
+        for name in list(self._tasks):
+            await self.crash(name)

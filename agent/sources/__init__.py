@@ -1,0 +1,1 @@
+"""Hardware sources, one interface each: NVML, sysfs, the kernel log and udev."""

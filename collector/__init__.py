@@ -1,0 +1,1 @@
+"""The collector: gRPC ingest, fleet model, journal, liveness, Prometheus and JSON API."""

@@ -1,0 +1,54 @@
+"""Collector configuration: defaults, an optional TOML file, then command-line overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collector.exceptions import ConfigError
+from fleetwatch.config_file import check_number, merge_config
+
+
+def split_host_port(text: str, key: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too); raise ConfigError naming ``key``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:  # noqa: PLR2004
+        msg = f"collector config: {key} must be host:port, got {text!r}"
+        raise ConfigError(msg)
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a server listens
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    """Everything the collector can be told. Intervals are in seconds."""
+
+    listen: str = "0.0.0.0:7070"
+    http: str = "0.0.0.0:9470"
+    journal: Path = Path("/var/lib/fleetwatch/journal.db")
+    heartbeat_interval: float = 5.0
+    missed_heartbeats: int = 3
+    poll_interval: float = 0.0  # 0: agents keep their own
+
+    def __post_init__(self) -> None:
+        """Reject values that cannot work, naming the key."""
+        split_host_port(self.listen, "listen")
+        split_host_port(self.http, "http")
+        check_number(self.heartbeat_interval, "heartbeat_interval", ConfigError)
+        check_number(
+            self.missed_heartbeats,
+            "missed_heartbeats",
+            ConfigError,
+            minimum=1,
+            inclusive=True,
+            integer=True,
+        )
+        check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
+
+
+def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
+    """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
+    values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
+    if "journal" in values:
+        values["journal"] = Path(values["journal"])
+    return CollectorConfig(**values)

@@ -1,0 +1,22 @@
+"""Errors raised by the collector.
+
+Exception tree::
+
+    CollectorError
+    ├── ConfigError      (collector configuration is invalid; names the key)
+    └── JournalError     (the journal cannot be opened, migrated or written)
+"""
+
+from __future__ import annotations
+
+
+class CollectorError(Exception):
+    """Base class for collector errors."""
+
+
+class ConfigError(CollectorError):
+    """The collector's configuration is invalid."""
+
+
+class JournalError(CollectorError):
+    """The journal cannot be used."""

@@ -1,0 +1,214 @@
+"""The fleet model: what the collector knows now about every node, GPU, NVLink and IB port.
+
+Written by stream sessions and the liveness monitor on the event loop; read by the HTTP thread
+(``/metrics`` and the JSON API) through :meth:`FleetModel.snapshot`, which copies under a lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_value_from_pb
+
+if TYPE_CHECKING:
+    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+# Signals this collector does not model yet are kept as-is for the JSON API, up to this many per
+# node, so a misbehaving agent cannot grow the model without bound.
+MAX_OTHER_SIGNALS = 10_000
+
+
+@dataclass(slots=True)
+class GpuState:
+    """One GPU: identity from the Hello, state from samples, counts from journaled events."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    nvlink_count: int
+    present: bool = True
+    nvlink_up: dict[int, bool] = field(default_factory=dict)
+    pcie_replay_count: int | None = None
+    xid_counts: Counter[int] = field(default_factory=Counter)
+    last_xid: int = 0
+
+    @property
+    def nvlinks_down(self) -> int:
+        """How many of this GPU's NVLinks are reported down."""
+        return sum(1 for up in self.nvlink_up.values() if not up)
+
+
+@dataclass(slots=True)
+class PortState:
+    """One InfiniBand port."""
+
+    device: str
+    port: int
+    rate: str
+    link_layer: str
+    state: str = ""
+    phys_state: str = ""
+    link_downed: int | None = None
+    down_events: int = 0
+
+    @property
+    def up(self) -> bool:
+        """True when the port is ACTIVE."""
+        return self.state == "ACTIVE"
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One node."""
+
+    name: str
+    boot_id: str
+    agent_version: str = ""
+    driver_version: str = ""
+    gpus: dict[str, GpuState] = field(default_factory=dict)
+    ports: dict[tuple[str, int], PortState] = field(default_factory=dict)
+    connected: bool = False
+    reachable: bool = True
+    last_seen_mono: float = 0.0
+    last_seen_unix: float = 0.0
+    events: Counter[str] = field(default_factory=Counter)
+    other: dict[str, SampleValue] = field(default_factory=dict)
+
+
+class FleetModel:
+    """Nodes by name. Every method is safe to call from any thread."""
+
+    def __init__(self) -> None:
+        """Start with no nodes."""
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeState] = {}
+
+    def snapshot(self) -> dict[str, NodeState]:
+        """Return a deep copy of every node, for readers on other threads."""
+        with self._lock:
+            return copy.deepcopy(self._nodes)
+
+    def node_names(self) -> list[str]:
+        """Return the names of every known node."""
+        with self._lock:
+            return sorted(self._nodes)
+
+    def on_hello(self, hello: pb.Hello, mono: float, unix: float) -> bool:
+        """Take a node's (validated) Hello; return True if the node was unreachable before."""
+        with self._lock:
+            old = self._nodes.get(hello.node)
+            node = NodeState(
+                name=hello.node,
+                boot_id=hello.boot_id,
+                agent_version=hello.agent_version,
+                driver_version=hello.driver_version,
+                connected=True,
+                reachable=True,
+                last_seen_mono=mono,
+                last_seen_unix=unix,
+                events=old.events if old else Counter(),
+            )
+            for g in hello.gpus:
+                gpu = GpuState(g.index, g.uuid, g.pci_bus_id, g.model, g.nvlink_count)
+                if old and g.uuid in old.gpus:
+                    gpu.xid_counts = old.gpus[g.uuid].xid_counts
+                    gpu.last_xid = old.gpus[g.uuid].last_xid
+                node.gpus[g.uuid] = gpu
+            for p in hello.ib_ports:
+                port = PortState(p.device, p.port, p.rate, p.link_layer)
+                if old and (p.device, p.port) in old.ports:
+                    port.down_events = old.ports[p.device, p.port].down_events
+                node.ports[p.device, p.port] = port
+            self._nodes[hello.node] = node
+            return old is not None and not old.reachable
+
+    def restore(self, hello: pb.Hello, *, reachable: bool, mono: float, unix: float) -> None:
+        """Re-create a node remembered from the journal, not connected until it says Hello."""
+        self.on_hello(hello, mono, unix)
+        with self._lock:
+            node = self._nodes[hello.node]
+            node.connected = False
+            node.reachable = reachable
+
+    def touch(self, name: str, mono: float, unix: float) -> bool:
+        """Note a message from ``name``; return True if it was unreachable until now."""
+        with self._lock:
+            node = self._nodes[name]
+            node.last_seen_mono, node.last_seen_unix = mono, unix
+            was_unreachable = not node.reachable
+            node.reachable = True
+            return was_unreachable
+
+    def on_disconnect(self, name: str) -> None:
+        """The node's stream ended."""
+        with self._lock:
+            if name in self._nodes:
+                self._nodes[name].connected = False
+
+    def overdue(self, now_mono: float, silence_s: float) -> list[str]:
+        """Names of reachable nodes silent for longer than ``silence_s``."""
+        with self._lock:
+            return [
+                n.name
+                for n in self._nodes.values()
+                if n.reachable and now_mono - n.last_seen_mono > silence_s
+            ]
+
+    def mark_unreachable(self, name: str) -> float:
+        """Mark a node unreachable; return its last-seen wall time."""
+        with self._lock:
+            node = self._nodes[name]
+            node.reachable = False
+            return node.last_seen_unix
+
+    def apply_report(self, name: str, report: pb.Report) -> None:
+        """Apply a (validated) Report's samples."""
+        with self._lock:
+            node = self._nodes[name]
+            for sample in report.samples:
+                _apply_sample(node, Target.from_pb(sample.target), sample)
+
+    def apply_event(self, name: str, kind: EventKind, target: Target, xid: int) -> None:
+        """Count a newly journaled event against its node and target."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return
+            node.events[kind.value] += 1
+            gpu = node.gpus.get(target.gpu_uuid)
+            if gpu is not None and kind in (EventKind.XID, EventKind.GPU_LOST) and xid:
+                gpu.xid_counts[xid] += 1
+                gpu.last_xid = xid
+            if gpu is not None and kind in (EventKind.GPU_LOST, EventKind.PCI_REMOVED):
+                gpu.present = False
+            port = node.ports.get((target.device, target.index))
+            if port is not None and kind == EventKind.IB_PORT_DOWN:
+                port.down_events += 1
+
+
+def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> None:
+    value = sample_value_from_pb(sample)
+    signal = sample.signal
+    gpu = node.gpus.get(target.gpu_uuid)
+    port = node.ports.get((target.device, target.index))
+    if target.kind == TargetKind.NVLINK and gpu and signal == "nvlink_up":
+        gpu.nvlink_up[target.index] = bool(value)
+    elif target.kind == TargetKind.GPU and gpu and signal == "gpu_present":
+        gpu.present = bool(value)
+    elif target.kind == TargetKind.GPU and gpu and signal == "pcie_replay_count":
+        gpu.pcie_replay_count = int(value)
+    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_state":
+        port.state = str(value)
+    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_phys_state":
+        port.phys_state = str(value)
+    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_link_downed":
+        port.link_downed = int(value)
+    else:
+        key = f"{target.label()}:{signal}"
+        if key in node.other or len(node.other) < MAX_OTHER_SIGNALS:
+            node.other[key] = value

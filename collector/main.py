@@ -1,0 +1,124 @@
+"""The collector's composition root: journal, fleet model, gRPC server, HTTP API, liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import structlog
+from prometheus_client.registry import CollectorRegistry
+
+from collector.config import split_host_port
+from collector.exporter import FleetCollector
+from collector.fleet import FleetModel
+from collector.http_api import ApiServer
+from collector.journal import Journal
+from collector.liveness import LivenessMonitor
+from collector.server import FleetServer
+from collector.stats import CollectorStats
+from collector.store_sqlite import JournalReader, SqliteStore
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+if TYPE_CHECKING:
+    import grpc
+
+    from collector.config import CollectorConfig
+    from fleetwatch.clock import Clock
+
+log = structlog.get_logger("collector")
+
+
+class CollectorService:
+    """Everything the collector runs, started and stopped together."""
+
+    def __init__(
+        self,
+        cfg: CollectorConfig,
+        clock: Clock,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
+        """Build the parts; nothing listens until :meth:`start`."""
+        self.cfg = cfg
+        self.clock = clock
+        self.fleet = FleetModel()
+        self.stats = CollectorStats()
+        self.journal = Journal(SqliteStore(cfg.journal))
+        self.reader = JournalReader(cfg.journal)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(self.fleet, self.stats))
+        config = pb.Config(
+            heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
+            poll_interval_ms=int(cfg.poll_interval * 1000),
+        )
+        self.grpc = FleetServer(
+            fleet=self.fleet,
+            journal=self.journal,
+            stats=self.stats,
+            clock=clock,
+            config=config,
+            credentials=credentials,
+        )
+        host, port = split_host_port(cfg.http, "http")
+        self.http = ApiServer(
+            host=host,
+            port=port,
+            fleet=self.fleet,
+            journal=self.reader,
+            registry=self.registry,
+        )
+        self.liveness = LivenessMonitor(
+            fleet=self.fleet,
+            journal=self.journal,
+            clock=clock,
+            heartbeat_interval=cfg.heartbeat_interval,
+            missed=cfg.missed_heartbeats,
+        )
+        self.grpc_port = 0
+        self._liveness_task: asyncio.Task[None] | None = None
+
+    @property
+    def http_port(self) -> int:
+        """The bound HTTP port."""
+        return self.http.port
+
+    async def _restore_nodes(self) -> None:
+        """Bring back nodes from the journal, so a node that never returns is still noticed."""
+        mono, unix = self.clock.monotonic(), self.clock.now()
+        for row in await self.journal.load_nodes():
+            hello = pb.Hello()
+            try:
+                hello.ParseFromString(row.hello)
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the collector
+                log.warning("node_restore_failed", node=row.name, error=str(exc))
+                continue
+            self.fleet.restore(hello, reachable=row.reachable, mono=mono, unix=unix)
+
+    async def start(self) -> None:
+        """Open the journal, listen, and start watching liveness."""
+        await self._restore_nodes()
+        self.grpc_port = await self.grpc.start(self.cfg.listen)
+        self.http.start()
+        self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
+        log.info(
+            "collector_started",
+            grpc_port=self.grpc_port,
+            http_port=self.http_port,
+            journal=str(self.cfg.journal),
+            nodes_known=len(self.fleet.node_names()),
+        )
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        """Stop serving, then close the journal."""
+        if self._liveness_task is not None:
+            self._liveness_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._liveness_task
+        await self.grpc.stop(grace)
+        self.http.stop()
+        await self.journal.close()
+        log.info("collector_stopped")
+
+    async def wait(self) -> None:
+        """Wait until the gRPC server terminates."""
+        await self.grpc.server.wait_for_termination()

@@ -1,0 +1,1 @@
+"""Grafana dashboards built from code (see README.md in this folder)."""

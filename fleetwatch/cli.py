@@ -1,0 +1,174 @@
+"""The ``fleetwatch`` command: ``agent``, ``collector`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from fleetwatch import __version__
+from fleetwatch.clock import SystemClock
+from fleetwatch.logs import configure_logging
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Sequence
+    from typing import Any
+
+log = structlog.get_logger("fleetwatch")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fleetwatch {__version__}")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default="json",
+        help="json for journald/log shippers, console for a terminal",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    agent = sub.add_parser("agent", help="watch this node's GPUs, NVLinks and IB ports")
+    agent.add_argument("--config", type=Path, help="TOML file with an [agent] table")
+    agent.add_argument("--collector", help="collector address host:port (default 127.0.0.1:7070)")
+    agent.add_argument("--node", help="node name (default: the host name)")
+    agent.add_argument("--poll-interval", type=float, dest="poll_interval", help="seconds")
+    agent.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval")
+    agent.add_argument("--sysfs-root", dest="sysfs_root", help="default /sys")
+    agent.add_argument("--kmsg", dest="kmsg_path", help="default /dev/kmsg; '' turns it off")
+    agent.add_argument("--no-udev", dest="udev", action="store_const", const=False)
+    agent.add_argument("--xid-catalog", dest="xid_catalog", help="YAML Xid catalog to use")
+    agent.add_argument(
+        "--simulate",
+        action="store_true",
+        help="read a simulated 8-GPU node instead of real hardware (for trying things out)",
+    )
+
+    collector = sub.add_parser("collector", help="receive agents' streams, journal, export")
+    collector.add_argument("--config", type=Path, help="TOML file with a [collector] table")
+    collector.add_argument("--listen", help="gRPC address (default 0.0.0.0:7070)")
+    collector.add_argument("--http", help="metrics and JSON API address (default 0.0.0.0:9470)")
+    collector.add_argument("--journal", help="SQLite journal file")
+    collector.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval")
+    collector.add_argument("--missed-heartbeats", type=int, dest="missed_heartbeats")
+
+    demo = sub.add_parser("demo", help="run a simulated cluster with faults, on one machine")
+    demo.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    demo.add_argument("--http-port", type=int, default=0, help="metrics/API port (default: any)")
+    demo.add_argument("--workdir", type=Path, help="keep the journal and sysfs trees here")
+    return parser
+
+
+async def _until_signal(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``run`` until it ends or SIGTERM/SIGINT arrives."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.create_task(run())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (task, stopper):
+        t.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    stopper.cancel()
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from agent.config import load_agent_config  # noqa: PLC0415 - keep start-up lean per command
+    from agent.main import build_agent, real_hardware  # noqa: PLC0415
+
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "collector",
+            "node",
+            "poll_interval",
+            "heartbeat_interval",
+            "sysfs_root",
+            "kmsg_path",
+            "udev",
+            "xid_catalog",
+        )
+    }
+    cfg = load_agent_config(args.config, overrides)
+    clock = SystemClock()
+    with tempfile.TemporaryDirectory(prefix="fleetwatch-sim-") as tmp:
+        if args.simulate:
+            from agent.sim.cluster import sim_hardware  # noqa: PLC0415
+            from agent.sim.hardware import SimNode  # noqa: PLC0415
+
+            hardware = sim_hardware(SimNode(cfg.node, Path(tmp) / "sys", clock))
+        else:
+            hardware = real_hardware(cfg)
+        agent = build_agent(cfg, hardware, clock)
+        asyncio.run(_until_signal(agent.run))
+    return 0
+
+
+def _run_collector(args: argparse.Namespace) -> int:
+    from collector.config import load_collector_config  # noqa: PLC0415
+    from collector.main import CollectorService  # noqa: PLC0415
+
+    overrides = {
+        k: getattr(args, k)
+        for k in ("listen", "http", "journal", "heartbeat_interval", "missed_heartbeats")
+    }
+    cfg = load_collector_config(args.config, overrides)
+
+    async def serve() -> None:
+        service = CollectorService(cfg, SystemClock())
+        await service.start()
+        try:
+            await service.wait()
+        finally:
+            await service.stop()
+
+    asyncio.run(_until_signal(serve))
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from fleetwatch.demo.run import DemoOptions, main  # noqa: PLC0415
+
+    opts = DemoOptions(
+        nodes=args.nodes,
+        duration=args.duration,
+        http_port=args.http_port,
+        workdir=args.workdir,
+    )
+    return main(opts, SystemClock(), sys.stdout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run a subcommand; errors in input end with a one-line message."""
+    from agent.exceptions import AgentError  # noqa: PLC0415
+    from collector.exceptions import CollectorError  # noqa: PLC0415
+    from fleetwatch.wire.validate import WireError  # noqa: PLC0415
+    from rules.exceptions import RulesError  # noqa: PLC0415
+
+    args = _parser().parse_args(argv)
+    level = args.log_level if args.command != "demo" else "warning"
+    configure_logging(level, args.log_format if args.command != "demo" else "console")
+    runners = {"agent": _run_agent, "collector": _run_collector, "demo": _run_demo}
+    try:
+        return runners[args.command](args)
+    except (AgentError, CollectorError, RulesError, WireError, ValueError) as exc:
+        print(f"fleetwatch {args.command}: {exc}", file=sys.stderr)  # noqa: T201 - for people
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

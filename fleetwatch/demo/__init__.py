@@ -1,0 +1,1 @@
+"""``fleetwatch demo``: a simulated cluster with faults, watched live by a real collector."""

@@ -1,0 +1,36 @@
+"""structlog set-up for the command line; libraries only call ``structlog.get_logger()``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LogFormat = Literal["json", "console"]
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
+    """Send key-value logs to stderr, as JSON (production) or for a terminal (demo)."""
+    numeric = logging.getLevelNamesMapping().get(level.upper())
+    if numeric is None:
+        msg = f"unknown log level {level!r}; use debug, info, warning or error"
+        raise ValueError(msg)
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

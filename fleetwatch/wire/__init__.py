@@ -1,0 +1,1 @@
+"""The agent-collector wire contract: generated messages, validation and channel settings."""

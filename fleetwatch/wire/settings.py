@@ -1,0 +1,50 @@
+"""gRPC settings shared by both ends of the stream: method path, size limits and keepalive."""
+
+from __future__ import annotations
+
+from typing import Final
+
+STREAM_METHOD: Final = "/fleetwatch.v1.Fleet/Stream"
+SERVICE_NAME: Final = "fleetwatch.v1.Fleet"
+
+# The collector checks each message against this limit itself so that it can count the rejection
+# and say what was too big; gRPC's own limit sits above it as a backstop for hostile peers.
+MAX_MESSAGE_BYTES: Final = 1 << 20
+TRANSPORT_MAX_MESSAGE_BYTES: Final = 8 << 20
+
+# Keepalive: the agent pings every 30 s, even when idle, to find a dead collector or a silently
+# dropped NAT/firewall entry; the server must accept pings that often or it sends GOAWAY
+# ("too_many_pings"), so its minimum ping interval is below the client's ping time.
+CLIENT_KEEPALIVE_TIME_MS: Final = 30_000
+CLIENT_KEEPALIVE_TIMEOUT_MS: Final = 10_000
+SERVER_KEEPALIVE_TIME_MS: Final = 60_000
+SERVER_KEEPALIVE_TIMEOUT_MS: Final = 20_000
+SERVER_MIN_PING_INTERVAL_MS: Final = 15_000
+
+ChannelOptions = list[tuple[str, int]]
+
+
+def client_options() -> ChannelOptions:
+    """Channel options for the agent's connection to the collector."""
+    return [
+        ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", CLIENT_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # Reconnects are ours (with jitter); keep gRPC's own retry out of the way.
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def server_options() -> ChannelOptions:
+    """Server options for the collector."""
+    return [
+        ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_receive_message_length", TRANSPORT_MAX_MESSAGE_BYTES),
+    ]

@@ -1,0 +1,1 @@
+"""Generated protobuf code for wire contract v1 (see fleetwatch.proto)."""

@@ -1,0 +1,225 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TargetKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TARGET_KIND_UNSPECIFIED: _ClassVar[TargetKind]
+    TARGET_KIND_NODE: _ClassVar[TargetKind]
+    TARGET_KIND_GPU: _ClassVar[TargetKind]
+    TARGET_KIND_NVLINK: _ClassVar[TargetKind]
+    TARGET_KIND_IB_PORT: _ClassVar[TargetKind]
+    TARGET_KIND_PCI: _ClassVar[TargetKind]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_XID: _ClassVar[EventKind]
+    EVENT_KIND_GPU_LOST: _ClassVar[EventKind]
+    EVENT_KIND_NVLINK_DOWN: _ClassVar[EventKind]
+    EVENT_KIND_NVLINK_UP: _ClassVar[EventKind]
+    EVENT_KIND_IB_PORT_DOWN: _ClassVar[EventKind]
+    EVENT_KIND_IB_PORT_UP: _ClassVar[EventKind]
+    EVENT_KIND_PCI_REMOVED: _ClassVar[EventKind]
+    EVENT_KIND_NODE_UNREACHABLE: _ClassVar[EventKind]
+    EVENT_KIND_NODE_REACHABLE: _ClassVar[EventKind]
+
+class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
+    COMMAND_KIND_RESET_GPU: _ClassVar[CommandKind]
+    COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
+TARGET_KIND_UNSPECIFIED: TargetKind
+TARGET_KIND_NODE: TargetKind
+TARGET_KIND_GPU: TargetKind
+TARGET_KIND_NVLINK: TargetKind
+TARGET_KIND_IB_PORT: TargetKind
+TARGET_KIND_PCI: TargetKind
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_XID: EventKind
+EVENT_KIND_GPU_LOST: EventKind
+EVENT_KIND_NVLINK_DOWN: EventKind
+EVENT_KIND_NVLINK_UP: EventKind
+EVENT_KIND_IB_PORT_DOWN: EventKind
+EVENT_KIND_IB_PORT_UP: EventKind
+EVENT_KIND_PCI_REMOVED: EventKind
+EVENT_KIND_NODE_UNREACHABLE: EventKind
+EVENT_KIND_NODE_REACHABLE: EventKind
+COMMAND_KIND_UNSPECIFIED: CommandKind
+COMMAND_KIND_RESET_GPU: CommandKind
+COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "report", "event", "command_result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    report: Report
+    event: Event
+    command_result: CommandResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node", "boot_id", "agent_version", "protocol_version", "driver_version", "nvml_version", "gpus", "ib_ports", "time_unix_ms")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NVML_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    IB_PORTS_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    boot_id: str
+    agent_version: str
+    protocol_version: int
+    driver_version: str
+    nvml_version: str
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    ib_ports: _containers.RepeatedCompositeFieldContainer[IbPort]
+    time_unix_ms: int
+    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., driver_version: _Optional[str] = ..., nvml_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ib_ports: _Optional[_Iterable[_Union[IbPort, _Mapping]]] = ..., time_unix_ms: _Optional[int] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "pci_bus_id", "model", "nvlink_count")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    nvlink_count: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., model: _Optional[str] = ..., nvlink_count: _Optional[int] = ...) -> None: ...
+
+class IbPort(_message.Message):
+    __slots__ = ("device", "port", "rate", "link_layer")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    port: int
+    rate: str
+    link_layer: str
+    def __init__(self, device: _Optional[str] = ..., port: _Optional[int] = ..., rate: _Optional[str] = ..., link_layer: _Optional[str] = ...) -> None: ...
+
+class Target(_message.Message):
+    __slots__ = ("kind", "gpu_uuid", "index", "device")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    kind: TargetKind
+    gpu_uuid: str
+    index: int
+    device: str
+    def __init__(self, kind: _Optional[_Union[TargetKind, str]] = ..., gpu_uuid: _Optional[str] = ..., index: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("time_unix_ms", "samples")
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ms: int
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    def __init__(self, time_unix_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("target", "signal", "int_value", "real_value", "text_value")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REAL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    signal: str
+    int_value: int
+    real_value: float
+    text_value: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., signal: _Optional[str] = ..., int_value: _Optional[int] = ..., real_value: _Optional[float] = ..., text_value: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("seq", "time_unix_ms", "kind", "target", "xid", "xid_class", "detail")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    XID_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time_unix_ms: int
+    kind: EventKind
+    target: Target
+    xid: int
+    xid_class: str
+    detail: str
+    def __init__(self, seq: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., xid: _Optional[int] = ..., xid_class: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CommandResult(_message.Message):
+    __slots__ = ("command_id", "ok", "detail")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    ok: bool
+    detail: str
+    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CollectorMessage(_message.Message):
+    __slots__ = ("welcome", "ack", "command", "config")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    ack: Ack
+    command: Command
+    config: Config
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("collector_version", "journaled", "config")
+    COLLECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOURNALED_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    collector_version: str
+    journaled: Ack
+    config: Config
+    def __init__(self, collector_version: _Optional[str] = ..., journaled: _Optional[_Union[Ack, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("boot_id", "seq")
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    boot_id: str
+    seq: int
+    def __init__(self, boot_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class Config(_message.Message):
+    __slots__ = ("poll_interval_ms", "heartbeat_interval_ms")
+    POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    poll_interval_ms: int
+    heartbeat_interval_ms: int
+    def __init__(self, poll_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("command_id", "kind", "gpu_uuid")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    kind: CommandKind
+    gpu_uuid: str
+    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ...) -> None: ...

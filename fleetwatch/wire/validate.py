@@ -1,0 +1,209 @@
+"""Checks on messages from agents; each failure names what was wrong and why it was refused.
+
+The collector runs these on everything it receives; the agent runs the event check on what it
+produces so that a bug of its own cannot wedge its outbox behind an event the collector refuses.
+
+Exception tree::
+
+    WireError                  (reason: a short label used as a metric label)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+BOOT_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,64}")
+PCI_BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+DEVICE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SIGNAL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+MAX_GPUS: Final = 64
+MAX_NVLINKS: Final = 64
+MAX_IB_PORTS: Final = 128
+MAX_SAMPLES: Final = 50_000
+MAX_TEXT: Final = 256
+MAX_DETAIL: Final = 4096
+MAX_XID: Final = 65_535
+
+AGENT_EVENT_KINDS: Final = frozenset(
+    {
+        pb.EVENT_KIND_XID,
+        pb.EVENT_KIND_GPU_LOST,
+        pb.EVENT_KIND_NVLINK_DOWN,
+        pb.EVENT_KIND_NVLINK_UP,
+        pb.EVENT_KIND_IB_PORT_DOWN,
+        pb.EVENT_KIND_IB_PORT_UP,
+        pb.EVENT_KIND_PCI_REMOVED,
+    },
+)
+
+
+class WireError(ValueError):
+    """A message broke the contract. ``reason`` is a short, bounded label for counting."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        """Keep the label apart from the human-readable message."""
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What a node declared in its Hello; samples and events may only name these targets."""
+
+    nvlinks_by_gpu: dict[str, int] = field(default_factory=dict)
+    ib_ports: frozenset[tuple[str, int]] = frozenset()
+
+
+def _require(ok: bool, reason: str, message: str) -> None:  # noqa: FBT001 - reads as an assertion
+    if not ok:
+        raise WireError(reason, message)
+
+
+def _full(pattern: re.Pattern[str], value: str) -> bool:
+    return pattern.fullmatch(value) is not None
+
+
+def validate_hello(hello: pb.Hello) -> Inventory:
+    """Check a Hello and return the inventory it declares."""
+    r = "invalid_hello"
+    _require(_full(NODE_NAME, hello.node), r, f"node name {hello.node[:80]!r} is not a host name")
+    _require(_full(BOOT_ID, hello.boot_id), r, f"boot_id {hello.boot_id[:80]!r} is malformed")
+    _require(
+        hello.protocol_version == PROTOCOL_VERSION,
+        r,
+        f"protocol_version {hello.protocol_version} unsupported; this collector speaks "
+        f"{PROTOCOL_VERSION}",
+    )
+    for name, text in (
+        ("agent_version", hello.agent_version),
+        ("driver_version", hello.driver_version),
+        ("nvml_version", hello.nvml_version),
+    ):
+        _require(len(text) <= MAX_TEXT, r, f"{name} longer than {MAX_TEXT} characters")
+    _require(len(hello.gpus) <= MAX_GPUS, r, f"{len(hello.gpus)} GPUs declared; limit {MAX_GPUS}")
+    _require(
+        len(hello.ib_ports) <= MAX_IB_PORTS,
+        r,
+        f"{len(hello.ib_ports)} IB ports declared; limit {MAX_IB_PORTS}",
+    )
+    nvlinks: dict[str, int] = {}
+    indexes: set[int] = set()
+    for gpu in hello.gpus:
+        _require(_full(GPU_UUID, gpu.uuid), r, f"GPU uuid {gpu.uuid[:80]!r} is malformed")
+        _require(gpu.uuid not in nvlinks, r, f"GPU {gpu.uuid} declared twice")
+        _require(gpu.index not in indexes, r, f"GPU index {gpu.index} declared twice")
+        _require(
+            _full(PCI_BUS_ID, gpu.pci_bus_id),
+            r,
+            f"GPU {gpu.uuid} pci_bus_id {gpu.pci_bus_id[:80]!r} is not dddd:bb:dd.f",
+        )
+        _require(len(gpu.model) <= MAX_TEXT, r, f"GPU {gpu.uuid} model name too long")
+        _require(
+            gpu.nvlink_count <= MAX_NVLINKS,
+            r,
+            f"GPU {gpu.uuid} declares {gpu.nvlink_count} NVLinks; limit {MAX_NVLINKS}",
+        )
+        nvlinks[gpu.uuid] = gpu.nvlink_count
+        indexes.add(gpu.index)
+    ports: set[tuple[str, int]] = set()
+    for port in hello.ib_ports:
+        key = (port.device, port.port)
+        _require(_full(DEVICE_NAME, port.device), r, f"IB device {port.device[:80]!r} malformed")
+        _require(1 <= port.port <= 255, r, f"IB port {port.device}/{port.port} out of range")  # noqa: PLR2004
+        _require(key not in ports, r, f"IB port {port.device}/{port.port} declared twice")
+        _require(len(port.rate) <= MAX_TEXT, r, f"IB port {port.device}/{port.port} rate too long")
+        _require(len(port.link_layer) <= MAX_TEXT, r, "IB link_layer too long")
+        ports.add(key)
+    return Inventory(nvlinks_by_gpu=nvlinks, ib_ports=frozenset(ports))
+
+
+def validate_target(target: pb.Target, inventory: Inventory, reason: str) -> None:
+    """Check that a target is well formed and names something the node declared."""
+    kind = target.kind
+    if kind == pb.TARGET_KIND_NODE:
+        return
+    if kind in (pb.TARGET_KIND_GPU, pb.TARGET_KIND_NVLINK):
+        links = inventory.nvlinks_by_gpu.get(target.gpu_uuid)
+        _require(links is not None, reason, f"unknown GPU {target.gpu_uuid[:80]!r}")
+        if kind == pb.TARGET_KIND_NVLINK:
+            _require(
+                links is not None and target.index < links,
+                reason,
+                f"GPU {target.gpu_uuid} has no NVLink {target.index} (it declared {links})",
+            )
+        return
+    if kind == pb.TARGET_KIND_IB_PORT:
+        _require(
+            (target.device, target.index) in inventory.ib_ports,
+            reason,
+            f"unknown IB port {target.device[:80]!r}/{target.index}",
+        )
+        return
+    if kind == pb.TARGET_KIND_PCI:
+        _require(
+            _full(PCI_BUS_ID, target.device),
+            reason,
+            f"PCI target {target.device[:80]!r} is not dddd:bb:dd.f",
+        )
+        return
+    raise WireError(reason, f"target kind {kind} is not allowed")
+
+
+def validate_report(report: pb.Report, inventory: Inventory) -> None:
+    """Check every sample of a Report."""
+    r = "invalid_report"
+    _require(
+        len(report.samples) <= MAX_SAMPLES,
+        r,
+        f"{len(report.samples)} samples in one report; limit {MAX_SAMPLES}",
+    )
+    for sample in report.samples:
+        _require(
+            _full(SIGNAL_NAME, sample.signal),
+            r,
+            f"signal name {sample.signal[:80]!r} is not snake_case",
+        )
+        validate_target(sample.target, inventory, r)
+        which = sample.WhichOneof("value")
+        _require(which is not None, r, f"sample {sample.signal} has no value")
+        if which == "real_value":
+            _require(
+                math.isfinite(sample.real_value),
+                r,
+                f"sample {sample.signal} value {sample.real_value} is not finite",
+            )
+        elif which == "text_value":
+            _require(
+                len(sample.text_value) <= MAX_TEXT,
+                r,
+                f"sample {sample.signal} text longer than {MAX_TEXT} characters",
+            )
+
+
+def validate_event(event: pb.Event, inventory: Inventory) -> None:
+    """Check an Event from an agent."""
+    r = "invalid_event"
+    _require(event.seq >= 1, r, "event seq must start at 1")
+    _require(
+        event.kind in AGENT_EVENT_KINDS,
+        r,
+        f"event {event.seq}: kind {event.kind} may not be sent by an agent",
+    )
+    _require(event.time_unix_ms > 0, r, f"event {event.seq}: time_unix_ms must be positive")
+    _require(event.xid <= MAX_XID, r, f"event {event.seq}: xid {event.xid} out of range")
+    _require(len(event.xid_class) <= MAX_TEXT, r, f"event {event.seq}: xid_class too long")
+    _require(
+        len(event.detail) <= MAX_DETAIL,
+        r,
+        f"event {event.seq}: detail longer than {MAX_DETAIL} characters",
+    )
+    validate_target(event.target, inventory, r)

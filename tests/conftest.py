@@ -1,0 +1,43 @@
+"""Shared fixtures: a real collector on loopback, with its journal in the test's tmp_path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from collector.config import CollectorConfig
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+
+@pytest.fixture
+def collector_config(tmp_path: Path) -> Callable[..., CollectorConfig]:
+    def make(**overrides: Any) -> CollectorConfig:
+        values: dict[str, Any] = {
+            "listen": "127.0.0.1:0",
+            "http": "127.0.0.1:0",
+            "journal": tmp_path / "journal.db",
+            "heartbeat_interval": 0.5,
+            "missed_heartbeats": 3,
+        }
+        values.update(overrides)
+        return CollectorConfig(**values)
+
+    return make
+
+
+@pytest.fixture
+async def collector(
+    collector_config: Callable[..., CollectorConfig],
+) -> AsyncIterator[CollectorService]:
+    service = CollectorService(collector_config(), SystemClock())
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop(grace=None)

@@ -1,0 +1,119 @@
+"""The fleetwatch command as a user runs it."""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_runs_and_summarises(tmp_path: Path):
+    """`fleetwatch demo` injects its faults, journals what it saw and prints a summary."""
+    done = subprocess.run(
+        [*FLEETWATCH, "demo", "--nodes", "4", "--duration", "12", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "=== summary ===" in out
+    assert re.search(r"event #\d+\s+node-01\s+gpu_lost\s+GPU 3 Xid 79 \(bus\)", out)
+    assert re.search(r"node-02\s+nvlink_down\s+GPU 5 NVLink 7", out)
+    assert "events still unacknowledged in agent outboxes: 0" in out
+    assert re.search(r"node-04\s+UNREACHABLE", out)
+    journaled = re.search(r"events journaled: (\d+) \((.*)\)", out)
+    assert journaled is not None
+    assert "gpu_lost 1" in journaled[2]
+    assert "ib_port_down 2" in journaled[2]
+    assert "node_unreachable 1" in journaled[2]
+
+
+def test_bad_arguments_are_one_clear_line(tmp_path: Path):
+    """A broken config file ends the command with one line naming the problem, status 2."""
+    bad = tmp_path / "agent.toml"
+    bad.write_text("[agent]\npoll_interval = -3\n")
+    done = subprocess.run(
+        [*FLEETWATCH, "agent", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "poll_interval must be a number > 0" in done.stderr
+
+
+def test_collector_and_simulated_agent_processes(tmp_path: Path):
+    """A collector process and an agent process (simulated hardware) talk over gRPC;
+    the JSON API shows the node, and SIGTERM stops both cleanly."""
+    grpc_port, http_port = free_port(), free_port()
+    collector = subprocess.Popen(
+        [
+            *FLEETWATCH,
+            "collector",
+            "--listen",
+            f"127.0.0.1:{grpc_port}",
+            "--http",
+            f"127.0.0.1:{http_port}",
+            "--journal",
+            str(tmp_path / "journal.db"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    agent = subprocess.Popen(
+        [
+            *FLEETWATCH,
+            "agent",
+            "--simulate",
+            "--node",
+            "gpu-node-7",
+            "--collector",
+            f"127.0.0.1:{grpc_port}",
+            "--poll-interval",
+            "0.2",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        nodes: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            try:
+                url = f"http://127.0.0.1:{http_port}/api/v1/nodes"
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    nodes = json.loads(resp.read())["nodes"]
+                if nodes and nodes[0]["connected"]:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert [(n["name"], n["gpus"], n["ib_ports"]) for n in nodes] == [("gpu-node-7", 8, 8)]
+    finally:
+        for proc in (agent, collector):
+            proc.send_signal(signal.SIGTERM)
+        agent_err = agent.communicate(timeout=30)[1]
+        collector_err = collector.communicate(timeout=30)[1]
+    assert agent.returncode == 0, agent_err
+    assert collector.returncode == 0, collector_err
+    logs = [json.loads(line) for line in collector_err.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "stream_open" and e.get("node") == "gpu-node-7" for e in logs)

@@ -1,0 +1,315 @@
+"""A real collector and eight simulated agents over gRPC on loopback."""
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.sim.cluster import SimCluster
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.testing import wait_until
+from fleetwatch.wire import settings
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+NODES = [f"node-{i}" for i in range(1, 9)]
+
+
+@pytest.fixture
+async def cluster(collector: CollectorService, tmp_path: Path) -> AsyncIterator[SimCluster]:
+    sim = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{collector.grpc_port}",
+        poll_interval=0.05,
+        heartbeat_interval=0.2,
+        backoff_initial=0.05,
+        backoff_max=0.5,
+    )
+    sim.start()
+    await wait_until(
+        lambda: sum(n.connected for n in collector.fleet.snapshot().values()) == len(NODES),
+        what="all agents connected",
+    )
+    try:
+        yield sim
+    finally:
+        await sim.stop()
+
+
+def journal_view(collector: CollectorService) -> Counter[tuple[str, str, str, int]]:
+    rows = collector.reader.events(limit=10_000)
+    return Counter((r.node, r.kind, r.gpu_uuid or r.device, r.xid) for r in rows)
+
+
+def scrape(collector: CollectorService) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    url = f"http://127.0.0.1:{collector.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def get_json(collector: CollectorService, path: str) -> object:
+    url = f"http://127.0.0.1:{collector.http_port}{path}"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+async def settle(collector: CollectorService, cluster: SimCluster, expected: int) -> None:
+    await wait_until(lambda: collector.reader.count() >= expected, what=f"{expected} events")
+    await wait_until(lambda: cluster.unacked() == 0, what="every event acked")
+    await asyncio.sleep(0.3)  # a few more polls: nothing further may appear
+
+
+class TestEndToEnd:
+    async def test_journal_holds_exactly_the_injected_events(self, collector, cluster):
+        """Each fault on each node reaches the journal once, with its evidence, and is acked."""
+        n = cluster.nodes
+        n["node-1"].xid(3, 79)
+        n["node-2"].xid(0, 13)
+        n["node-3"].nvlink_down(5, 7)
+        n["node-4"].ib_port_down(2)
+        n["node-6"].pci_remove(1)
+        await wait_until(lambda: collector.reader.count() >= 6, what="first faults")
+        n["node-4"].ib_port_up(2)
+        n["node-5"].xid(7, 48)
+        expected = Counter(
+            {
+                ("node-1", "gpu_lost", n["node-1"].gpus[3].uuid, 79): 1,
+                ("node-2", "xid", n["node-2"].gpus[0].uuid, 13): 1,
+                ("node-3", "nvlink_down", n["node-3"].gpus[5].uuid, 0): 1,
+                ("node-4", "ib_port_down", "mlx5_2", 0): 1,
+                ("node-4", "ib_port_up", "mlx5_2", 0): 1,
+                ("node-5", "xid", n["node-5"].gpus[7].uuid, 48): 1,
+                ("node-6", "pci_removed", n["node-6"].gpus[1].uuid, 0): 1,
+                ("node-6", "gpu_lost", n["node-6"].gpus[1].uuid, 0): 1,
+            },
+        )
+        await settle(collector, cluster, sum(expected.values()))
+        assert journal_view(collector) == expected
+        rows = collector.reader.events(kind="gpu_lost", node="node-1")
+        assert "fallen off the bus" in rows[0].detail
+        assert rows[0].xid_class == "bus"
+        assert [r.seq for r in collector.reader.events(node="node-4")] == [1, 2]
+
+    async def test_metrics_match_the_model(self, collector, cluster):
+        """/metrics, parsed by prometheus-client, says what the fleet model says."""
+        n = cluster.nodes
+        n["node-1"].xid(3, 79)
+        n["node-3"].nvlink_down(5, 7)
+        n["node-3"].nvlink_down(5, 8)
+        n["node-4"].ib_port_down(2)
+        n["node-7"].pcie_replays(2, 41)
+        await wait_until(
+            lambda: (
+                collector.fleet.snapshot()["node-7"]
+                .gpus[n["node-7"].gpus[2].uuid]
+                .pcie_replay_count
+                == 41
+            ),
+            what="replays reported",
+        )
+        await settle(collector, cluster, 4)
+        m = scrape(collector)
+        model = collector.fleet.snapshot()
+        for name in NODES:
+            assert m["fleetwatch_node_up", (("node", name),)] == 1.0
+            assert m["fleetwatch_node_connected", (("node", name),)] == 1.0
+            for gpu in model[name].gpus.values():
+                labels = (("gpu", str(gpu.index)), ("node", name))
+                assert m["fleetwatch_gpu_present", labels] == float(gpu.present)
+                assert m["fleetwatch_gpu_nvlinks_down", labels] == gpu.nvlinks_down
+                assert m["fleetwatch_gpu_nvlinks", labels] == 18
+            for port in model[name].ports.values():
+                port_labels = (("device", port.device), ("node", name), ("port", "1"))
+                assert m["fleetwatch_ib_port_up", port_labels] == float(port.up)
+        assert m["fleetwatch_gpu_present", (("gpu", "3"), ("node", "node-1"))] == 0.0
+        assert m["fleetwatch_gpu_nvlinks_down", (("gpu", "5"), ("node", "node-3"))] == 2
+        assert (
+            m["fleetwatch_ib_port_up", (("device", "mlx5_2"), ("node", "node-4"), ("port", "1"))]
+            == 0
+        )
+        assert (
+            m[
+                "fleetwatch_ib_port_link_downed_total",
+                (("device", "mlx5_2"), ("node", "node-4"), ("port", "1")),
+            ]
+            == 1
+        )
+        assert m["fleetwatch_gpu_pcie_replays_total", (("gpu", "2"), ("node", "node-7"))] == 41
+        xid_labels = (("gpu", "3"), ("node", "node-1"), ("xid", "79"))
+        assert m["fleetwatch_gpu_xid_errors_total", xid_labels] == 1
+        assert m["fleetwatch_collector_events_journaled_total", ()] == 4
+        assert m["fleetwatch_collector_streams_active", ()] == 8
+
+    async def test_json_api(self, collector, cluster):
+        """The JSON API lists nodes, details one down to links and ports, and pages events."""
+        cluster.nodes["node-2"].nvlink_down(1, 4)
+        await settle(collector, cluster, 1)
+        nodes = get_json(collector, "/api/v1/nodes")
+        assert isinstance(nodes, dict)
+        assert sorted(x["name"] for x in nodes["nodes"]) == NODES
+        detail = get_json(collector, "/api/v1/nodes/node-2")
+        assert isinstance(detail, dict)
+        assert detail["gpus"][1]["nvlinks_down"] == [4]
+        assert len(detail["ib_ports"]) == 8
+        events = get_json(collector, "/api/v1/events?kind=nvlink_down&limit=5")
+        assert isinstance(events, dict)
+        assert [e["target"]["index"] for e in events["events"]] == [4]
+        for bad in (
+            "/api/v1/events?limit=0",
+            "/api/v1/events?kind=bogus",
+            "/api/v1/events?after=x",
+        ):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                get_json(collector, bad)
+            info.value.close()
+            assert info.value.code == 400
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get_json(collector, "/api/v1/nodes/nope")
+        info.value.close()
+        assert info.value.code == 404
+
+    async def test_silent_node_becomes_unreachable_then_returns(self, collector, cluster, tmp_path):
+        """A crashed agent is marked unreachable (an event); a restarted one is reachable again
+        and its new events are not mistaken for duplicates of the old process's."""
+        cluster.nodes["node-8"].xid(0, 13)
+        await settle(collector, cluster, 1)
+        await cluster.crash("node-8")
+        await wait_until(
+            lambda: not collector.fleet.snapshot()["node-8"].reachable,
+            what="node-8 unreachable",
+        )
+        assert [r.kind for r in collector.reader.events(node="node-8")] == [
+            "xid",
+            "node_unreachable",
+        ]
+        assert scrape(collector)["fleetwatch_node_up", (("node", "node-8"),)] == 0.0
+        again = SimCluster(
+            ["node-8"],
+            tmp_path / "again",
+            SystemClock(),
+            f"127.0.0.1:{collector.grpc_port}",
+            poll_interval=0.05,
+            heartbeat_interval=0.2,
+        )
+        again.start()
+        try:
+            await wait_until(lambda: collector.fleet.snapshot()["node-8"].reachable, what="back")
+            again.nodes["node-8"].xid(1, 31)
+            await wait_until(lambda: collector.reader.count() >= 4, what="new event")
+            rows = collector.reader.events(node="node-8")
+            assert [(r.kind, r.seq) for r in rows] == [
+                ("xid", 1),
+                ("node_unreachable", None),
+                ("node_reachable", None),
+                ("xid", 2),
+            ]
+        finally:
+            await again.stop()
+
+
+async def raw_stream(port: int, messages: list[bytes]) -> grpc.aio.AioRpcError:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
+            settings.STREAM_METHOD,
+        )()
+        try:
+            for message in messages:
+                await call.write(message)
+            while True:
+                await call.read()
+        except grpc.aio.AioRpcError as exc:
+            return exc
+    pytest.fail("the collector did not refuse the stream")
+
+
+class TestBadInput:
+    async def test_bad_clients_are_refused_counted_and_others_go_on(self, collector, cluster):
+        """Malformed, oversized and out-of-order streams get a clear status and a count; the
+        good agents keep streaming and their events keep arriving."""
+        port = collector.grpc_port
+        garbage = await raw_stream(port, [b"\xff\xfe\xfd\xfc"])
+        assert garbage.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid AgentMessage" in (garbage.details() or "")
+        oversized = await raw_stream(port, [b"\x12" + b"\x00" * (settings.MAX_MESSAGE_BYTES + 10)])
+        assert oversized.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "exceeds" in (oversized.details() or "")
+        report_first = pb.AgentMessage(report=pb.Report()).SerializeToString()
+        no_hello = await raw_stream(port, [report_first])
+        assert no_hello.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "first message must be a Hello" in (no_hello.details() or "")
+        bad_hello = pb.AgentMessage(hello=pb.Hello(node="x y", boot_id="b", protocol_version=1))
+        refused = await raw_stream(port, [bad_hello.SerializeToString()])
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node name" in (refused.details() or "")
+
+        m = scrape(collector)
+        for reason in ("malformed", "oversized", "protocol", "invalid_hello"):
+            assert m["fleetwatch_collector_messages_rejected_total", (("reason", reason),)] == 1
+        cluster.nodes["node-3"].xid(2, 13)
+        await settle(collector, cluster, 1)
+        assert [r.xid for r in collector.reader.events(node="node-3")] == [13]
+        assert sum(n.connected for n in collector.fleet.snapshot().values()) == 8
+
+    async def test_out_of_order_event_is_refused_and_nothing_before_it_lost(self, collector):
+        """A stream that skips a sequence number is closed; the events before it stay journaled."""
+        uuid = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
+        hello = pb.Hello(
+            node="rogue",
+            boot_id="b-1",
+            protocol_version=1,
+            gpus=[pb.Gpu(index=0, uuid=uuid, pci_bus_id="0000:18:00.0")],
+        )
+
+        def ev(seq: int) -> bytes:
+            target = pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=uuid)
+            event = pb.Event(seq=seq, time_unix_ms=1, kind=pb.EVENT_KIND_XID, target=target, xid=13)
+            return pb.AgentMessage(event=event).SerializeToString()
+
+        err = await raw_stream(
+            collector.grpc_port,
+            [pb.AgentMessage(hello=hello).SerializeToString(), ev(1), ev(2), ev(4)],
+        )
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "seq 4 out of order: expected 3" in (err.details() or "")
+        assert [r.seq for r in collector.reader.events(node="rogue")] == [1, 2]
+
+
+class TestHealth:
+    async def test_health_service_reports_serving(self, collector):
+        """The standard gRPC health service answers SERVING for the Fleet service."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{collector.grpc_port}") as channel:
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            reply = await check(health_pb2.HealthCheckRequest(service=settings.SERVICE_NAME))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def test_server_accepts_the_client_keepalive(self):
+        """The server's minimum ping interval lets the agent ping as often as it does."""
+        client = dict(settings.client_options())
+        server = dict(settings.server_options())
+        assert (
+            client["grpc.keepalive_time_ms"]
+            >= server["grpc.http2.min_ping_interval_without_data_ms"]
+        )
+        assert client["grpc.keepalive_permit_without_calls"] == 1
+        assert server["grpc.keepalive_permit_without_calls"] == 1

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+
+from agent.backoff import Backoff
+from agent.config import load_agent_config
+from agent.exceptions import ConfigError as AgentConfigError
+from collector.config import load_collector_config
+from collector.exceptions import ConfigError as CollectorConfigError
+
+
+class TestAgentConfig:
+    def test_file_then_flags(self, tmp_path: Path):
+        """Command-line values override the file; the file overrides defaults."""
+        path = tmp_path / "agent.toml"
+        path.write_text('[agent]\ncollector = "c:1"\npoll_interval = 2\nsysfs_root = "/x"\n')
+        cfg = load_agent_config(path, {"poll_interval": 3.0, "node": None})
+        assert (cfg.collector, cfg.poll_interval, cfg.sysfs_root) == ("c:1", 3.0, Path("/x"))
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("[agent]\npoll_intervl = 2\n", "unknown key.*poll_intervl"),
+            ('[agent]\npoll_interval = "fast"\n', "poll_interval must be a number"),
+            ("[agent]\nheartbeat_interval = -1\n", "heartbeat_interval"),
+            ('[agent]\ncollector = "nohost"\n', "host:port"),
+            ("[agent\n", "invalid TOML"),
+        ],
+    )
+    def test_broken_file_names_the_key(self, tmp_path: Path, text, message):
+        """A broken config says which key or line is wrong."""
+        path = tmp_path / "agent.toml"
+        path.write_text(text)
+        with pytest.raises(AgentConfigError, match=message):
+            load_agent_config(path, {})
+
+
+class TestCollectorConfig:
+    @pytest.mark.parametrize(
+        ("overrides", "message"),
+        [
+            ({"listen": "7070"}, "listen must be host:port"),
+            ({"http": "x:99999"}, "http must be host:port"),
+            ({"missed_heartbeats": 0}, "missed_heartbeats must be an integer"),
+            ({"heartbeat_interval": 0}, "heartbeat_interval"),
+        ],
+    )
+    def test_bad_values_name_the_key(self, overrides, message):
+        """Each bad setting is refused by name."""
+        with pytest.raises(CollectorConfigError, match=message):
+            load_collector_config(None, overrides)
+
+    def test_missing_file(self, tmp_path: Path):
+        """A config path that does not exist is a clear error."""
+        with pytest.raises(CollectorConfigError, match="cannot read"):
+            load_collector_config(tmp_path / "nope.toml", {})
+
+
+class TestBackoff:
+    def test_grows_within_cap_and_resets(self):
+        """Delays stay under a doubling ceiling capped at ``cap``; reset starts over."""
+        backoff = Backoff(0.5, 4.0)
+        ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+        for ceiling in ceilings:
+            assert 0 < backoff.next_delay() <= ceiling
+        backoff.reset()
+        assert backoff.next_delay() <= 0.5
+
+    def test_rejects_nonsense(self):
+        """A cap below the first delay is a configuration error."""
+        with pytest.raises(ValueError, match="initial"):
+            Backoff(5, 1)
