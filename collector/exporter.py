@@ -144,6 +144,16 @@ class FleetCollector(Collector):
             value=stats.events_duplicate,
         )
         yield CounterMetricFamily(
+            "fleetwatch_collector_reports",
+            "Reports received from agents (an empty one is a heartbeat).",
+            value=stats.reports,
+        )
+        yield CounterMetricFamily(
+            "fleetwatch_collector_samples",
+            "Samples received in reports (agents send only values that changed).",
+            value=stats.samples,
+        )
+        yield CounterMetricFamily(
             "fleetwatch_collector_seq_gaps",
             "Streams whose first event skipped sequence numbers the journal never saw.",
             value=stats.seq_gaps,

@@ -231,6 +231,7 @@ class StreamSession:
             validate_report(message.report, self._inventory)
             self._fleet.apply_report(self._node, message.report)
             self._stats.reports += 1
+            self._stats.samples += len(message.report.samples)
         elif body == "event":
             seq = await self._event(message.event)
             await context.write(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))

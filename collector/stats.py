@@ -17,6 +17,7 @@ class CollectorStats:
     events_duplicate: int = 0
     seq_gaps: int = 0
     reports: int = 0
+    samples: int = 0
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""

@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rules.exceptions import RulesError  # noqa: PLC0415
 
     args = _parser().parse_args(argv)
-    level = args.log_level if args.command != "demo" else "warning"
+    # The demo prints what the collector sees; its logs would only repeat it.
+    level = args.log_level if args.command != "demo" else "error"
     configure_logging(level, args.log_format if args.command != "demo" else "console")
     runners = {"agent": _run_agent, "collector": _run_collector, "demo": _run_demo}
     try:

@@ -68,6 +68,11 @@ def node_table(nodes: dict[str, NodeState]) -> list[str]:
             if not up
         ]
         problems += [
+            f"GPU {g.index} {g.pcie_replay_count} PCIe replays"
+            for g in sorted(node.gpus.values(), key=lambda g: g.index)
+            if g.pcie_replay_count
+        ]
+        problems += [
             f"{p.device}/{p.port} flapped {p.down_events}x"
             for p in node.ports.values()
             if p.down_events

@@ -313,3 +313,21 @@ class TestHealth:
         )
         assert client["grpc.keepalive_permit_without_calls"] == 1
         assert server["grpc.keepalive_permit_without_calls"] == 1
+
+
+class TestChangesOnly:
+    async def test_idle_agents_send_heartbeats_but_no_samples(self, collector, cluster):
+        """After the first full report, a quiet node costs heartbeats only; one change costs one
+        sample."""
+        per_node = 8 * (2 + 18) + 8 * 3
+        await wait_until(lambda: collector.stats.samples >= 8 * per_node, what="full snapshots")
+        await asyncio.sleep(0.3)
+        samples, reports = collector.stats.samples, collector.stats.reports
+        assert samples == 8 * per_node
+        await asyncio.sleep(1.0)  # 20 polls; the collector asked for a heartbeat every 0.5 s
+        assert collector.stats.samples == samples
+        assert reports + 8 <= collector.stats.reports <= reports + 8 * 4
+        cluster.nodes["node-2"].pcie_replays(4, 3)
+        await wait_until(lambda: collector.stats.samples > samples, what="the change")
+        await asyncio.sleep(0.3)
+        assert collector.stats.samples == samples + 1

@@ -1,0 +1,42 @@
+import asyncio
+from pathlib import Path
+
+from agent.config import AgentConfig
+from agent.main import build_agent
+from agent.sim.cluster import sim_hardware
+from agent.sim.hardware import SimNode
+from agent.sim.nvml_lib import SimNvmlLibrary
+from fleetwatch.testing import FakeClock
+
+
+async def test_agent_retries_until_nvml_starts(tmp_path: Path):
+    """Without a driver the agent logs, backs off and tries again; it starts once NVML does."""
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=2, nvlinks=2, ib_ports=1)
+    hardware = sim_hardware(node)
+    assert isinstance(hardware.nvml, SimNvmlLibrary)
+    hardware.nvml.driver_loaded = False
+    agent = build_agent(AgentConfig(node="node-a"), hardware, clock)
+    start = asyncio.create_task(agent.start())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not start.done()
+    assert len(agent.sampler.inventory.gpus) == 0
+    hardware.nvml.driver_loaded = True
+    await asyncio.wait_for(start, 5)
+    assert [gpu.index for gpu in agent.sampler.inventory.gpus] == [0, 1]
+    assert clock.monotonic() > 0  # it waited (on its clock) between attempts
+
+
+async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
+    """A poll puts each new event in the outbox with the next sequence number."""
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=2, nvlinks=2, ib_ports=1)
+    agent = build_agent(AgentConfig(node="node-a"), sim_hardware(node), clock)
+    await agent.start()
+    agent.poll_once()
+    node.xid(1, 13)
+    node.nvlink_down(0, 1)
+    agent.poll_once()
+    assert [(e.seq, e.xid) for e in agent.outbox.after(0)] == [(1, 13), (2, 0)]
+    assert agent.live.changed.is_set()
