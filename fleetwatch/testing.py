@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -54,3 +55,10 @@ async def wait_until(
             msg = f"timed out after {timeout} s waiting for {what or predicate}"
             raise AssertionError(msg)
         await asyncio.sleep(0.05)
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (for child-process servers)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

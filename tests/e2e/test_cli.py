@@ -3,7 +3,6 @@
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from fleetwatch.testing import free_port
+
 pytestmark = pytest.mark.e2e
 
 FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_demo_runs_and_summarises(tmp_path: Path):

@@ -4,7 +4,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -15,17 +14,11 @@ import pytest
 
 from agent.sim.cluster import SimCluster
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
 NODES = [f"node-{i}" for i in range(1, 9)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_collector(port: int, journal: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -7,6 +7,7 @@ from agent.sim.hardware import SimNode
 from agent.sim.nvml_lib import SimNvmlLibrary
 from agent.sources.nvml import NvmlSource
 from agent.sources.sysfs import SysfsReader, strip_enum
+from agent.sources.udev import PyudevSource, UdevEvent
 from fleetwatch.testing import FakeClock
 
 
@@ -110,3 +111,15 @@ class TestSysfsReader:
     def test_strip_enum(self, text, expected):
         """Only a numeric prefix is stripped."""
         assert strip_enum(text) == expected
+
+
+class TestPyudevSource:
+    def test_real_kernel_monitor_opens_and_polls_without_blocking(self):
+        """The real udev source subscribes to kernel uevents and returns at once when idle."""
+        source = PyudevSource()
+        try:
+            events = source.poll()
+            assert isinstance(events, list)
+            assert all(isinstance(e, UdevEvent) for e in events)
+        finally:
+            source.close()
