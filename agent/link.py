@@ -39,6 +39,7 @@ log = structlog.get_logger("agent.link")
 # A connection that stayed up this long counts as healthy: the next failure starts the backoff
 # from its smallest delay again.
 HEALTHY_AFTER_S = 10.0
+WELCOME_TIMEOUT_S = 30.0
 
 
 class ProtocolError(Exception):
@@ -137,7 +138,9 @@ class CollectorLink:
     async def _stream(self, call: Call) -> None:
         hello = self._hello()
         await call.write(pb.AgentMessage(hello=hello))
-        first = await call.read()
+        # A collector that takes the stream but never answers (say, a stuck journal) must not
+        # hold the agent forever: keepalive sees a healthy transport, so time out ourselves.
+        first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
         if not isinstance(first, pb.CollectorMessage) or first.WhichOneof("body") != "welcome":
             msg = "collector did not answer the Hello with a Welcome"
             raise ProtocolError(msg)
