@@ -73,6 +73,7 @@ class CollectorLink:
         backoff: Backoff,
         intervals: Intervals,
         credentials: grpc.ChannelCredentials | None = None,
+        welcome_timeout: float = WELCOME_TIMEOUT_S,
     ) -> None:
         """Nothing connects until :meth:`run`."""
         self.target = target
@@ -83,6 +84,7 @@ class CollectorLink:
         self._backoff = backoff
         self.intervals = intervals
         self._credentials = credentials
+        self._welcome_timeout = welcome_timeout
         self.connected = False
         self.connections = 0
         self.failures = 0
@@ -140,7 +142,7 @@ class CollectorLink:
         await call.write(pb.AgentMessage(hello=hello))
         # A collector that takes the stream but never answers (say, a stuck journal) must not
         # hold the agent forever: keepalive sees a healthy transport, so time out ourselves.
-        first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+        first = await asyncio.wait_for(call.read(), self._welcome_timeout)
         if not isinstance(first, pb.CollectorMessage) or first.WhichOneof("body") != "welcome":
             msg = "collector did not answer the Hello with a Welcome"
             raise ProtocolError(msg)

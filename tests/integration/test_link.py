@@ -1,0 +1,58 @@
+"""The agent's link against collectors that misbehave."""
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.backoff import Backoff
+from agent.intervals import Intervals
+from agent.link import CollectorLink, LiveSamples
+from agent.outbox import Outbox
+from fleetwatch.clock import SystemClock
+from fleetwatch.testing import wait_until
+from fleetwatch.wire import settings
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+
+async def test_silent_collector_is_abandoned_and_retried(tmp_path: Path):
+    """A collector that takes the stream but never sends a Welcome does not hold the agent:
+    the link gives up after its timeout and tries again."""
+    hellos = 0
+
+    async def silent(_requests: object, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        nonlocal hellos
+        await context.read()
+        hellos += 1
+        await asyncio.sleep(3600)
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        settings.SERVICE_NAME,
+        {"Stream": grpc.stream_stream_rpc_method_handler(silent)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link = CollectorLink(
+        target=f"127.0.0.1:{port}",
+        hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
+        outbox=Outbox("b"),
+        live=LiveSamples(),
+        clock=SystemClock(),
+        backoff=Backoff(0.05, 0.1),
+        intervals=Intervals(poll=1.0, heartbeat=1.0),
+        welcome_timeout=0.2,
+    )
+    task = asyncio.create_task(link.run())
+    try:
+        await wait_until(lambda: link.failures >= 2, timeout=10, what="two abandoned attempts")
+        assert hellos >= 2
+        assert not link.connected
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
