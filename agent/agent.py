@@ -138,3 +138,4 @@ class Agent:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
+            self.sampler.close()

@@ -23,6 +23,7 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     kmsg_path: str = "/dev/kmsg"  # "" turns the kernel log source off
     udev: bool = True
+    nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     xid_catalog: Path | None = None
     backoff_initial: float = 0.5
     backoff_max: float = 30.0

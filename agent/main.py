@@ -15,7 +15,8 @@ from agent.link import CollectorLink, LiveSamples
 from agent.outbox import Outbox
 from agent.sampler import Sampler
 from agent.sources.kmsg import DevKmsgReader
-from agent.sources.nvml import NvmlLibrary, NvmlSource, load_pynvml
+from agent.sources.nvml import NvmlSource, load_pynvml
+from agent.sources.nvml_events import NvmlEventWatcher
 from agent.sources.sysfs import SysfsReader
 from agent.sources.udev import PyudevSource
 from rules.xid_catalog import load_catalog
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from agent.config import AgentConfig
     from agent.sources.kmsg import KmsgSource
+    from agent.sources.nvml_api import NvmlLibrary
     from agent.sources.udev import UdevSource
     from fleetwatch.clock import Clock
 
@@ -86,6 +88,7 @@ def build_agent(
     """Assemble an agent from its configuration and hardware."""
     sampler = Sampler(
         nvml=NvmlSource(hardware.nvml),
+        nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
         sysfs=SysfsReader(hardware.sysfs_root),
         kmsg=hardware.kmsg,
         udev=hardware.udev,

@@ -14,7 +14,9 @@ import structlog
 
 from agent.exceptions import GpuLostError, SourceError
 from agent.pci import normalize_bus_id
+from agent.probes.gpu_signals import gpu_samples
 from agent.probes.xid import parse_xid_line
+from agent.probes.xid_merge import XidMerger
 from fleetwatch.clock import unix_ms
 from fleetwatch.model import EventKind, SampleKey, SampleValue, Target, event_kind_to_pb
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -22,6 +24,7 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 if TYPE_CHECKING:
     from agent.sources.kmsg import KmsgSource
     from agent.sources.nvml import GpuIdentity, NvmlSource
+    from agent.sources.nvml_events import NvmlEventWatcher
     from agent.sources.sysfs import IbPortInfo, SysfsReader
     from agent.sources.udev import UdevSource
     from fleetwatch.clock import Clock
@@ -87,9 +90,12 @@ class Sampler:
         udev: UdevSource | None,
         catalog: XidCatalog,
         clock: Clock,
+        nvml_events: NvmlEventWatcher | None = None,
     ) -> None:
         """Keep the sources; call :meth:`discover` before polling."""
         self._nvml = nvml
+        self._nvml_events = nvml_events
+        self._merger = XidMerger()
         self._sysfs = sysfs
         self._kmsg = kmsg
         self._udev = udev
@@ -98,6 +104,7 @@ class Sampler:
         self.inventory = NodeInventory("", "", (), ())
         self.source_errors: Counter[str] = Counter()
         self._by_bus: dict[str, GpuIdentity] = {}
+        self._by_uuid: dict[str, GpuIdentity] = {}
         self._lost: set[str] = set()
         self._nvlink_prev: dict[tuple[str, int], bool] = {}
         self._ib_prev: dict[tuple[str, int], str] = {}
@@ -120,13 +127,24 @@ class Sampler:
             ports = []
         self.inventory = NodeInventory(driver, nvml_version, tuple(gpus), tuple(ports))
         self._by_bus = {gpu.pci_bus_id: gpu for gpu in gpus}
+        self._by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        if self._nvml_events is not None and gpus:
+            handles = {gpu.uuid: self._nvml.handle(gpu.index) for gpu in gpus}
+            if not self._nvml_events.start(handles):
+                self._nvml_events = None
         return self.inventory
+
+    def close(self) -> None:
+        """Stop the NVML event thread, if one runs."""
+        if self._nvml_events is not None:
+            self._nvml_events.stop()
 
     def poll(self) -> PollResult:
         """Read every source once."""
         result = PollResult()
         now_ms = unix_ms(self._clock)
         self._poll_kmsg(result, now_ms)
+        self._poll_nvml_events(result, now_ms)
         self._poll_udev(result, now_ms)
         for gpu in self.inventory.gpus:
             self._poll_gpu(gpu, result, now_ms)
@@ -177,6 +195,8 @@ class Sampler:
                 self._gpu_lost(gpu, result, now_ms, xid=line.xid, detail=line.text)
                 continue
             target = Target.gpu(gpu.uuid) if gpu else Target.pci(line.pci_bus_id)
+            if gpu and not self._merger.offer("kmsg", gpu.uuid, line.xid, self._clock.monotonic()):
+                continue
             result.events.append(
                 PendingEvent(
                     kind=EventKind.XID,
@@ -185,6 +205,30 @@ class Sampler:
                     xid=line.xid,
                     xid_class=self._catalog.class_of(line.xid),
                     detail=line.text,
+                ),
+            )
+
+    def _poll_nvml_events(self, result: PollResult, now_ms: int) -> None:
+        if self._nvml_events is None:
+            return
+        for item in self._nvml_events.drain():
+            gpu = self._by_uuid.get(item.gpu_uuid)
+            if gpu is None:
+                continue
+            detail = f"NVML Xid event {item.xid}"
+            if item.xid == XID_FALLEN_OFF_BUS:
+                self._gpu_lost(gpu, result, now_ms, xid=item.xid, detail=detail)
+                continue
+            if not self._merger.offer("nvml", gpu.uuid, item.xid, item.mono):
+                continue
+            result.events.append(
+                PendingEvent(
+                    kind=EventKind.XID,
+                    target=Target.gpu(gpu.uuid),
+                    time_unix_ms=now_ms,
+                    xid=item.xid,
+                    xid_class=self._catalog.class_of(item.xid),
+                    detail=detail,
                 ),
             )
 
@@ -217,8 +261,11 @@ class Sampler:
 
     def _poll_gpu(self, gpu: GpuIdentity, result: PollResult, now_ms: int) -> None:
         try:
+            if gpu.uuid in self._lost:
+                self._reprobe(gpu)
             reading = self._nvml.read(gpu)
         except GpuLostError as exc:
+            self._nvml.forget(gpu.index)
             self._gpu_lost(gpu, result, now_ms, detail=str(exc))
             return
         except SourceError as exc:
@@ -228,12 +275,11 @@ class Sampler:
         if gpu.uuid in self._lost:
             self._lost.discard(gpu.uuid)
             log.info("gpu_back", gpu_uuid=gpu.uuid)
-        samples = result.samples
-        samples[Target.gpu(gpu.uuid), "gpu_present"] = 1
-        if reading.pcie_replay_count is not None:
-            samples[Target.gpu(gpu.uuid), "pcie_replay_count"] = reading.pcie_replay_count
-        for link, up in enumerate(reading.nvlink_up):
-            samples[Target.nvlink(gpu.uuid, link), "nvlink_up"] = int(up)
+        result.samples.update(gpu_samples(gpu, reading))
+        for link, nvlink in enumerate(reading.nvlinks):
+            up = nvlink.up
+            if up is None:  # state unknown: neither up nor down
+                continue
             prev = self._nvlink_prev.get((gpu.uuid, link))
             self._nvlink_prev[gpu.uuid, link] = up
             if prev is up or (prev is None and up):
@@ -246,6 +292,13 @@ class Sampler:
                     detail=f"NVML link {link} state {'up' if up else 'down'}",
                 ),
             )
+
+    def _reprobe(self, gpu: GpuIdentity) -> None:
+        """Identify a lost GPU again; a different UUID at its index is not the same GPU."""
+        found = self._nvml.identify(gpu.index)
+        if found.uuid != gpu.uuid:
+            msg = f"GPU index {gpu.index} now has UUID {found.uuid}, was {gpu.uuid}"
+            raise SourceError("nvml", msg)
 
     def _poll_ib_port(self, port: IbPortInfo, result: PollResult, now_ms: int) -> None:
         try:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent
 from agent.sim.hardware import SimNode
-from agent.sim.nvml_lib import SimNvmlLibrary
 from agent.sim.scenario import Fault, FaultKind, apply_fault
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 def sim_hardware(node: SimNode) -> Hardware:
     """The four sources of a simulated node, as the agent's composition root takes them."""
     return Hardware(
-        nvml=SimNvmlLibrary(node),
+        nvml=node.nvml,
         sysfs_root=node.sysfs.root,
         kmsg=node.kmsg,
         udev=node.udev,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.sim.kmsg import SimKmsg
+from agent.sim.nvml_lib import EVENT_XID, SimNvmlLibrary
 from agent.sim.sysfs_tree import SimSysfsTree
 from agent.sim.udev import SimUdev
 from agent.sources.udev import UdevEvent
@@ -32,15 +33,42 @@ LINK_DOWNED_MAX = 255  # 8-bit counter; IB error counters saturate, they do not 
 
 @dataclass(slots=True)
 class SimGpu:
-    """One simulated GPU."""
+    """One simulated GPU: what NVML would report about it."""
 
     index: int
     uuid: str
     bus: int
     model: str = H100_MODEL
     nvlink_up: list[bool] = field(default_factory=lambda: [True] * H100_NVLINKS)
+    # Per link: DL replay, DL recovery, DL CRC error counters (they only grow).
+    nvlink_errors: list[list[int]] = field(default_factory=list)
     pcie_replays: int = 0
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    max_pcie_gen: int = 5
+    max_pcie_width: int = 16
+    ecc_sbe_volatile: int = 0
+    ecc_dbe_volatile: int = 0
+    ecc_sbe_aggregate: int = 0
+    ecc_dbe_aggregate: int = 0
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    clock_event_reasons: int = 0
+    temperature_c: int = 41
+    power_mw: int = 118_000
+    util_gpu: int = 0
+    util_mem: int = 0
+    sm_clock_mhz: int = 1980
     lost: bool = False
+    # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
+    unsupported: set[int | str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        """Give every link its error counters."""
+        if not self.nvlink_errors:
+            self.nvlink_errors = [[0, 0, 0] for _ in self.nvlink_up]
 
     @property
     def nvml_bus_id(self) -> str:
@@ -100,6 +128,7 @@ class SimNode:
             for i in range(gpus)
         ]
         self.ib_ports = [SimIbPort(device=f"mlx5_{i}") for i in range(ib_ports)]
+        self.nvml = SimNvmlLibrary(self)
         self.kmsg = SimKmsg(clock)
         self.udev = SimUdev()
         self.sysfs = SimSysfsTree(sysfs_root)
@@ -129,6 +158,7 @@ class SimNode:
         self.kmsg.write(
             f"NVRM: Xid (PCI:{g.kernel_bus_id}): {xid}, pid='<unknown>', name=<unknown>, {text}",
         )
+        self.nvml.post(g, EVENT_XID, xid)
 
     def pci_remove(self, gpu: int) -> None:
         """The kernel removes the GPU's PCI function (hot remove or failed recovery)."""

@@ -2,19 +2,39 @@
 
 It is handed to the real :class:`agent.sources.nvml.NvmlSource` in place of the ``pynvml``
 module. Errors are pynvml's own ``NVMLError`` subclasses built from NVML's return codes, so the
-source's error translation runs exactly as it does against a real driver.
+source's error translation runs exactly as it does against a real driver. A capability listed in
+``SimGpu.unsupported`` (a field id or a function name) answers NOT_SUPPORTED, as on architectures
+that lack it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.sim.hardware import SimGpu, SimNode
 
-DRIVER_VERSION = "570.133.20"
-NVML_VERSION = "12.570.133.20"
+DRIVER_VERSION: Final = "570.133.20"
+NVML_VERSION: Final = "12.570.133.20"
+
+SUCCESS: Final = 0
+UNINITIALIZED: Final = 1
+INVALID_ARGUMENT: Final = 2
+NOT_SUPPORTED: Final = 3
+DRIVER_NOT_LOADED: Final = 9
+TIMEOUT: Final = 10
+GPU_IS_LOST: Final = 15
+VALUE_UNSIGNED_LONG_LONG: Final = 3
+
+EVENT_XID: Final = 0x8
+EVENT_DBE: Final = 0x2
+EVENT_GPU_UNAVAILABLE: Final = 0x4000
+SUPPORTED_EVENTS: Final = EVENT_XID | EVENT_DBE | EVENT_GPU_UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,45 +47,127 @@ class SimPciInfo:
     device: int
 
 
+@dataclass(frozen=True, slots=True)
+class SimValue:
+    """``nvmlValue_t``; only the 64-bit unsigned member is used."""
+
+    ullVal: int  # noqa: N815 - NVML's name
+
+
+@dataclass(frozen=True, slots=True)
+class SimFieldValue:
+    """``nvmlFieldValue_t``."""
+
+    fieldId: int  # noqa: N815 - NVML's name
+    scopeId: int  # noqa: N815
+    nvmlReturn: int  # noqa: N815
+    valueType: int = VALUE_UNSIGNED_LONG_LONG  # noqa: N815
+    value: SimValue = SimValue(0)
+
+
+@dataclass(frozen=True, slots=True)
+class SimUtilization:
+    """``nvmlUtilization_t``."""
+
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimEventData:
+    """``nvmlEventData_t``."""
+
+    device: Any
+    eventType: int  # noqa: N815 - NVML's name
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+@dataclass(slots=True)
+class SimEventSet:
+    """An event set: registered GPUs and a thread-safe queue of their events."""
+
+    masks: dict[str, int] = field(default_factory=dict)
+    pending: queue.Queue[SimEventData] = field(default_factory=queue.Queue)
+
+
+def _fields(gpu: SimGpu) -> dict[tuple[int, int], int]:
+    """Every field the simulated GPU can answer, by (field id, scope)."""
+    values = {
+        (91, 0): len(gpu.nvlink_up),
+        (94, 0): gpu.pcie_replays,
+        (3, 0): gpu.ecc_sbe_volatile,
+        (4, 0): gpu.ecc_dbe_volatile,
+        (5, 0): gpu.ecc_sbe_aggregate,
+        (6, 0): gpu.ecc_dbe_aggregate,
+        (142, 0): gpu.remapped_correctable,
+        (143, 0): gpu.remapped_uncorrectable,
+        (144, 0): int(gpu.remap_pending),
+        (145, 0): int(gpu.remap_failure),
+    }
+    for link, up in enumerate(gpu.nvlink_up):
+        replay, recovery, crc = gpu.nvlink_errors[link]
+        values[165, link] = int(up)
+        values[161, link] = replay
+        values[162, link] = recovery
+        values[163, link] = crc
+    return values
+
+
 class SimNvmlLibrary:
     """The subset of pynvml the agent calls, backed by a :class:`SimNode`."""
 
     def __init__(self, node: SimNode, *, driver_loaded: bool = True) -> None:
-        """Borrow pynvml's constants and exception classes so errors match the real ones."""
-        import pynvml  # noqa: PLC0415 - for its exception classes and constants only
+        """Borrow pynvml's exception class so errors match the real ones."""
+        import pynvml  # noqa: PLC0415 - for its exception classes only
 
         self._pynvml = pynvml
         self.NVMLError: type[Exception] = pynvml.NVMLError
-        self.NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
-        self.NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
-        self.NVML_ERROR_INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
-        self.NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
-        self.NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
         self.node = node
         self.driver_loaded = driver_loaded
         self._init_count = 0
+        self._lock = threading.Lock()
         self.calls = 0
+        self.event_sets: list[SimEventSet] = []
+
+    # ---- plumbing ----------------------------------------------------------------------------
 
     def _error(self, code: int) -> Exception:
         return self._pynvml.NVMLError(code)
 
     def _ready(self) -> None:
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
         if self._init_count == 0:
-            raise self._error(self._pynvml.NVML_ERROR_UNINITIALIZED)
+            raise self._error(UNINITIALIZED)
 
-    def _gpu(self, handle: Any) -> SimGpu:  # noqa: ANN401 - NVML handles are opaque
+    def _gpu(self, handle: Any, capability: str = "") -> SimGpu:  # noqa: ANN401 - opaque handle
         self._ready()
         gpu: SimGpu = handle
         if gpu.lost:
-            raise self._error(self.NVML_ERROR_GPU_IS_LOST)
+            raise self._error(GPU_IS_LOST)
+        if capability and capability in gpu.unsupported:
+            raise self._error(NOT_SUPPORTED)
         return gpu
+
+    def _value(self, handle: Any, name: str, read: Callable[[SimGpu], int]) -> int:  # noqa: ANN401
+        return read(self._gpu(handle, name))
+
+    def post(self, gpu: SimGpu, event_type: int, data: int) -> None:
+        """Deliver an event to every set that registered the GPU for its type."""
+        for event_set in self.event_sets:
+            if event_set.masks.get(gpu.uuid, 0) & event_type:
+                event_set.pending.put(SimEventData(gpu, event_type, data))
+
+    # ---- system ------------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml's name
         """Initialise; fails like a node without the kernel module when the driver is absent."""
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
         if not self.driver_loaded:
-            raise self._error(self._pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            raise self._error(DRIVER_NOT_LOADED)
         self._init_count += 1
 
     def nvmlShutdown(self) -> None:  # noqa: N802 - pynvml's name
@@ -88,14 +190,16 @@ class SimNvmlLibrary:
         self._ready()
         return len(self.node.gpus)
 
+    # ---- identity ----------------------------------------------------------------------------
+
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: ANN401, N802 - pynvml's name
         """Return the GPU as its own handle."""
         self._ready()
         if not 0 <= index < len(self.node.gpus):
-            raise self._error(self.NVML_ERROR_INVALID_ARGUMENT)
+            raise self._error(INVALID_ARGUMENT)
         gpu = self.node.gpus[index]
         if gpu.lost:
-            raise self._error(self.NVML_ERROR_GPU_IS_LOST)
+            raise self._error(GPU_IS_LOST)
         return gpu
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: ANN401, N802 - pynvml's name
@@ -111,13 +215,131 @@ class SimNvmlLibrary:
         gpu = self._gpu(handle)
         return SimPciInfo(busId=gpu.nvml_bus_id, domain=0, bus=gpu.bus, device=0)
 
+    # ---- field values ------------------------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(  # noqa: N802 - pynvml's name
+        self,
+        handle: Any,  # noqa: ANN401 - opaque handle
+        fieldIds: list[tuple[int, int]],  # noqa: N803 - pynvml's name
+    ) -> list[SimFieldValue]:
+        """Answer each requested field, NOT_SUPPORTED for those the GPU lacks."""
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        known = _fields(gpu)
+        out = []
+        for field_id, scope in fieldIds:
+            value = known.get((field_id, scope))
+            if value is None or field_id in gpu.unsupported:
+                out.append(SimFieldValue(field_id, scope, NOT_SUPPORTED))
+            else:
+                out.append(SimFieldValue(field_id, scope, SUCCESS, value=SimValue(value)))
+        return out
+
+    # ---- per-call API ------------------------------------------------------------------------
+
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:  # noqa: ANN401, N802
         """Return 1 (enabled) or 0; an index past the GPU's links is an invalid argument."""
-        gpu = self._gpu(handle)
+        gpu = self._gpu(handle, "nvmlDeviceGetNvLinkState")
         if not 0 <= link < len(gpu.nvlink_up):
-            raise self._error(self.NVML_ERROR_INVALID_ARGUMENT)
-        return self.NVML_FEATURE_ENABLED if gpu.nvlink_up[link] else 0
+            raise self._error(INVALID_ARGUMENT)
+        return int(gpu.nvlink_up[link])
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:  # noqa: ANN401, N802
+        """Return a DL error counter of one link."""
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
+        if not 0 <= link < len(gpu.nvlink_up) or counter not in (0, 1, 2):
+            raise self._error(INVALID_ARGUMENT)
+        return gpu.nvlink_errors[link][counter]
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:  # noqa: ANN401, N802
         """Return the replay counter (it only grows)."""
-        return self._gpu(handle).pcie_replays
+        return self._value(handle, "nvmlDeviceGetPcieReplayCounter", lambda g: g.pcie_replays)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the link generation now."""
+        return self._value(handle, "nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.pcie_gen)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the link width now."""
+        return self._value(handle, "nvmlDeviceGetCurrPcieLinkWidth", lambda g: g.pcie_width)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the highest generation the link can train to."""
+        return self._value(handle, "nvmlDeviceGetMaxPcieLinkGeneration", lambda g: g.max_pcie_gen)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the widest the link can train to."""
+        return self._value(handle, "nvmlDeviceGetMaxPcieLinkWidth", lambda g: g.max_pcie_width)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:  # noqa: ANN401, N802, N803
+        """Return one of the four ECC totals."""
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        return (
+            (gpu.ecc_sbe_volatile, gpu.ecc_sbe_aggregate),
+            (gpu.ecc_dbe_volatile, gpu.ecc_dbe_aggregate),
+        )[errorType][counterType]
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:  # noqa: ANN401, N802
+        """Return (correctable rows, uncorrectable rows, pending, failure)."""
+        gpu = self._gpu(device, "nvmlDeviceGetRemappedRows")
+        return (
+            gpu.remapped_correctable,
+            gpu.remapped_uncorrectable,
+            int(gpu.remap_pending),
+            int(gpu.remap_failure),
+        )
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the clock-event (throttle) reason bits."""
+        name = "nvmlDeviceGetCurrentClocksEventReasons"
+        return self._value(handle, name, lambda g: g.clock_event_reasons)
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:  # noqa: ANN401, ARG002, N802
+        """Return the GPU core temperature in °C."""
+        return self._value(handle, "nvmlDeviceGetTemperature", lambda g: g.temperature_c)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the board power in mW."""
+        return self._value(handle, "nvmlDeviceGetPowerUsage", lambda g: g.power_mw)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimUtilization:  # noqa: ANN401, N802
+        """Return GPU and memory utilisation in percent."""
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return SimUtilization(gpu.util_gpu, gpu.util_mem)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:  # noqa: A002, ANN401, ARG002, N802
+        """Return the SM clock in MHz."""
+        return self._value(handle, "nvmlDeviceGetClockInfo", lambda g: g.sm_clock_mhz)
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> SimEventSet:  # noqa: N802 - pynvml's name
+        """Create an empty event set."""
+        self._ready()
+        event_set = SimEventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: ANN401, N802, N803
+        """Free an event set."""
+        self._ready()
+        if eventSet in self.event_sets:
+            self.event_sets.remove(eventSet)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return the event bits the GPU can deliver."""
+        return self._value(handle, "nvmlDeviceGetSupportedEventTypes", lambda _: SUPPORTED_EVENTS)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:  # noqa: ANN401, N802, N803
+        """Register the GPU's events of ``eventTypes`` with the set."""
+        gpu = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        event_set: SimEventSet = eventSet
+        event_set.masks[gpu.uuid] = event_set.masks.get(gpu.uuid, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> SimEventData:  # noqa: ANN401, N802, N803
+        """Block up to ``timeoutms`` for the next event; NVML_ERROR_TIMEOUT when none came."""
+        self._ready()
+        event_set: SimEventSet = eventSet
+        try:
+            return event_set.pending.get(timeout=max(timeoutms, 0) / 1000)
+        except queue.Empty:
+            raise self._error(TIMEOUT) from None

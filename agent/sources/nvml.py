@@ -1,60 +1,51 @@
-"""NVML source: GPU identity, NVLink state and the PCIe replay counter.
+"""NVML source: GPU identity, NVLink state and errors, PCIe, ECC, row remapping, clocks, power.
 
 The NVML *library* is injected: production passes the ``pynvml`` module (imported lazily by
 :func:`load_pynvml`), the simulator passes :class:`agent.sim.nvml_lib.SimNvmlLibrary`, which
 offers the same functions and raises pynvml's own exception classes. So the code below is the
 code that runs against real GPUs, in tests and in the demo alike.
+
+Per poll and GPU: one ``nvmlDeviceGetFieldValues`` batch for what the GPU supports as fields,
+the per-call API for what it supports only that way, and nothing for what it supports neither
+way. What is supported is found once, at :meth:`NvmlSource.identify`, and remembered; a call that
+later says NOT_SUPPORTED is dropped for good. No call on the poll path blocks (no 20 ms PCIe
+throughput sampling).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent.exceptions import GpuLostError, NvmlError
 from agent.pci import normalize_bus_id
+from agent.sources import nvml_fields as fi
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from agent.sources.nvml_api import NvmlLibrary
+
 T = TypeVar("T")
 
+# NVML return codes (nvml.h); stable across driver versions.
+SUCCESS: Final = 0
+ERROR_INVALID_ARGUMENT: Final = 2
+ERROR_NOT_SUPPORTED: Final = 3
+ERROR_FUNCTION_NOT_FOUND: Final = 13
+ERROR_GPU_IS_LOST: Final = 15
+_UNSUPPORTED: Final = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND})
 
-class PciInfo(Protocol):
-    """The part of ``nvmlPciInfo_t`` we read."""
-
-    @property
-    def busId(self) -> str:  # noqa: N802 - NVML's field name
-        """``%08X:%02X:%02X.0``, e.g. ``00000000:1B:00.0``."""
-        ...
-
-
-class NvmlLibrary(Protocol):
-    """The subset of pynvml that fleetwatch calls (the ``pynvml`` module satisfies it)."""
-
-    @property
-    def NVMLError(self) -> type[Exception]:  # noqa: N802 - pynvml's name
-        """The base class of every NVML error (``.value`` holds the return code)."""
-        ...
-
-    NVML_ERROR_GPU_IS_LOST: int
-    NVML_ERROR_NOT_SUPPORTED: int
-    NVML_ERROR_INVALID_ARGUMENT: int
-    NVML_FEATURE_ENABLED: int
-    NVML_NVLINK_MAX_LINKS: int
-
-    def nvmlInit(self) -> None: ...  # noqa: D102, N802
-    def nvmlShutdown(self) -> None: ...  # noqa: D102, N802
-    def nvmlSystemGetDriverVersion(self) -> str: ...  # noqa: D102, N802
-    def nvmlSystemGetNVMLVersion(self) -> str: ...  # noqa: D102, N802
-    def nvmlDeviceGetCount(self) -> int: ...  # noqa: D102, N802
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...  # noqa: ANN401, D102, N802
-    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...  # noqa: ANN401, D102, N802
-    def nvmlDeviceGetName(self, handle: Any) -> str: ...  # noqa: ANN401, D102, N802
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo: ...  # noqa: ANN401, D102, N802
-    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int: ...  # noqa: ANN401, D102, N802
-    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802
+FEATURE_ENABLED: Final = 1
+NVLINK_MAX_LINKS: Final = 36
+CLOCK_SM: Final = 1
+TEMPERATURE_GPU: Final = 0
+MEMORY_ERROR_CORRECTED: Final = 0
+MEMORY_ERROR_UNCORRECTED: Final = 1
+ECC_VOLATILE: Final = 0
+ECC_AGGREGATE: Final = 1
+NVLINK_ERROR_COUNTERS: Final = (0, 1, 2)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT
 
 
 def load_pynvml() -> NvmlLibrary:
@@ -73,45 +64,92 @@ class GpuIdentity:
     pci_bus_id: str
     model: str
     nvlink_count: int
+    max_pcie_gen: int | None = None
+    max_pcie_width: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkReading:
+    """One NVLink. ``None`` marks what this GPU does not report."""
+
+    up: bool | None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_errors: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One poll of one GPU. ``None`` marks a value this GPU does not support."""
 
-    nvlink_up: tuple[bool, ...]
-    pcie_replay_count: int | None
+    nvlinks: tuple[NvlinkReading, ...] = ()
+    pcie_replay_count: int | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    remapped_correctable: int | None = None
+    remapped_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    clock_event_reasons: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    gpu_util_pct: int | None = None
+    mem_util_pct: int | None = None
+    sm_clock_mhz: int | None = None
+
+    @property
+    def nvlink_up(self) -> tuple[bool, ...]:
+        """Link states, a link of unknown state counted as down."""
+        return tuple(bool(link.up) for link in self.nvlinks)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one GPU supports, probed once."""
+
+    fields: list[fi.FieldKey] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)
 
 
 class NvmlSource:
     """Reads GPUs through an injected NVML library and translates its errors at the boundary."""
 
-    __slots__ = ("_handles", "_lib", "_started")
+    __slots__ = ("_handles", "_lib", "_plans", "_started", "calls")
 
     def __init__(self, lib: NvmlLibrary) -> None:
         """Keep the library; nothing is called until :meth:`start`."""
         self._lib = lib
         self._handles: dict[int, Any] = {}
+        self._plans: dict[int, _Plan] = {}
         self._started = False
+        self.calls = 0
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        self.calls += 1
         try:
             return fn()
         except self._lib.NVMLError as exc:
             code = int(getattr(exc, "value", -1))
             msg = f"{what}: {exc}"
-            if code == self._lib.NVML_ERROR_GPU_IS_LOST:
+            if code == ERROR_GPU_IS_LOST:
                 raise GpuLostError(code, msg) from exc
             raise NvmlError(code, msg) from exc
 
-    def _optional(self, what: str, fn: Callable[[], T]) -> T | None:
-        """Like :meth:`_call`, but NOT_SUPPORTED becomes None."""
+    def _optional(self, plan: _Plan, key: str, fn: Callable[[], T]) -> T | None:
+        """Call ``fn`` unless ``key`` is known unsupported; NOT_SUPPORTED marks it so."""
+        if key in plan.unsupported:
+            return None
         try:
-            return self._call(what, fn)
+            return self._call(key, fn)
         except GpuLostError:
             raise
         except NvmlError as exc:
-            if exc.code == self._lib.NVML_ERROR_NOT_SUPPORTED:
+            if exc.code in _UNSUPPORTED or exc.code == ERROR_INVALID_ARGUMENT:
+                plan.unsupported.add(key)
                 return None
             raise
 
@@ -135,68 +173,215 @@ class NvmlSource:
         """Return how many GPUs the driver reports (lost ones included)."""
         return self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount)
 
-    def _handle(self, index: int) -> Any:  # noqa: ANN401 - NVML handles are opaque
+    def handle(self, index: int) -> Any:  # noqa: ANN401 - NVML handles are opaque
+        """Return (and cache) the NVML handle of GPU ``index``."""
         handle = self._handles.get(index)
         if handle is None:
-            lib = self._lib
             handle = self._call(
                 f"nvmlDeviceGetHandleByIndex({index})",
-                lambda: lib.nvmlDeviceGetHandleByIndex(index),
+                partial(self._lib.nvmlDeviceGetHandleByIndex, index),
             )
             self._handles[index] = handle
         return handle
 
+    def forget(self, index: int) -> None:
+        """Drop a cached handle and plan, so a GPU back on the bus is probed afresh."""
+        self._handles.pop(index, None)
+        self._plans.pop(index, None)
+
     def identify(self, index: int) -> GpuIdentity:
-        """Read the identity of GPU ``index`` and count its NVLinks (probed once, here)."""
+        """Read the identity of GPU ``index`` and probe, once, what it can report."""
         lib = self._lib
-        handle = self._handle(index)
-        uuid = self._call("nvmlDeviceGetUUID", lambda: lib.nvmlDeviceGetUUID(handle))
-        model = self._call("nvmlDeviceGetName", lambda: lib.nvmlDeviceGetName(handle))
-        pci = self._call("nvmlDeviceGetPciInfo", lambda: lib.nvmlDeviceGetPciInfo(handle))
+        handle = self.handle(index)
+        uuid = self._call("nvmlDeviceGetUUID", partial(lib.nvmlDeviceGetUUID, handle))
+        model = self._call("nvmlDeviceGetName", partial(lib.nvmlDeviceGetName, handle))
+        pci = self._call("nvmlDeviceGetPciInfo", partial(lib.nvmlDeviceGetPciInfo, handle))
+        plan = _Plan()
+        links = self._count_nvlinks(handle, plan)
+        plan.fields = self._probe_fields(handle, plan, links)
+        self._plans[index] = plan
         return GpuIdentity(
             index=index,
             uuid=uuid,
             pci_bus_id=normalize_bus_id(pci.busId),
             model=model,
-            nvlink_count=self._count_nvlinks(handle),
+            nvlink_count=links,
+            max_pcie_gen=self._optional(
+                plan,
+                "max_pcie_gen",
+                partial(lib.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+            ),
+            max_pcie_width=self._optional(
+                plan,
+                "max_pcie_width",
+                partial(lib.nvmlDeviceGetMaxPcieLinkWidth, handle),
+            ),
         )
 
-    def _count_nvlinks(self, handle: Any) -> int:  # noqa: ANN401 - NVML handles are opaque
-        """Count links by asking for each until NVML says the index is invalid or unsupported.
+    def _count_nvlinks(self, handle: Any, plan: _Plan) -> int:  # noqa: ANN401 - opaque handle
+        """Ask the device for its link count (field 91); else probe links until one is refused.
 
-        Do not trust NVML_NVLINK_MAX_LINKS as the count: it is a bound (36 since v590).
+        NVML_NVLINK_MAX_LINKS is a bound (36 since v590), not a count.
         """
+        values = self._fields(handle, plan, [(fi.FI_NVLINK_LINK_COUNT, 0)])
+        count = values.get((fi.FI_NVLINK_LINK_COUNT, 0))
+        if count is not None:
+            return int(count)
         lib = self._lib
-        count = 0
-        for link in range(lib.NVML_NVLINK_MAX_LINKS):
-            try:
-                self._call(
-                    "nvmlDeviceGetNvLinkState",
-                    partial(lib.nvmlDeviceGetNvLinkState, handle, link),
-                )
-            except GpuLostError:
-                raise
-            except NvmlError as exc:
-                if exc.code in (lib.NVML_ERROR_INVALID_ARGUMENT, lib.NVML_ERROR_NOT_SUPPORTED):
-                    break
-                raise
-            count += 1
-        return count
+        for link in range(NVLINK_MAX_LINKS):
+            state = self._optional(
+                _Plan(),
+                "nvlink_state",
+                partial(lib.nvmlDeviceGetNvLinkState, handle, link),
+            )
+            if state is None:
+                return link
+        return NVLINK_MAX_LINKS
+
+    def _probe_fields(self, handle: Any, plan: _Plan, links: int) -> list[fi.FieldKey]:  # noqa: ANN401
+        """Ask once for every field; keep those the GPU answers."""
+        wanted = fi.request(links)
+        return sorted(self._fields(handle, plan, wanted))
+
+    def _fields(
+        self,
+        handle: Any,  # noqa: ANN401 - opaque handle
+        plan: _Plan,
+        keys: list[fi.FieldKey],
+    ) -> dict[fi.FieldKey, int | float]:
+        """One ``nvmlDeviceGetFieldValues`` call; entries that failed are left out."""
+        if not keys:
+            return {}
+        entries = self._optional(
+            plan,
+            "field_values",
+            partial(self._lib.nvmlDeviceGetFieldValues, handle, keys),
+        )
+        values: dict[fi.FieldKey, int | float] = {}
+        for entry in entries or ():
+            if entry.nvmlReturn == ERROR_GPU_IS_LOST:
+                msg = f"nvmlDeviceGetFieldValues: field {entry.fieldId}: GPU is lost"
+                raise GpuLostError(ERROR_GPU_IS_LOST, msg)
+            if entry.nvmlReturn == SUCCESS:
+                values[int(entry.fieldId), int(entry.scopeId)] = fi.decode(entry)
+        return values
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
         """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""
         lib = self._lib
-        handle = self._handle(gpu.index)
-        links = tuple(
-            self._call(
-                "nvmlDeviceGetNvLinkState",
-                partial(lib.nvmlDeviceGetNvLinkState, handle, link),
+        h = self.handle(gpu.index)
+        plan = self._plans.setdefault(gpu.index, _Plan())
+        got = self._fields(h, plan, plan.fields)
+
+        def pick(key: fi.FieldKey, name: str, fallback: Callable[[], T]) -> T | int | None:
+            value = got.get(key)
+            if value is not None:
+                return int(value)
+            if key in plan.fields:  # asked for in the batch, but no answer this time
+                return None
+            return self._optional(plan, name, fallback)
+
+        nvlinks = []
+        for link in range(gpu.nvlink_count):
+            state = pick(
+                (fi.FI_NVLINK_GET_STATE, link),
+                "nvlink_state",
+                partial(lib.nvmlDeviceGetNvLinkState, h, link),
             )
-            == lib.NVML_FEATURE_ENABLED
-            for link in range(gpu.nvlink_count)
+            errors = [
+                pick(
+                    (field_id, link),
+                    f"nvlink_error_{counter}",
+                    partial(lib.nvmlDeviceGetNvLinkErrorCounter, h, link, counter),
+                )
+                for field_id, counter in zip(fi.LINK_FIELDS[1:], NVLINK_ERROR_COUNTERS, strict=True)
+            ]
+            nvlinks.append(
+                NvlinkReading(
+                    up=None if state is None else state == FEATURE_ENABLED,
+                    replay_errors=errors[0],
+                    recovery_errors=errors[1],
+                    crc_errors=errors[2],
+                ),
+            )
+        ecc = [
+            pick(
+                (field_id, 0),
+                f"ecc_{kind}_{counter}",
+                partial(lib.nvmlDeviceGetTotalEccErrors, h, kind, counter),
+            )
+            for field_id, kind, counter in (
+                (fi.FI_ECC_SBE_VOL_TOTAL, MEMORY_ERROR_CORRECTED, ECC_VOLATILE),
+                (fi.FI_ECC_DBE_VOL_TOTAL, MEMORY_ERROR_UNCORRECTED, ECC_VOLATILE),
+                (fi.FI_ECC_SBE_AGG_TOTAL, MEMORY_ERROR_CORRECTED, ECC_AGGREGATE),
+                (fi.FI_ECC_DBE_AGG_TOTAL, MEMORY_ERROR_UNCORRECTED, ECC_AGGREGATE),
+            )
+        ]
+        remap = self._remap(h, plan, got)
+        util = self._optional(plan, "utilization", partial(lib.nvmlDeviceGetUtilizationRates, h))
+        power_mw = self._optional(plan, "power", partial(lib.nvmlDeviceGetPowerUsage, h))
+        return GpuReading(
+            nvlinks=tuple(nvlinks),
+            pcie_replay_count=pick(
+                (fi.FI_PCIE_REPLAY_COUNTER, 0),
+                "pcie_replay",
+                partial(lib.nvmlDeviceGetPcieReplayCounter, h),
+            ),
+            pcie_gen=self._optional(
+                plan,
+                "pcie_gen",
+                partial(lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            ),
+            pcie_width=self._optional(
+                plan,
+                "pcie_width",
+                partial(lib.nvmlDeviceGetCurrPcieLinkWidth, h),
+            ),
+            ecc_sbe_volatile=ecc[0],
+            ecc_dbe_volatile=ecc[1],
+            ecc_sbe_aggregate=ecc[2],
+            ecc_dbe_aggregate=ecc[3],
+            remapped_correctable=remap[0],
+            remapped_uncorrectable=remap[1],
+            remap_pending=None if remap[2] is None else bool(remap[2]),
+            remap_failure=None if remap[3] is None else bool(remap[3]),
+            clock_event_reasons=self._optional(
+                plan,
+                "clock_event_reasons",
+                partial(lib.nvmlDeviceGetCurrentClocksEventReasons, h),
+            ),
+            temperature_c=self._optional(
+                plan,
+                "temperature",
+                partial(lib.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU),
+            ),
+            power_w=None if power_mw is None else power_mw / 1000,
+            gpu_util_pct=None if util is None else int(util.gpu),
+            mem_util_pct=None if util is None else int(util.memory),
+            sm_clock_mhz=self._optional(
+                plan,
+                "sm_clock",
+                partial(lib.nvmlDeviceGetClockInfo, h, CLOCK_SM),
+            ),
         )
-        replay = self._optional(
-            "nvmlDeviceGetPcieReplayCounter",
-            lambda: lib.nvmlDeviceGetPcieReplayCounter(handle),
+
+    def _remap(
+        self,
+        handle: Any,  # noqa: ANN401 - opaque handle
+        plan: _Plan,
+        got: dict[fi.FieldKey, int | float],
+    ) -> tuple[int | None, int | None, int | None, int | None]:
+        """Remapped rows from the batch, else from ``nvmlDeviceGetRemappedRows``."""
+        keys = [(f, 0) for f in (fi.FI_REMAPPED_COR, fi.FI_REMAPPED_UNC)]
+        keys += [(f, 0) for f in (fi.FI_REMAPPED_PENDING, fi.FI_REMAPPED_FAILURE)]
+        if all(key in plan.fields for key in keys):
+            values = [got.get(key) for key in keys]
+            return tuple(None if v is None else int(v) for v in values)  # type: ignore[return-value]
+        rows = self._optional(
+            plan,
+            "remapped_rows",
+            partial(self._lib.nvmlDeviceGetRemappedRows, handle),
         )
-        return GpuReading(nvlink_up=links, pcie_replay_count=replay)
+        if rows is None:
+            return None, None, None, None
+        return int(rows[0]), int(rows[1]), int(rows[2]), int(rows[3])

@@ -319,11 +319,10 @@ class TestChangesOnly:
     async def test_idle_agents_send_heartbeats_but_no_samples(self, collector, cluster):
         """After the first full report, a quiet node costs heartbeats only; one change costs one
         sample."""
-        per_node = 8 * (2 + 18) + 8 * 3
-        await wait_until(lambda: collector.stats.samples >= 8 * per_node, what="full snapshots")
+        await wait_until(lambda: collector.stats.reports >= 8, what="first reports")
         await asyncio.sleep(0.3)
         samples, reports = collector.stats.samples, collector.stats.reports
-        assert samples == 8 * per_node
+        assert samples >= 8 * (8 * 18 + 8)  # at least every NVLink and GPU of every node
         await asyncio.sleep(1.0)  # 20 polls; the collector asked for a heartbeat every 0.5 s
         assert collector.stats.samples == samples
         assert reports + 8 <= collector.stats.reports <= reports + 8 * 4

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
 from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sim.nvml_lib import SimNvmlLibrary
@@ -45,7 +46,8 @@ class TestSampler:
         assert result.samples[Target.gpu(uuid), "pcie_replay_count"] == 0
         assert result.samples[Target.nvlink(uuid, 5), "nvlink_up"] == 1
         assert result.samples[Target.ib_port("mlx5_3", 1), "ib_state"] == "ACTIVE"
-        assert len(result.samples) == 4 * (2 + 6) + 4 * 3
+        per_gpu = 3 + len(GPU_SIGNALS) + 6 * len(NVLINK_SIGNALS)
+        assert len(result.samples) == 4 * per_gpu + 4 * 3
 
     def test_xid_79_is_one_gpu_lost_event(self, sampler: Sampler, node: SimNode):
         """The kernel line and NVML's GPU-lost error are one event, not two."""
