@@ -1,17 +1,59 @@
 """sysfs source: InfiniBand ports under ``<root>/class/infiniband``.
 
 Every path is relative to an injected root, so tests and the simulator point the same reader at a
-tree of their own (``agent.sim.sysfs_tree`` writes one the way the kernel lays it out).
+tree of their own (``agent.sim.sysfs_tree`` writes one the way the kernel lays it out). PCIe link
+state and AER counters are read by :mod:`agent.sources.pci_sysfs`.
+
+Counter units: :meth:`SysfsReader.ib_port_counters` reports ``port_xmit_data`` and
+``port_rcv_data`` (which count 4-octet words) in bytes, under the names ``port_xmit_bytes`` and
+``port_rcv_bytes``; the raw names never appear in its result. Every other counter keeps its file
+name and value.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
 
 from agent.exceptions import SourceError
+from agent.probes.counters import (
+    IB_COUNTER_WIDTH_BITS,
+    IB_DATA_COUNTERS,
+    IB_DATA_OCTETS_PER_UNIT,
+)
 
-IB_COUNTER_WIDTH_BITS = {"link_downed": 8}
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "IB_BASE_COUNTERS",
+    "IB_COUNTER_WIDTH_BITS",
+    "IB_DATA_COUNTERS",
+    "IB_EXTENDED_ONLY_COUNTERS",
+    "IbPortCounters",
+    "IbPortInfo",
+    "IbPortStatus",
+    "SysfsReader",
+    "parse_counter",
+    "strip_enum",
+]
+
+log = structlog.get_logger("agent.sources.sysfs")
+
+# Only HCAs with PortCountersExtended have these files; everything else in IB_COUNTER_WIDTH_BITS
+# is always there, so a missing one is counted as a read error.
+IB_EXTENDED_ONLY_COUNTERS = (
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
+)
+IB_BASE_COUNTERS = tuple(n for n in IB_COUNTER_WIDTH_BITS if n not in IB_EXTENDED_ONLY_COUNTERS)
+# Files in hw_counters/ that are settings, not counters.
+_HW_NOT_COUNTERS = frozenset({"lifespan"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +73,33 @@ class IbPortStatus:
     state: str  # NOP, DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER
     phys_state: str  # Sleep, Polling, Disabled, PortConfigurationTraining, LinkUp, ...
     link_downed: int
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortCounters:
+    """Every counter of one port: IBA ``counters/`` and driver-specific ``hw_counters/``.
+
+    ``counters`` has the data counters in bytes (see the module docstring). ``unreadable`` names
+    the files that were missing (base counters only) or held no number; ``read_errors`` counts
+    them. Such a counter is simply absent from the dicts.
+    """
+
+    device: str
+    port: int
+    counters: Mapping[str, int]
+    hw_counters: Mapping[str, int]
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def read_errors(self) -> int:
+        """How many counter files could not be read or parsed."""
+        return len(self.unreadable)
+
+
+def parse_counter(text: str) -> int | None:
+    """Parse a sysfs counter (an unsigned decimal); None for anything else, empty included."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def strip_enum(text: str) -> str:
@@ -92,3 +161,44 @@ class SysfsReader:
             phys_state=strip_enum(self._read(base / "phys_state")),
             link_downed=downed,
         )
+
+    def ib_port_counters(self, device: str, port: int) -> IbPortCounters:
+        """Read every file of the port's ``counters/`` and ``hw_counters/`` directories.
+
+        Each ``counters/`` read makes the kernel send a PMA MAD to the HCA, so poll this every
+        few seconds at most. A counter that cannot be read is skipped and listed in
+        ``unreadable``; a port that does not exist raises :class:`SourceError`.
+        """
+        base = self._ib / device / "ports" / str(port)
+        if not base.is_dir():
+            msg = f"cannot read {base}: no such port"
+            raise SourceError("sysfs", msg)
+        counters, bad = _read_counter_dir(base / "counters", IB_BASE_COUNTERS)
+        for raw, name in IB_DATA_COUNTERS.items():
+            if raw in counters:
+                counters[name] = counters.pop(raw) * IB_DATA_OCTETS_PER_UNIT
+        hw_counters, hw_bad = _read_counter_dir(base / "hw_counters", ())
+        unreadable = tuple(bad) + tuple(f"hw_counters/{name}" for name in hw_bad)
+        if unreadable:
+            log.debug("ib_counters_skipped", device=device, port=port, counters=unreadable)
+        return IbPortCounters(device, port, counters, hw_counters, unreadable)
+
+
+def _read_counter_dir(directory: Path, expected: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    """Read every counter file in ``directory`` plus the ``expected`` names, sorted by name."""
+    try:
+        present = {p.name for p in directory.iterdir() if not p.name.startswith(".")}
+    except OSError:
+        present = set()
+    values: dict[str, int] = {}
+    bad: list[str] = []
+    for name in sorted((present | set(expected)) - _HW_NOT_COUNTERS):
+        try:
+            value = parse_counter((directory / name).read_text("ascii", errors="replace"))
+        except OSError:
+            value = None
+        if value is None:
+            bad.append(name)
+        else:
+            values[name] = value
+    return values, bad
