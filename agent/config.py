@@ -24,13 +24,21 @@ class AgentConfig:
     kmsg_path: str = "/dev/kmsg"  # "" turns the kernel log source off
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
+    counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
+    state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor; None: keep no state
     xid_catalog: Path | None = None
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
-        for key in ("poll_interval", "heartbeat_interval", "backoff_initial", "backoff_max"):
+        for key in (
+            "poll_interval",
+            "heartbeat_interval",
+            "backoff_initial",
+            "backoff_max",
+            "counter_interval",
+        ):
             check_number(getattr(self, key), key, ConfigError)
         if self.backoff_initial > self.backoff_max:
             msg = "agent config: backoff_initial must not exceed backoff_max"
@@ -40,7 +48,7 @@ class AgentConfig:
             raise ConfigError(msg)
 
 
-_PATHS = {"sysfs_root", "proc_root", "xid_catalog"}
+_PATHS = {"sysfs_root", "proc_root", "xid_catalog", "state_dir"}
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -15,8 +15,10 @@ from agent.link import CollectorLink, LiveSamples
 from agent.outbox import Outbox
 from agent.sampler import Sampler
 from agent.sources.kmsg import DevKmsgReader
+from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import NvmlSource, load_pynvml
 from agent.sources.nvml_events import NvmlEventWatcher
+from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sysfs import SysfsReader
 from agent.sources.udev import PyudevSource
 from rules.xid_catalog import load_catalog
@@ -44,6 +46,7 @@ class Hardware:
     kmsg: KmsgSource | None
     udev: UdevSource | None
     boot_id: str
+    kmsg_cursor: KmsgCursor | None = None
 
 
 def read_boot_id(proc_root: Path) -> str:
@@ -57,11 +60,21 @@ def read_boot_id(proc_root: Path) -> str:
 
 
 def real_hardware(cfg: AgentConfig) -> Hardware:
-    """Open the node's real sources; kmsg and udev are optional and say once why they are off."""
+    """Open the node's real sources; kmsg and udev are optional and say once why they are off.
+
+    The kernel log is read from the start of its buffer when a cursor from an earlier agent
+    exists (a restart, or a reboot: the buffer then holds this boot's early lines), and from
+    its end on a node that never ran the agent, so old history is not reported as new.
+    """
+    boot_id = read_boot_id(cfg.proc_root)
+    cursor = None
+    if cfg.state_dir is not None:
+        cursor = KmsgCursor(cfg.state_dir / "kmsg-cursor.json", boot_id)
     kmsg: KmsgSource | None = None
     if cfg.kmsg_path:
         try:
-            kmsg = DevKmsgReader(cfg.kmsg_path)
+            from_start = cursor is not None and cursor.path.exists()
+            kmsg = DevKmsgReader(cfg.kmsg_path, from_start=from_start)
         except SourceError as exc:
             log.warning("source_disabled", source="kmsg", error=str(exc))
     udev: UdevSource | None = None
@@ -75,7 +88,8 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
         sysfs_root=cfg.sysfs_root,
         kmsg=kmsg,
         udev=udev,
-        boot_id=read_boot_id(cfg.proc_root),
+        boot_id=boot_id,
+        kmsg_cursor=cursor,
     )
 
 
@@ -90,10 +104,13 @@ def build_agent(
         nvml=NvmlSource(hardware.nvml),
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
         sysfs=SysfsReader(hardware.sysfs_root),
+        pci=PciSysfsReader(hardware.sysfs_root),
         kmsg=hardware.kmsg,
+        kmsg_cursor=hardware.kmsg_cursor,
         udev=hardware.udev,
         catalog=load_catalog(cfg.xid_catalog),
         clock=clock,
+        counter_interval_s=cfg.counter_interval,
     )
     outbox = Outbox(hardware.boot_id)
     live = LiveSamples()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
-    from agent.sampler import PendingEvent
+    from agent.findings import PendingEvent
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 log = structlog.get_logger("agent.outbox")

@@ -1,63 +1,47 @@
 """One poll of every source: current samples, plus events for what happened since the last poll.
 
-The sampler owns no I/O of its own: sources, the Xid catalog and the clock are injected. A failed
-read is counted per source and leaves the previous values in place; it never stops the poll.
+The sampler owns no I/O of its own: sources, the Xid catalog and the clock are injected. It reads
+the GPUs through NVML itself and hands the kernel log, udev, InfiniBand and PCIe sysfs to one
+poller each. A failed read is counted per source and costs only the values it would have given;
+it never stops the poll. A GPU is reported lost once per loss, whichever source saw it first
+(the kernel's Xid 79 line, NVML's GPU-lost error or event, or udev removing its PCI function).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
 from agent.exceptions import GpuLostError, SourceError
-from agent.pci import normalize_bus_id
-from agent.probes.gpu_signals import gpu_samples
-from agent.probes.xid import parse_xid_line
+from agent.findings import PendingEvent, PollResult
+from agent.poll_ib import IbPoller
+from agent.poll_kernel_log import KernelLogPoller
+from agent.poll_pcie import PciePoller
+from agent.poll_udev import UdevPoller
+from agent.probes.gpu_signals import GpuSampler
 from agent.probes.xid_merge import XidMerger
 from fleetwatch.clock import unix_ms
-from fleetwatch.model import EventKind, SampleKey, SampleValue, Target, event_kind_to_pb
-from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from fleetwatch.model import EventKind, Target
 
 if TYPE_CHECKING:
     from agent.sources.kmsg import KmsgSource
+    from agent.sources.kmsg_cursor import KmsgCursor
     from agent.sources.nvml import GpuIdentity, NvmlSource
     from agent.sources.nvml_events import NvmlEventWatcher
+    from agent.sources.pci_sysfs import PciSysfsReader
     from agent.sources.sysfs import IbPortInfo, SysfsReader
     from agent.sources.udev import UdevSource
     from fleetwatch.clock import Clock
     from rules.xid_catalog import XidCatalog
 
+__all__ = ["NodeInventory", "PendingEvent", "PollResult", "Sampler"]
+
 log = structlog.get_logger("agent.sampler")
 
-XID_FALLEN_OFF_BUS = 79
-IB_ACTIVE = "ACTIVE"
-
-
-@dataclass(frozen=True, slots=True)
-class PendingEvent:
-    """An event before the outbox numbers it."""
-
-    kind: EventKind
-    target: Target
-    time_unix_ms: int
-    xid: int = 0
-    xid_class: str = ""
-    detail: str = ""
-
-    def to_pb(self, seq: int) -> pb.Event:
-        """Render as a wire event numbered ``seq``."""
-        return pb.Event(
-            seq=seq,
-            time_unix_ms=self.time_unix_ms,
-            kind=event_kind_to_pb(self.kind),
-            target=self.target.to_pb(),
-            xid=self.xid,
-            xid_class=self.xid_class,
-            detail=self.detail,
-        )
+XID_FALLEN_OFF_BUS: Final = 79
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +52,6 @@ class NodeInventory:
     nvml_version: str
     gpus: tuple[GpuIdentity, ...]
     ib_ports: tuple[IbPortInfo, ...]
-
-
-@dataclass(slots=True)
-class PollResult:
-    """Every current sample, and the events this poll produced (in the order they happened)."""
-
-    samples: dict[SampleKey, SampleValue] = field(default_factory=dict)
-    events: list[PendingEvent] = field(default_factory=list)
 
 
 class Sampler:
@@ -91,23 +67,32 @@ class Sampler:
         catalog: XidCatalog,
         clock: Clock,
         nvml_events: NvmlEventWatcher | None = None,
+        pci: PciSysfsReader | None = None,
+        kmsg_cursor: KmsgCursor | None = None,
+        counter_interval_s: float = 5.0,
     ) -> None:
         """Keep the sources; call :meth:`discover` before polling."""
         self._nvml = nvml
         self._nvml_events = nvml_events
-        self._merger = XidMerger()
         self._sysfs = sysfs
-        self._kmsg = kmsg
-        self._udev = udev
         self._catalog = catalog
         self._clock = clock
+        self._merger = XidMerger()
+        self._kernel_log = (
+            KernelLogPoller(kmsg, catalog, self._merger, clock, kmsg_cursor) if kmsg else None
+        )
+        self._udev = UdevPoller(udev) if udev else None
+        self._ib = IbPoller(sysfs, clock)
+        self._counter_interval = counter_interval_s
+        self._last_counters: float | None = None
+        self._pcie = PciePoller(pci) if pci else None
         self.inventory = NodeInventory("", "", (), ())
         self.source_errors: Counter[str] = Counter()
         self._by_bus: dict[str, GpuIdentity] = {}
         self._by_uuid: dict[str, GpuIdentity] = {}
         self._lost: set[str] = set()
+        self._gpu_samplers: dict[str, GpuSampler] = {}
         self._nvlink_prev: dict[tuple[str, int], bool] = {}
-        self._ib_prev: dict[tuple[str, int], str] = {}
 
     def discover(self) -> NodeInventory:
         """Start NVML and list GPUs and IB ports. A GPU that cannot be identified is skipped."""
@@ -143,13 +128,22 @@ class Sampler:
         """Read every source once."""
         result = PollResult()
         now_ms = unix_ms(self._clock)
-        self._poll_kmsg(result, now_ms)
+        errors = self.source_errors
+        if self._kernel_log is not None:
+            self._kernel_log.poll(self._by_bus, self._gpu_lost, result, now_ms, errors)
         self._poll_nvml_events(result, now_ms)
-        self._poll_udev(result, now_ms)
+        if self._udev is not None:
+            self._udev.poll(self._by_bus, self._gpu_lost, result, now_ms, errors)
         for gpu in self.inventory.gpus:
             self._poll_gpu(gpu, result, now_ms)
-        for port in self.inventory.ib_ports:
-            self._poll_ib_port(port, result, now_ms)
+        # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.
+        mono = self._clock.monotonic()
+        due = self._last_counters is None or mono - self._last_counters >= self._counter_interval
+        if due:
+            self._last_counters = mono
+            if self._pcie is not None:
+                self._pcie.poll(self.inventory.gpus, self._lost, result, errors)
+        self._ib.poll(self.inventory.ib_ports, result, now_ms, errors, counters=due)
         return result
 
     def _gpu_lost(
@@ -177,37 +171,6 @@ class Sampler:
             ),
         )
 
-    def _poll_kmsg(self, result: PollResult, now_ms: int) -> None:
-        if self._kmsg is None:
-            return
-        try:
-            records = self._kmsg.read()
-        except SourceError as exc:
-            self.source_errors["kmsg"] += 1
-            log.warning("kmsg_read_failed", error=str(exc))
-            return
-        for record in records:
-            line = parse_xid_line(record.text)
-            if line is None:
-                continue
-            gpu = self._by_bus.get(line.pci_bus_id)
-            if gpu is not None and line.xid == XID_FALLEN_OFF_BUS:
-                self._gpu_lost(gpu, result, now_ms, xid=line.xid, detail=line.text)
-                continue
-            target = Target.gpu(gpu.uuid) if gpu else Target.pci(line.pci_bus_id)
-            if gpu and not self._merger.offer("kmsg", gpu.uuid, line.xid, self._clock.monotonic()):
-                continue
-            result.events.append(
-                PendingEvent(
-                    kind=EventKind.XID,
-                    target=target,
-                    time_unix_ms=now_ms,
-                    xid=line.xid,
-                    xid_class=self._catalog.class_of(line.xid),
-                    detail=line.text,
-                ),
-            )
-
     def _poll_nvml_events(self, result: PollResult, now_ms: int) -> None:
         if self._nvml_events is None:
             return
@@ -232,33 +195,6 @@ class Sampler:
                 ),
             )
 
-    def _poll_udev(self, result: PollResult, now_ms: int) -> None:
-        if self._udev is None:
-            return
-        try:
-            uevents = self._udev.poll()
-        except SourceError as exc:
-            self.source_errors["udev"] += 1
-            log.warning("udev_poll_failed", error=str(exc))
-            return
-        for uevent in uevents:
-            if uevent.subsystem != "pci" or uevent.action != "remove":
-                continue
-            try:
-                bus_id = normalize_bus_id(uevent.sys_name)
-            except ValueError:
-                self.source_errors["udev"] += 1
-                continue
-            gpu = self._by_bus.get(bus_id)
-            result.events.append(
-                PendingEvent(
-                    kind=EventKind.PCI_REMOVED,
-                    target=Target.gpu(gpu.uuid) if gpu else Target.pci(bus_id),
-                    time_unix_ms=now_ms,
-                    detail=f"udev remove {bus_id}",
-                ),
-            )
-
     def _poll_gpu(self, gpu: GpuIdentity, result: PollResult, now_ms: int) -> None:
         try:
             if gpu.uuid in self._lost:
@@ -275,7 +211,10 @@ class Sampler:
         if gpu.uuid in self._lost:
             self._lost.discard(gpu.uuid)
             log.info("gpu_back", gpu_uuid=gpu.uuid)
-        result.samples.update(gpu_samples(gpu, reading))
+        maker = self._gpu_samplers.get(gpu.uuid)
+        if maker is None:
+            maker = self._gpu_samplers[gpu.uuid] = GpuSampler(gpu)
+        result.samples.update(maker.samples(reading))
         for link, nvlink in enumerate(reading.nvlinks):
             up = nvlink.up
             if up is None:  # state unknown: neither up nor down
@@ -284,13 +223,11 @@ class Sampler:
             self._nvlink_prev[gpu.uuid, link] = up
             if prev is up or (prev is None and up):
                 continue
-            result.events.append(
-                PendingEvent(
-                    kind=EventKind.NVLINK_UP if up else EventKind.NVLINK_DOWN,
-                    target=Target.nvlink(gpu.uuid, link),
-                    time_unix_ms=now_ms,
-                    detail=f"NVML link {link} state {'up' if up else 'down'}",
-                ),
+            result.event(
+                EventKind.NVLINK_UP if up else EventKind.NVLINK_DOWN,
+                Target.nvlink(gpu.uuid, link),
+                now_ms,
+                f"NVML link {link} state {'up' if up else 'down'}",
             )
 
     def _reprobe(self, gpu: GpuIdentity) -> None:
@@ -299,33 +236,3 @@ class Sampler:
         if found.uuid != gpu.uuid:
             msg = f"GPU index {gpu.index} now has UUID {found.uuid}, was {gpu.uuid}"
             raise SourceError("nvml", msg)
-
-    def _poll_ib_port(self, port: IbPortInfo, result: PollResult, now_ms: int) -> None:
-        try:
-            status = self._sysfs.ib_port_status(port.device, port.port)
-        except SourceError as exc:
-            self.source_errors["sysfs"] += 1
-            log.warning("ib_read_failed", device=port.device, port=port.port, error=str(exc))
-            return
-        target = Target.ib_port(port.device, port.port)
-        result.samples[target, "ib_state"] = status.state
-        result.samples[target, "ib_phys_state"] = status.phys_state
-        result.samples[target, "ib_link_downed"] = status.link_downed
-        key = (port.device, port.port)
-        prev = self._ib_prev.get(key)
-        self._ib_prev[key] = status.state
-        was_up = prev == IB_ACTIVE
-        is_up = status.state == IB_ACTIVE
-        if (prev is None and is_up) or (prev is not None and was_up == is_up):
-            return
-        result.events.append(
-            PendingEvent(
-                kind=EventKind.IB_PORT_UP if is_up else EventKind.IB_PORT_DOWN,
-                target=target,
-                time_unix_ms=now_ms,
-                detail=(
-                    f"state {status.state}, phys_state {status.phys_state}, "
-                    f"link_downed {status.link_downed}"
-                ),
-            ),
-        )

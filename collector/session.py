@@ -268,7 +268,7 @@ class StreamSession:
                 time_ms=event.time_unix_ms,
                 received_ms=unix_ms(self._clock),
                 kind=kind.value,
-                target_kind=target.kind.value,
+                target_kind=target.kind,
                 gpu_uuid=target.gpu_uuid,
                 target_index=target.index,
                 device=target.device,

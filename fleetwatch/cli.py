@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 import tempfile
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--kmsg", dest="kmsg_path", help="default /dev/kmsg; '' turns it off")
     agent.add_argument("--no-udev", dest="udev", action="store_const", const=False)
     agent.add_argument("--xid-catalog", dest="xid_catalog", help="YAML Xid catalog to use")
+    agent.add_argument("--state-dir", dest="state_dir", help="default /var/lib/fleetwatch")
     agent.add_argument(
         "--simulate",
         action="store_true",
@@ -99,6 +101,7 @@ def _run_agent(args: argparse.Namespace) -> int:
             "kmsg_path",
             "udev",
             "xid_catalog",
+            "state_dir",
         )
     }
     cfg = load_agent_config(args.config, overrides)
@@ -109,6 +112,7 @@ def _run_agent(args: argparse.Namespace) -> int:
             from agent.sim.hardware import SimNode  # noqa: PLC0415
 
             hardware = sim_hardware(SimNode(cfg.node, Path(tmp) / "sys", clock))
+            cfg = dataclasses.replace(cfg, state_dir=Path(tmp) / "state")
         else:
             hardware = real_hardware(cfg)
         agent = build_agent(cfg, hardware, clock)

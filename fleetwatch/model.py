@@ -5,21 +5,25 @@ The wire uses protobuf enums; the journal, the JSON API and the logs use these r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, NamedTuple
 
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 
-class TargetKind(StrEnum):
-    """What a sample or an event is about."""
+class TargetKind:
+    """What a sample or an event is about: plain strings, not an Enum.
 
-    NODE = "node"
-    GPU = "gpu"
-    NVLINK = "nvlink"
-    IB_PORT = "ib_port"
-    PCI = "pci"
+    Targets are hashed thousands of times a poll, and an Enum member hashes through a Python
+    function; a str hashes in C and caches its hash.
+    """
+
+    NODE: Final = "node"
+    GPU: Final = "gpu"
+    NVLINK: Final = "nvlink"
+    IB_PORT: Final = "ib_port"
+    PCI: Final = "pci"
+    ALL: Final = frozenset({NODE, GPU, NVLINK, IB_PORT, PCI})
 
 
 class EventKind(StrEnum):
@@ -32,11 +36,15 @@ class EventKind(StrEnum):
     IB_PORT_DOWN = "ib_port_down"
     IB_PORT_UP = "ib_port_up"
     PCI_REMOVED = "pci_removed"
+    PCIE_AER = "pcie_aer"
+    PCI_RECOVERY = "pci_recovery"
+    IB_DEVICE_ADDED = "ib_device_added"
+    IB_DEVICE_REMOVED = "ib_device_removed"
     NODE_UNREACHABLE = "node_unreachable"
     NODE_REACHABLE = "node_reachable"
 
 
-_TARGET_TO_PB: Final[dict[TargetKind, pb.TargetKind]] = {
+_TARGET_TO_PB: Final[dict[str, pb.TargetKind]] = {
     TargetKind.NODE: pb.TARGET_KIND_NODE,
     TargetKind.GPU: pb.TARGET_KIND_GPU,
     TargetKind.NVLINK: pb.TARGET_KIND_NVLINK,
@@ -53,25 +61,37 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.IB_PORT_DOWN: pb.EVENT_KIND_IB_PORT_DOWN,
     EventKind.IB_PORT_UP: pb.EVENT_KIND_IB_PORT_UP,
     EventKind.PCI_REMOVED: pb.EVENT_KIND_PCI_REMOVED,
+    EventKind.PCIE_AER: pb.EVENT_KIND_PCIE_AER,
+    EventKind.PCI_RECOVERY: pb.EVENT_KIND_PCI_RECOVERY,
+    EventKind.IB_DEVICE_ADDED: pb.EVENT_KIND_IB_DEVICE_ADDED,
+    EventKind.IB_DEVICE_REMOVED: pb.EVENT_KIND_IB_DEVICE_REMOVED,
     EventKind.NODE_UNREACHABLE: pb.EVENT_KIND_NODE_UNREACHABLE,
     EventKind.NODE_REACHABLE: pb.EVENT_KIND_NODE_REACHABLE,
 }
 _EVENT_FROM_PB: Final = {v: k for k, v in _EVENT_TO_PB.items()}
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A node, a GPU (by UUID), one NVLink of a GPU, an IB port, or a PCI function."""
+class Target(NamedTuple):
+    """A node, a GPU (by UUID), one NVLink of a GPU, an IB port, or a PCI function.
 
-    kind: TargetKind
+    A NamedTuple rather than a dataclass: targets are dictionary keys on the agent's hot path
+    (thousands of samples a poll), and tuple hashing runs in C.
+    """
+
+    kind: str  # one of TargetKind
     gpu_uuid: str = ""
-    index: int = 0
+    index: int = 0  # type: ignore[assignment]  # shadows tuple.index, which nothing here uses
     device: str = ""
 
     @classmethod
     def node(cls) -> Target:
         """The node as a whole."""
         return cls(TargetKind.NODE)
+
+    @classmethod
+    def node_device(cls, device: str) -> Target:
+        """The node, naming one of its devices (e.g. an HCA that came or went)."""
+        return cls(TargetKind.NODE, device=device)
 
     @classmethod
     def gpu(cls, uuid: str) -> Target:
@@ -97,14 +117,14 @@ class Target:
         """Short human-readable name, e.g. ``GPU-1234/nvlink3`` or ``mlx5_0/1``."""
         match self.kind:
             case TargetKind.NODE:
-                return "node"
+                return self.device or "node"
             case TargetKind.GPU:
                 return self.gpu_uuid
             case TargetKind.NVLINK:
                 return f"{self.gpu_uuid}/nvlink{self.index}"
             case TargetKind.IB_PORT:
                 return f"{self.device}/{self.index}"
-            case TargetKind.PCI:
+            case _:
                 return self.device
 
     def to_pb(self) -> pb.Target:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from fleetwatch.model import SampleKey, SampleValue, Target
 
@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from agent.sources.nvml import GpuIdentity, GpuReading
 
 # Sample name -> GpuReading attribute, for the per-GPU values reported as they are.
-GPU_SIGNALS: dict[str, str] = {
+GPU_SIGNALS: Final[dict[str, str]] = {
     "pcie_replay_count": "pcie_replay_count",
     "pcie_link_gen": "pcie_gen",
     "pcie_link_width": "pcie_width",
@@ -31,7 +31,7 @@ GPU_SIGNALS: dict[str, str] = {
 }
 
 # Sample name -> NvlinkReading attribute, per link.
-NVLINK_SIGNALS: dict[str, str] = {
+NVLINK_SIGNALS: Final[dict[str, str]] = {
     "nvlink_up": "up",
     "nvlink_replay_errors": "replay_errors",
     "nvlink_recovery_errors": "recovery_errors",
@@ -39,34 +39,36 @@ NVLINK_SIGNALS: dict[str, str] = {
 }
 
 
-def _sample_value(value: object) -> SampleValue | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | float | str):
-        return value
-    msg = f"unexpected sample value {value!r}"
-    raise TypeError(msg)
+class GpuSampler:
+    """Makes one GPU's samples; the sample keys are built once, not every poll."""
 
+    __slots__ = ("_gpu", "_link_keys", "_static", "_value_keys")
 
-def gpu_samples(gpu: GpuIdentity, reading: GpuReading) -> dict[SampleKey, SampleValue]:
-    """Every value the GPU reported; what it does not support is simply absent."""
-    samples: dict[SampleKey, SampleValue] = {}
-    target = Target.gpu(gpu.uuid)
-    samples[target, "gpu_present"] = 1
-    if gpu.max_pcie_gen is not None:
-        samples[target, "pcie_link_gen_max"] = gpu.max_pcie_gen
-    if gpu.max_pcie_width is not None:
-        samples[target, "pcie_link_width_max"] = gpu.max_pcie_width
-    for name, attr in GPU_SIGNALS.items():
-        value = _sample_value(getattr(reading, attr))
-        if value is not None:
-            samples[target, name] = value
-    for link, nvlink in enumerate(reading.nvlinks):
-        link_target = Target.nvlink(gpu.uuid, link)
-        for name, attr in NVLINK_SIGNALS.items():
-            value = _sample_value(getattr(nvlink, attr))
+    def __init__(self, gpu: GpuIdentity) -> None:
+        """Prepare the keys of every sample this GPU can give."""
+        target = Target.gpu(gpu.uuid)
+        self._gpu = gpu
+        self._static: dict[SampleKey, SampleValue] = {(target, "gpu_present"): 1}
+        if gpu.max_pcie_gen is not None:
+            self._static[target, "pcie_link_gen_max"] = gpu.max_pcie_gen
+        if gpu.max_pcie_width is not None:
+            self._static[target, "pcie_link_width_max"] = gpu.max_pcie_width
+        self._value_keys = [(attr, (target, name)) for name, attr in GPU_SIGNALS.items()]
+        self._link_keys = [
+            [(attr, (Target.nvlink(gpu.uuid, link), name)) for name, attr in NVLINK_SIGNALS.items()]
+            for link in range(gpu.nvlink_count)
+        ]
+
+    def samples(self, reading: GpuReading) -> dict[SampleKey, SampleValue]:
+        """Every value the GPU reported; what it does not support is simply absent."""
+        out = dict(self._static)
+        for attr, key in self._value_keys:
+            value = getattr(reading, attr)
             if value is not None:
-                samples[link_target, name] = value
-    return samples
+                out[key] = int(value) if value.__class__ is bool else value
+        for keys, nvlink in zip(self._link_keys, reading.nvlinks, strict=False):
+            for attr, key in keys:
+                value = getattr(nvlink, attr)
+                if value is not None:
+                    out[key] = int(value) if value.__class__ is bool else value
+        return out

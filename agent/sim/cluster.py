@@ -44,13 +44,19 @@ class SimCluster:
         heartbeat_interval: float = 1.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 1.0,
+        ib_traffic_bytes_per_s: float = 0.0,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents."""
         self.nodes: dict[str, SimNode] = {}
         self.agents: dict[str, Agent] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._clock = clock
+        self._tick_s = poll_interval
+        self._ticker: asyncio.Task[None] | None = None
         for name in names:
             node = SimNode(name, root / name / "sys", clock)
+            for port in node.ib_ports:
+                port.traffic_bytes_per_s = ib_traffic_bytes_per_s
             cfg = AgentConfig(
                 collector=collector,
                 node=name,
@@ -58,14 +64,27 @@ class SimCluster:
                 heartbeat_interval=heartbeat_interval,
                 backoff_initial=backoff_initial,
                 backoff_max=backoff_max,
+                counter_interval=max(poll_interval, 1.0),
+                state_dir=None,
             )
             self.nodes[name] = node
             self.agents[name] = build_agent(cfg, sim_hardware(node), clock)
 
     def start(self) -> None:
-        """Start every agent."""
+        """Start every agent, and the clock that moves the simulated hardware's counters."""
         for name, agent in self.agents.items():
             self._tasks[name] = asyncio.create_task(agent.run(), name=f"agent-{name}")
+        self._ticker = asyncio.create_task(self._tick(), name="sim-ticker")
+
+    async def _tick(self) -> None:
+        last = self._clock.monotonic()
+        while True:
+            await self._clock.sleep(self._tick_s)
+            now = self._clock.monotonic()
+            for name, node in self.nodes.items():
+                if self.running(name):
+                    node.tick(now - last)
+            last = now
 
     def running(self, name: str) -> bool:
         """True while the node's agent runs."""
@@ -92,6 +111,10 @@ class SimCluster:
         return sum(len(a.outbox) for n, a in self.agents.items() if self.running(n))
 
     async def stop(self) -> None:
-        """Stop every agent."""
+        """Stop every agent and the ticker."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
         for name in list(self._tasks):
             await self.crash(name)

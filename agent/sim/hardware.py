@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.sim.kmsg import SimKmsg
-from agent.sim.nvml_lib import EVENT_XID, SimNvmlLibrary
+from agent.sim.nvml_lib import EVENT_DBE, EVENT_XID, SimNvmlLibrary
 from agent.sim.sysfs_tree import SimSysfsTree
 from agent.sim.udev import SimUdev
 from agent.sources.udev import UdevEvent
@@ -29,6 +29,18 @@ H100_MODEL = "NVIDIA H100 80GB HBM3"
 H100_NVLINKS = 18
 NDR_RATE = "400 Gb/sec (4X NDR)"
 LINK_DOWNED_MAX = 255  # 8-bit counter; IB error counters saturate, they do not wrap
+XID_DBE = 48
+XID_REMAP_RECORDED = 63
+XID_REMAP_FAILED = 64
+XID_FALLEN_OFF_BUS = 79
+THERMAL_REASONS = 0x20 | 0x40  # SW and HW thermal slowdown
+PCIE_GEN_SPEEDS = {
+    1: "2.5 GT/s PCIe",
+    2: "5.0 GT/s PCIe",
+    3: "8.0 GT/s PCIe",
+    4: "16.0 GT/s PCIe",
+    5: "32.0 GT/s PCIe",
+}
 
 
 @dataclass(slots=True)
@@ -62,6 +74,7 @@ class SimGpu:
     util_mem: int = 0
     sm_clock_mhz: int = 1980
     lost: bool = False
+    slowdown: float = 1.0  # step-time factor a simulated training job reads (1.0: healthy)
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
 
@@ -74,6 +87,11 @@ class SimGpu:
     def nvml_bus_id(self) -> str:
         """The bus id as NVML prints it: 8-digit domain, uppercase."""
         return f"00000000:{self.bus:02X}:00.0"
+
+    @property
+    def sysfs_bus_id(self) -> str:
+        """The bus id as sysfs and udev name it."""
+        return f"0000:{self.bus:02x}:00.0"
 
     @property
     def kernel_bus_id(self) -> str:
@@ -90,6 +108,8 @@ class SimIbPort:
     state: str = "ACTIVE"
     phys_state: str = "LinkUp"
     link_downed: int = 0
+    xmit_wait_per_s: float = 0.0  # congestion: ticks the sender waited, per second
+    traffic_bytes_per_s: float = 0.0
 
 
 _STATE_CODES = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
@@ -134,6 +154,12 @@ class SimNode:
         self.sysfs = SimSysfsTree(sysfs_root)
         for port in self.ib_ports:
             self._write_port(port)
+        # HGX layout: root port, switch upstream and downstream ports, then the GPU. Only for
+        # GPUs whose buses leave room for the ports (the standard eight).
+        self.pcie_paths: dict[int, tuple[str, ...]] = {}
+        if gpus <= len(H100_BUSES):
+            for g in self.gpus:
+                self.pcie_paths[g.index] = self.sysfs.write_gpu_pcie_path(g.sysfs_bus_id)
 
     def _write_port(self, port: SimIbPort) -> None:
         self.sysfs.write_ib_port(
@@ -146,44 +172,125 @@ class SimNode:
             counters={"link_downed": port.link_downed},
         )
 
-    # ---- faults -------------------------------------------------------------------------------
+    # ---- faults: each leaves the evidence the real one leaves in every source ------------------
 
     def xid(self, gpu: int, xid: int, message: str = "") -> None:
-        """The driver reports an Xid on ``gpu``; Xid 79 also takes the GPU off the bus."""
+        """The driver reports an Xid on ``gpu`` (kernel line and NVML event).
+
+        Xid 79 also takes the GPU off the bus: NVML answers GPU-lost from then on, the kernel
+        removes its PCI function and udev says so.
+        """
         g = self.gpus[gpu]
-        if xid == 79:  # noqa: PLR2004 - Xid 79: fallen off the bus
-            g.lost = True
+        if xid == XID_FALLEN_OFF_BUS:
             message = message or "GPU has fallen off the bus."
         text = message or "Graphics Exception"
         self.kmsg.write(
             f"NVRM: Xid (PCI:{g.kernel_bus_id}): {xid}, pid='<unknown>', name=<unknown>, {text}",
         )
         self.nvml.post(g, EVENT_XID, xid)
+        if xid == XID_FALLEN_OFF_BUS:
+            self.pci_remove(gpu)
 
     def pci_remove(self, gpu: int) -> None:
         """The kernel removes the GPU's PCI function (hot remove or failed recovery)."""
         g = self.gpus[gpu]
+        if g.lost:
+            return
         g.lost = True
-        bus_id = f"0000:{g.bus:02x}:00.0"
+        bus_id = g.sysfs_bus_id
+        if gpu in self.pcie_paths:
+            self.sysfs.remove_pci_function(bus_id)
         self.udev.push(UdevEvent("remove", "pci", bus_id, {"PCI_SLOT_NAME": bus_id}))
 
     def nvlink_down(self, gpu: int, link: int) -> None:
-        """One NVLink of ``gpu`` goes down."""
-        self.gpus[gpu].nvlink_up[link] = False
+        """One NVLink of ``gpu`` goes down (the link layer counts a failed recovery)."""
+        g = self.gpus[gpu]
+        g.nvlink_up[link] = False
+        g.nvlink_errors[link][1] += 1
 
     def nvlink_up(self, gpu: int, link: int) -> None:
         """One NVLink of ``gpu`` comes back."""
         self.gpus[gpu].nvlink_up[link] = True
 
+    def nvlink_errors(self, gpu: int, link: int, *, replay: int, recovery: int, crc: int) -> None:
+        """A burst of NVLink data-link errors on one link (counters only grow)."""
+        counters = self.gpus[gpu].nvlink_errors[link]
+        for i, n in enumerate((replay, recovery, crc)):
+            counters[i] += max(n, 0)
+
     def pcie_replays(self, gpu: int, count: int) -> None:
-        """The GPU's PCIe link replays ``count`` more TLPs (the counter only grows)."""
-        self.gpus[gpu].pcie_replays += max(count, 0)
+        """The GPU's link replays ``count`` TLPs: NVML's counter, AER in sysfs and the log."""
+        g = self.gpus[gpu]
+        count = max(count, 0)
+        g.pcie_replays += count
+        if count == 0 or g.lost or gpu not in self.pcie_paths:
+            return
+        self.sysfs.add_aer_errors(g.sysfs_bus_id, "correctable", {"Timeout": count})
+        port = self.pcie_paths[gpu][1]
+        bdf = g.sysfs_bus_id
+        self.kmsg.write(f"pcieport {port}: AER: Corrected error received: {bdf}", level=6)
+        self.kmsg.write(
+            f"nvidia {bdf}: PCIe Bus Error: severity=Corrected, type=Data Link Layer, "
+            "(Transmitter ID)",
+        )
+        self.kmsg.write(f"nvidia {bdf}:   device [10de:2330] error status/mask=00001000/0000e000")
+        self.kmsg.write(f"nvidia {bdf}:    [12] Timeout               ")
+
+    def pcie_downgrade(self, gpu: int, *, gen: int, width: int) -> None:
+        """The GPU's link retrains slower or narrower (NVML and both ends in sysfs agree)."""
+        g = self.gpus[gpu]
+        g.pcie_gen, g.pcie_width = gen, width
+        if gpu in self.pcie_paths:
+            speed = PCIE_GEN_SPEEDS.get(gen, "32.0 GT/s PCIe")
+            for bdf in self.pcie_paths[gpu][:2]:  # the GPU and the port it plugs into
+                self.sysfs.set_pci_link(bdf, speed=speed, width=width)
+
+    def ecc_errors(self, gpu: int, *, sbe: int = 0, dbe: int = 0) -> None:
+        """Memory errors: single-bit ones are corrected, double-bit ones are not.
+
+        A double-bit error also logs Xid 48 and leaves a row remap pending, as on A100/H100.
+        """
+        g = self.gpus[gpu]
+        g.ecc_sbe_volatile += max(sbe, 0)
+        g.ecc_sbe_aggregate += max(sbe, 0)
+        if dbe > 0:
+            g.ecc_dbe_volatile += dbe
+            g.ecc_dbe_aggregate += dbe
+            self.nvml.post(g, EVENT_DBE, 0)
+            self.xid(gpu, XID_DBE, "An uncorrectable double bit error (DBE) has been detected.")
+            self.remap(gpu, pending=True)
+
+    def remap(self, gpu: int, *, pending: bool = False, failure: bool = False) -> None:
+        """Row remapping: pending (Xid 63, a reset applies it) or failed (Xid 64)."""
+        g = self.gpus[gpu]
+        if pending and not g.remap_pending:
+            g.remap_pending = True
+            g.remapped_uncorrectable += 1
+            self.xid(gpu, XID_REMAP_RECORDED, "Row remapping event recorded.")
+        if failure and not g.remap_failure:
+            g.remap_failure = True
+            self.xid(gpu, XID_REMAP_FAILED, "Row remapping failed.")
+
+    def thermal(self, gpu: int, temperature_c: int | None) -> None:
+        """Thermal throttling at ``temperature_c``; None ends it."""
+        g = self.gpus[gpu]
+        if temperature_c is None:
+            g.clock_event_reasons &= ~THERMAL_REASONS
+            g.temperature_c, g.sm_clock_mhz = 41, 1980
+        else:
+            g.clock_event_reasons |= THERMAL_REASONS
+            g.temperature_c, g.sm_clock_mhz = temperature_c, 1305
+
+    def slow(self, gpu: int, factor: float) -> None:
+        """The GPU computes ``factor`` times slower (a training job's step time grows)."""
+        self.gpus[gpu].slowdown = max(factor, 1.0)
 
     def ib_port_down(self, port: int) -> None:
         """An IB port loses its link: DOWN/Polling, and ``link_downed`` counts it."""
         p = self.ib_ports[port]
         if p.state == "ACTIVE":
             p.link_downed = min(p.link_downed + 1, LINK_DOWNED_MAX)
+            self.sysfs.add_ib_counters(p.device, p.port, {"link_error_recovery": 1})
         p.state, p.phys_state = "DOWN", "Polling"
         self._write_port(p)
 
@@ -192,3 +299,28 @@ class SimNode:
         p = self.ib_ports[port]
         p.state, p.phys_state = "ACTIVE", "LinkUp"
         self._write_port(p)
+
+    def ib_errors(self, port: int, *, symbol_errors: int = 0, rcv_errors: int = 0) -> None:
+        """Physical-layer errors on an IB port (16-bit counters; they saturate)."""
+        p = self.ib_ports[port]
+        self.sysfs.add_ib_counters(
+            p.device,
+            p.port,
+            {"symbol_error": max(symbol_errors, 0), "port_rcv_errors": max(rcv_errors, 0)},
+        )
+
+    def ib_congestion(self, port: int, xmit_wait_per_s: float) -> None:
+        """The port waits to send ``xmit_wait_per_s`` ticks a second (0 ends it)."""
+        self.ib_ports[port].xmit_wait_per_s = max(xmit_wait_per_s, 0.0)
+
+    def tick(self, seconds: float) -> None:
+        """Let ``seconds`` pass: traffic and congestion move the counters of ACTIVE ports."""
+        for p in self.ib_ports:
+            if p.state != "ACTIVE" or seconds <= 0:
+                continue
+            if p.traffic_bytes_per_s:
+                moved = int(p.traffic_bytes_per_s * seconds)
+                self.sysfs.add_ib_traffic(p.device, p.port, xmit_bytes=moved, rcv_bytes=moved)
+            if p.xmit_wait_per_s:
+                waited = int(p.xmit_wait_per_s * seconds)
+                self.sysfs.add_ib_counters(p.device, p.port, {"port_xmit_wait": waited})

@@ -1,4 +1,8 @@
-"""Simulated /dev/kmsg: records formatted as the kernel formats them, parsed by the real parser."""
+"""Simulated /dev/kmsg: records formatted as the kernel formats them, parsed by the real parser.
+
+Like the kernel's ring buffer it keeps the last ``capacity`` records; a reader gets each new
+record once, and a new reader (:meth:`SimKmsg.replay_all`) starts again at the oldest one.
+"""
 
 from __future__ import annotations
 
@@ -16,29 +20,35 @@ LEVEL_WARNING = 4
 
 
 class SimKmsg:
-    """A kernel ring buffer that hands each record out once, like a reader of /dev/kmsg."""
+    """A kernel ring buffer with one reader position."""
 
-    __slots__ = ("_boot_mono", "_clock", "_queue", "_seq")
+    __slots__ = ("_boot_mono", "_buffer", "_clock", "_next_read", "_seq")
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, capacity: int = 10_000) -> None:
         """Start the sequence where a booted kernel would be: well past zero."""
         self._clock = clock
         self._boot_mono = clock.monotonic() - 3600.0
-        self._queue: deque[bytes] = deque()
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=capacity)
         self._seq = 1200
+        self._next_read = self._seq
 
     def write(self, text: str, level: int = LEVEL_WARNING, facility: int = LOG_KERN) -> None:
         """Log ``text`` the way ``printk`` would."""
         ts_us = int((self._clock.monotonic() - self._boot_mono) * 1_000_000)
         prio = (facility << 3) | level
-        self._queue.append(f"{prio},{self._seq},{ts_us},-;{text}\n".encode())
+        self._buffer.append((self._seq, f"{prio},{self._seq},{ts_us},-;{text}\n".encode()))
         self._seq += 1
 
     def read(self) -> list[KmsgRecord]:
-        """Return every record not read yet."""
-        records = [parse_record(raw) for raw in self._queue]
-        self._queue.clear()
+        """Return every record this reader has not read yet."""
+        records = [parse_record(raw) for seq, raw in self._buffer if seq >= self._next_read]
+        self._next_read = self._seq
         return records
+
+    def replay_all(self) -> int:
+        """Act as a freshly opened reader: the next read starts at the oldest record kept."""
+        self._next_read = self._buffer[0][0] if self._buffer else self._seq
+        return len(self._buffer)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -30,6 +30,7 @@ DRIVER_NOT_LOADED: Final = 9
 TIMEOUT: Final = 10
 GPU_IS_LOST: Final = 15
 VALUE_UNSIGNED_LONG_LONG: Final = 3
+ENTRY_CACHE_LIMIT: Final = 100_000
 
 EVENT_XID: Final = 0x8
 EVENT_DBE: Final = 0x2
@@ -130,6 +131,7 @@ class SimNvmlLibrary:
         self._lock = threading.Lock()
         self.calls = 0
         self.event_sets: list[SimEventSet] = []
+        self._entries: dict[tuple[int, int, int], SimFieldValue] = {}
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -226,12 +228,21 @@ class SimNvmlLibrary:
         gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
         known = _fields(gpu)
         out = []
+        cache = self._entries  # entries are immutable: reuse one per (field, scope, value)
         for field_id, scope in fieldIds:
             value = known.get((field_id, scope))
             if value is None or field_id in gpu.unsupported:
-                out.append(SimFieldValue(field_id, scope, NOT_SUPPORTED))
-            else:
-                out.append(SimFieldValue(field_id, scope, SUCCESS, value=SimValue(value)))
+                value = -1
+            entry = cache.get((field_id, scope, value))
+            if entry is None:
+                entry = (
+                    SimFieldValue(field_id, scope, NOT_SUPPORTED)
+                    if value < 0
+                    else SimFieldValue(field_id, scope, SUCCESS, value=SimValue(value))
+                )
+                if len(cache) < ENTRY_CACHE_LIMIT:
+                    cache[field_id, scope, value] = entry
+            out.append(entry)
         return out
 
     # ---- per-call API ------------------------------------------------------------------------

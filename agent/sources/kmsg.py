@@ -66,8 +66,8 @@ class DevKmsgReader:
 
     __slots__ = ("_fd", "malformed", "overruns", "path")
 
-    def __init__(self, path: str = "/dev/kmsg") -> None:
-        """Open the device and skip what is already in the ring buffer."""
+    def __init__(self, path: str = "/dev/kmsg", *, from_start: bool = False) -> None:
+        """Open the device; skip what is already in the ring buffer unless ``from_start``."""
         self.path = path
         self.overruns = 0
         self.malformed = 0
@@ -76,6 +76,8 @@ class DevKmsgReader:
         except OSError as exc:
             msg = f"cannot open {path}: {exc.strerror} (reading it needs CAP_SYSLOG)"
             raise SourceError("kmsg", msg) from exc
+        if from_start:
+            return
         try:
             os.lseek(self._fd, 0, os.SEEK_END)
         except OSError as exc:

@@ -112,6 +112,8 @@ class _Plan:
     """What one GPU supports, probed once."""
 
     fields: list[fi.FieldKey] = field(default_factory=list)
+    batched: frozenset[fi.FieldKey] = frozenset()
+    links_batched: bool = False
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -199,6 +201,10 @@ class NvmlSource:
         plan = _Plan()
         links = self._count_nvlinks(handle, plan)
         plan.fields = self._probe_fields(handle, plan, links)
+        plan.batched = frozenset(plan.fields)
+        plan.links_batched = all(
+            (field_id, link) in plan.batched for link in range(links) for field_id in fi.LINK_FIELDS
+        )
         self._plans[index] = plan
         return GpuIdentity(
             index=index,
@@ -258,12 +264,18 @@ class NvmlSource:
             partial(self._lib.nvmlDeviceGetFieldValues, handle, keys),
         )
         values: dict[fi.FieldKey, int | float] = {}
-        for entry in entries or ():
-            if entry.nvmlReturn == ERROR_GPU_IS_LOST:
-                msg = f"nvmlDeviceGetFieldValues: field {entry.fieldId}: GPU is lost"
+        # NVML fills the array in the order asked, so the keys need not be read back.
+        for key, entry in zip(keys, entries or (), strict=False):
+            status = entry.nvmlReturn
+            if status == SUCCESS:
+                values[key] = (
+                    entry.value.ullVal  # type: ignore[attr-defined]
+                    if entry.valueType == fi.VALUE_UNSIGNED_LONG_LONG
+                    else fi.decode(entry)
+                )
+            elif status == ERROR_GPU_IS_LOST:
+                msg = f"nvmlDeviceGetFieldValues: field {key[0]}: GPU is lost"
                 raise GpuLostError(ERROR_GPU_IS_LOST, msg)
-            if entry.nvmlReturn == SUCCESS:
-                values[int(entry.fieldId), int(entry.scopeId)] = fi.decode(entry)
         return values
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
@@ -272,29 +284,48 @@ class NvmlSource:
         h = self.handle(gpu.index)
         plan = self._plans.setdefault(gpu.index, _Plan())
         got = self._fields(h, plan, plan.fields)
+        batched = plan.batched
 
-        def pick(key: fi.FieldKey, name: str, fallback: Callable[[], T]) -> T | int | None:
+        def pick(key: fi.FieldKey, name: str, fn: Callable[..., int], *args: int) -> int | None:
+            """The batch's value; else the per-call API's, unless known unsupported."""
             value = got.get(key)
             if value is not None:
                 return int(value)
-            if key in plan.fields:  # asked for in the batch, but no answer this time
+            if key in batched:  # asked for in the batch, but no answer this time
                 return None
-            return self._optional(plan, name, fallback)
+            return self._optional(plan, name, partial(fn, h, *args))
 
         nvlinks = []
-        for link in range(gpu.nvlink_count):
+        if plan.links_batched:  # the common case: every link field came in the batch
+            for link in range(gpu.nvlink_count):
+                state = got.get((fi.FI_NVLINK_GET_STATE, link))
+                replay = got.get((fi.FI_NVLINK_ERROR_DL_REPLAY, link))
+                recovery = got.get((fi.FI_NVLINK_ERROR_DL_RECOVERY, link))
+                crc = got.get((fi.FI_NVLINK_ERROR_DL_CRC, link))
+                nvlinks.append(
+                    NvlinkReading(
+                        up=None if state is None else state == FEATURE_ENABLED,
+                        replay_errors=None if replay is None else int(replay),
+                        recovery_errors=None if recovery is None else int(recovery),
+                        crc_errors=None if crc is None else int(crc),
+                    ),
+                )
+        for link in range(0 if plan.links_batched else gpu.nvlink_count):
             state = pick(
                 (fi.FI_NVLINK_GET_STATE, link),
                 "nvlink_state",
-                partial(lib.nvmlDeviceGetNvLinkState, h, link),
+                lib.nvmlDeviceGetNvLinkState,
+                link,
             )
             errors = [
                 pick(
                     (field_id, link),
-                    f"nvlink_error_{counter}",
-                    partial(lib.nvmlDeviceGetNvLinkErrorCounter, h, link, counter),
+                    f"nvlink_error_{c}",
+                    lib.nvmlDeviceGetNvLinkErrorCounter,
+                    link,
+                    c,
                 )
-                for field_id, counter in zip(fi.LINK_FIELDS[1:], NVLINK_ERROR_COUNTERS, strict=True)
+                for field_id, c in zip(fi.LINK_FIELDS[1:], NVLINK_ERROR_COUNTERS, strict=True)
             ]
             nvlinks.append(
                 NvlinkReading(
@@ -308,7 +339,9 @@ class NvmlSource:
             pick(
                 (field_id, 0),
                 f"ecc_{kind}_{counter}",
-                partial(lib.nvmlDeviceGetTotalEccErrors, h, kind, counter),
+                lib.nvmlDeviceGetTotalEccErrors,
+                kind,
+                counter,
             )
             for field_id, kind, counter in (
                 (fi.FI_ECC_SBE_VOL_TOTAL, MEMORY_ERROR_CORRECTED, ECC_VOLATILE),
@@ -325,7 +358,7 @@ class NvmlSource:
             pcie_replay_count=pick(
                 (fi.FI_PCIE_REPLAY_COUNTER, 0),
                 "pcie_replay",
-                partial(lib.nvmlDeviceGetPcieReplayCounter, h),
+                lib.nvmlDeviceGetPcieReplayCounter,
             ),
             pcie_gen=self._optional(
                 plan,
@@ -374,7 +407,7 @@ class NvmlSource:
         """Remapped rows from the batch, else from ``nvmlDeviceGetRemappedRows``."""
         keys = [(f, 0) for f in (fi.FI_REMAPPED_COR, fi.FI_REMAPPED_UNC)]
         keys += [(f, 0) for f in (fi.FI_REMAPPED_PENDING, fi.FI_REMAPPED_FAILURE)]
-        if all(key in plan.fields for key in keys):
+        if all(key in plan.batched for key in keys):
             values = [got.get(key) for key in keys]
             return tuple(None if v is None else int(v) for v in values)  # type: ignore[return-value]
         rows = self._optional(

@@ -42,6 +42,7 @@ LINK_FIELDS: Final = (
 )
 
 VALUE_DOUBLE: Final = 0
+VALUE_UNSIGNED_LONG_LONG: Final = 3  # what counters come as: read without a lookup
 _UNION_MEMBER: Final = {
     0: "dVal",
     1: "uiVal",

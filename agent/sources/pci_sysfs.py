@@ -33,6 +33,7 @@ import structlog
 from agent.exceptions import SourceError
 from agent.pci import normalize_bus_id
 from agent.sources.sysfs import parse_counter
+from agent.sources.sysfs_io import FileBatch, read_files
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -190,23 +191,40 @@ def parse_aer_counts(text: str) -> AerCounts:
     return AerCounts(counts=counts, total=total)
 
 
-class PciSysfsReader:
-    """Reads PCIe link and AER files below ``root`` (``/sys`` on a real node)."""
+_LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
+_ALL_FILES = _LINK_FILES + AER_FILES + ROOTPORT_FILES
 
-    __slots__ = ("_devices", "root")
+
+class PciSysfsReader:
+    """Reads PCIe link and AER files below ``root`` (``/sys`` on a real node).
+
+    A function's resolved directory is remembered until a read finds it gone, and a file's
+    parsed value is reused while its text is unchanged (AER files rarely change and take the
+    most parsing).
+    """
+
+    __slots__ = ("_devices", "_parsed", "_resolved", "root")
 
     def __init__(self, root: Path = Path("/sys")) -> None:
-        """Resolve nothing yet; each call looks the function up afresh (it may go away)."""
+        """Resolve nothing yet; each function is looked up on first use."""
         self.root = root
         self._devices = root / "bus" / "pci" / "devices"
+        self._resolved: dict[str, Path] = {}
+        self._parsed: dict[tuple[str, str], tuple[bytes, object]] = {}
 
     def _resolve(self, bdf: str) -> Path:
-        path = self._devices / normalize_bus_id(bdf)
+        bdf = normalize_bus_id(bdf)
+        cached = self._resolved.get(bdf)
+        if cached is not None:
+            return cached
+        path = self._devices / bdf
         try:
-            return path.resolve(strict=True)
+            resolved = path.resolve(strict=True)
         except OSError as exc:
             msg = f"cannot read {path}: {exc.strerror or exc}"
             raise SourceError("sysfs", msg) from exc
+        self._resolved[bdf] = resolved
+        return resolved
 
     def upstream_chain(self, bdf: str) -> tuple[str, ...]:
         """The PCI functions above ``bdf``, nearest first, ending with the root port."""
@@ -222,6 +240,32 @@ class PciSysfsReader:
         chain = self.upstream_chain(bdf)
         return chain[0] if chain else None
 
+    def _value(
+        self,
+        base: str,
+        name: str,
+        batch: FileBatch,
+        parse: Callable[[str], _T | None],
+        bad: list[str],
+    ) -> _T | None:
+        """Parse one file of ``batch``; None when absent, None and noted in ``bad`` when not."""
+        raw = batch.data.get(name)
+        if raw is None:
+            if name in batch.failed:
+                bad.append(name)
+            return None
+        key = (base, name)
+        seen = self._parsed.get(key)
+        if seen is not None and seen[0] == raw:
+            return seen[1]  # type: ignore[return-value]
+        try:
+            value = parse(raw.decode("ascii", errors="replace"))
+        except ValueError:
+            bad.append(name)
+            return None
+        self._parsed[key] = (raw, value)
+        return value
+
     def function_status(self, bdf: str) -> PciFunctionStatus:
         """Read link speed and width, AER and root-port counters of one function.
 
@@ -229,26 +273,34 @@ class PciSysfsReader:
             SourceError: the function does not exist (removed, or fell off the bus).
             ValueError: ``bdf`` is not a PCI bus id.
         """
-        base = self._resolve(bdf)
+        base_path = self._resolve(bdf)
+        base = str(base_path)
+        batch = read_files(base, _ALL_FILES)
+        if len(batch.missing) == len(_ALL_FILES):  # the directory itself is gone
+            self._resolved.pop(normalize_bus_id(bdf), None)
+            msg = f"cannot read {base}: the function is gone"
+            raise SourceError("sysfs", msg)
         bad: list[str] = []
         link = PciLink(
-            current_speed=_parse(base / "current_link_speed", parse_link_speed, bad),
-            max_speed=_parse(base / "max_link_speed", parse_link_speed, bad),
-            current_width=_parse(base / "current_link_width", _parse_int, bad),
-            max_width=_parse(base / "max_link_width", _parse_int, bad),
+            current_speed=self._value(base, "current_link_speed", batch, parse_link_speed, bad),
+            max_speed=self._value(base, "max_link_speed", batch, parse_link_speed, bad),
+            current_width=self._value(base, "current_link_width", batch, _parse_int, bad),
+            max_width=self._value(base, "max_link_width", batch, _parse_int, bad),
         )
         aer: AerStats | None = None
-        if any((base / name).exists() for name in AER_FILES):
-            cor, nonfatal, fatal = (_parse(base / n, parse_aer_counts, bad) for n in AER_FILES)
+        if any(name in batch.data or name in batch.failed for name in AER_FILES):
+            cor, nonfatal, fatal = (
+                self._value(base, n, batch, parse_aer_counts, bad) for n in AER_FILES
+            )
             root_cor, root_fatal, root_nonfatal = (
-                _parse(base / n, _parse_int, bad) for n in ROOTPORT_FILES
+                self._value(base, n, batch, _parse_int, bad) for n in ROOTPORT_FILES
             )
             aer = AerStats(cor, nonfatal, fatal, root_cor, root_fatal, root_nonfatal)
         if bad:
-            log.debug("pci_files_skipped", bdf=base.name, files=bad)
+            log.debug("pci_files_skipped", bdf=base_path.name, files=bad)
         return PciFunctionStatus(
-            bdf=base.name,
-            upstream=base.parent.name if _BDF.fullmatch(base.parent.name) else None,
+            bdf=base_path.name,
+            upstream=base_path.parent.name if _BDF.fullmatch(base_path.parent.name) else None,
             link=link,
             aer=aer,
             unreadable=tuple(bad),
@@ -258,22 +310,6 @@ class PciSysfsReader:
 def _parse_int(text: str) -> int:
     value = parse_counter(text)
     if value is None:
-        msg = f"{text.strip()[:40]!r} is not a number"
+        msg = f"{text.strip()[:40]!r} is not a non-negative integer"
         raise ValueError(msg)
     return value
-
-
-def _parse(path: Path, parse: Callable[[str], _T | None], bad: list[str]) -> _T | None:
-    """Parse one optional file: None when absent; None and a note in ``bad`` when unreadable."""
-    try:
-        text = path.read_text("ascii", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError:
-        bad.append(path.name)
-        return None
-    try:
-        return parse(text)
-    except ValueError:
-        bad.append(path.name)
-        return None

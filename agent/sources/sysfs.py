@@ -12,6 +12,7 @@ name and value.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from agent.probes.counters import (
     IB_DATA_COUNTERS,
     IB_DATA_OCTETS_PER_UNIT,
 )
+from agent.sources.sysfs_io import list_dir, parse_uint, read_files, read_text
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -96,10 +98,9 @@ class IbPortCounters:
         return len(self.unreadable)
 
 
-def parse_counter(text: str) -> int | None:
+def parse_counter(text: str | bytes) -> int | None:
     """Parse a sysfs counter (an unsigned decimal); None for anything else, empty included."""
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else None
+    return parse_uint(text)
 
 
 def strip_enum(text: str) -> str:
@@ -111,16 +112,17 @@ def strip_enum(text: str) -> str:
 class SysfsReader:
     """Reads InfiniBand port files below ``root`` (``/sys`` on a real node)."""
 
-    __slots__ = ("_ib", "root")
+    __slots__ = ("_ib", "_listings", "root")
 
     def __init__(self, root: Path = Path("/sys")) -> None:
         """Resolve nothing yet; a missing tree simply means no IB ports."""
         self.root = root
         self._ib = root / "class" / "infiniband"
+        self._listings: dict[str, tuple[str, ...]] = {}
 
-    def _read(self, path: Path) -> str:
+    def _read(self, path: Path | str) -> str:
         try:
-            return path.read_text("ascii", errors="replace").strip()
+            return read_text(path if isinstance(path, str) else str(path)).strip()
         except OSError as exc:
             msg = f"cannot read {path}: {exc.strerror or exc}"
             raise SourceError("sysfs", msg) from exc
@@ -147,18 +149,29 @@ class SysfsReader:
                 )
         return found
 
-    def ib_port_status(self, device: str, port: int) -> IbPortStatus:
-        """Read state, physical state and the ``link_downed`` counter of one port."""
-        base = self._ib / device / "ports" / str(port)
-        downed_text = self._read(base / "counters" / "link_downed")
-        try:
-            downed = int(downed_text)
-        except ValueError as exc:
-            msg = f"{base}/counters/link_downed holds {downed_text[:40]!r}, not a number"
-            raise SourceError("sysfs", msg) from exc
+    def ib_port_status(
+        self,
+        device: str,
+        port: int,
+        *,
+        link_downed: bool = True,
+    ) -> IbPortStatus:
+        """Read state, physical state and (unless told not to) ``link_downed`` of one port.
+
+        ``link_downed`` is -1 when not read (the caller reads all counters anyway).
+        """
+        base = f"{self._ib}/{device}/ports/{port}"
+        downed = -1
+        if link_downed:
+            downed_text = self._read(f"{base}/counters/link_downed")
+            parsed = parse_uint(downed_text)
+            if parsed is None:
+                msg = f"{base}/counters/link_downed holds {downed_text[:40]!r}, not a number"
+                raise SourceError("sysfs", msg)
+            downed = parsed
         return IbPortStatus(
-            state=strip_enum(self._read(base / "state")),
-            phys_state=strip_enum(self._read(base / "phys_state")),
+            state=strip_enum(self._read(f"{base}/state")),
+            phys_state=strip_enum(self._read(f"{base}/phys_state")),
             link_downed=downed,
         )
 
@@ -169,36 +182,46 @@ class SysfsReader:
         few seconds at most. A counter that cannot be read is skipped and listed in
         ``unreadable``; a port that does not exist raises :class:`SourceError`.
         """
-        base = self._ib / device / "ports" / str(port)
-        if not base.is_dir():
+        base = f"{self._ib}/{device}/ports/{port}"
+        if not os.path.isdir(base):  # noqa: PTH112 - a string path on the hot path
             msg = f"cannot read {base}: no such port"
             raise SourceError("sysfs", msg)
-        counters, bad = _read_counter_dir(base / "counters", IB_BASE_COUNTERS)
+        counters, bad = _read_counters(f"{base}/counters", IB_BASE_COUNTERS, self._listings)
         for raw, name in IB_DATA_COUNTERS.items():
             if raw in counters:
                 counters[name] = counters.pop(raw) * IB_DATA_OCTETS_PER_UNIT
-        hw_counters, hw_bad = _read_counter_dir(base / "hw_counters", ())
+        hw_counters, hw_bad = _read_counters(f"{base}/hw_counters", (), self._listings)
         unreadable = tuple(bad) + tuple(f"hw_counters/{name}" for name in hw_bad)
         if unreadable:
             log.debug("ib_counters_skipped", device=device, port=port, counters=unreadable)
         return IbPortCounters(device, port, counters, hw_counters, unreadable)
 
 
-def _read_counter_dir(directory: Path, expected: Iterable[str]) -> tuple[dict[str, int], list[str]]:
-    """Read every counter file in ``directory`` plus the ``expected`` names, sorted by name."""
-    try:
-        present = {p.name for p in directory.iterdir() if not p.name.startswith(".")}
-    except OSError:
-        present = set()
+def _read_counters(
+    directory: str,
+    expected: Iterable[str],
+    listings: dict[str, tuple[str, ...]],
+) -> tuple[dict[str, int], list[str]]:
+    """Read every counter file of ``directory`` plus the ``expected`` names, sorted by name.
+
+    The directory's listing is remembered in ``listings`` and read again only after a file of
+    it went missing (a driver reload can change the set).
+    """
+    names = listings.get(directory)
+    if names is None:
+        names = tuple(sorted((set(list_dir(directory)) | set(expected)) - _HW_NOT_COUNTERS))
+        listings[directory] = names
+    batch = read_files(directory, names)
     values: dict[str, int] = {}
-    bad: list[str] = []
-    for name in sorted((present | set(expected)) - _HW_NOT_COUNTERS):
-        try:
-            value = parse_counter((directory / name).read_text("ascii", errors="replace"))
-        except OSError:
-            value = None
+    bad = batch.failed
+    for name, raw in batch.data.items():
+        value = parse_uint(raw)
         if value is None:
             bad.append(name)
         else:
             values[name] = value
-    return values, bad
+    expected_set = set(expected)
+    bad += [name for name in batch.missing if name in expected_set]
+    if batch.missing:
+        del listings[directory]
+    return values, sorted(bad)

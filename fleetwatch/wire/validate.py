@@ -42,6 +42,10 @@ AGENT_EVENT_KINDS: Final = frozenset(
         pb.EVENT_KIND_IB_PORT_DOWN,
         pb.EVENT_KIND_IB_PORT_UP,
         pb.EVENT_KIND_PCI_REMOVED,
+        pb.EVENT_KIND_PCIE_AER,
+        pb.EVENT_KIND_PCI_RECOVERY,
+        pb.EVENT_KIND_IB_DEVICE_ADDED,
+        pb.EVENT_KIND_IB_DEVICE_REMOVED,
     },
 )
 
@@ -130,6 +134,11 @@ def validate_target(target: pb.Target, inventory: Inventory, reason: str) -> Non
     """Check that a target is well formed and names something the node declared."""
     kind = target.kind
     if kind == pb.TARGET_KIND_NODE:
+        _require(
+            not target.device or _full(DEVICE_NAME, target.device),
+            reason,
+            f"node target device {target.device[:80]!r} is malformed",
+        )
         return
     if kind in (pb.TARGET_KIND_GPU, pb.TARGET_KIND_NVLINK):
         links = inventory.nvlinks_by_gpu.get(target.gpu_uuid)

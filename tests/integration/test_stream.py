@@ -85,7 +85,7 @@ class TestEndToEnd:
         n["node-3"].nvlink_down(5, 7)
         n["node-4"].ib_port_down(2)
         n["node-6"].pci_remove(1)
-        await wait_until(lambda: collector.reader.count() >= 6, what="first faults")
+        await wait_until(lambda: collector.reader.count() >= 5, what="first faults")
         n["node-4"].ib_port_up(2)
         n["node-5"].xid(7, 48)
         expected = Counter(
@@ -96,7 +96,6 @@ class TestEndToEnd:
                 ("node-4", "ib_port_down", "mlx5_2", 0): 1,
                 ("node-4", "ib_port_up", "mlx5_2", 0): 1,
                 ("node-5", "xid", n["node-5"].gpus[7].uuid, 48): 1,
-                ("node-6", "pci_removed", n["node-6"].gpus[1].uuid, 0): 1,
                 ("node-6", "gpu_lost", n["node-6"].gpus[1].uuid, 0): 1,
             },
         )
@@ -124,7 +123,7 @@ class TestEndToEnd:
             ),
             what="replays reported",
         )
-        await settle(collector, cluster, 4)
+        await settle(collector, cluster, 5)  # the replays also leave an AER report in the log
         m = scrape(collector)
         model = collector.fleet.snapshot()
         for name in NODES:
@@ -154,7 +153,9 @@ class TestEndToEnd:
         assert m["fleetwatch_gpu_pcie_replays_total", (("gpu", "2"), ("node", "node-7"))] == 41
         xid_labels = (("gpu", "3"), ("node", "node-1"), ("xid", "79"))
         assert m["fleetwatch_gpu_xid_errors_total", xid_labels] == 1
-        assert m["fleetwatch_collector_events_journaled_total", ()] == 4
+        assert m["fleetwatch_collector_events_journaled_total", ()] == 5
+        aer = collector.reader.events(kind="pcie_aer")
+        assert [(r.node, r.gpu_uuid) for r in aer] == [("node-7", n["node-7"].gpus[2].uuid)]
         assert m["fleetwatch_collector_streams_active", ()] == 8
 
     async def test_json_api(self, collector, cluster):
@@ -320,7 +321,7 @@ class TestChangesOnly:
         """After the first full report, a quiet node costs heartbeats only; one change costs one
         sample."""
         await wait_until(lambda: collector.stats.reports >= 8, what="first reports")
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.5)  # a second read of the sysfs counters adds their rates
         samples, reports = collector.stats.samples, collector.stats.reports
         assert samples >= 8 * (8 * 18 + 8)  # at least every NVLink and GPU of every node
         await asyncio.sleep(1.0)  # 20 polls; the collector asked for a heartbeat every 0.5 s

@@ -5,10 +5,12 @@ import pytest
 from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
 from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
-from agent.sim.nvml_lib import SimNvmlLibrary
+from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import NvmlSource
+from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sysfs import SysfsReader
-from fleetwatch.model import EventKind, Target
+from agent.sources.udev import UdevEvent
+from fleetwatch.model import EventKind, Target, TargetKind
 from fleetwatch.testing import FakeClock
 from rules.xid_catalog import load_catalog
 
@@ -21,12 +23,14 @@ def node(tmp_path: Path) -> SimNode:
 @pytest.fixture
 def sampler(node: SimNode) -> Sampler:
     s = Sampler(
-        nvml=NvmlSource(SimNvmlLibrary(node)),
+        nvml=NvmlSource(node.nvml),
         sysfs=SysfsReader(node.sysfs.root),
         kmsg=node.kmsg,
         udev=node.udev,
         catalog=load_catalog(),
         clock=node.clock,
+        pci=PciSysfsReader(node.sysfs.root),
+        counter_interval_s=1.0,
     )
     s.discover()
     return s
@@ -46,8 +50,15 @@ class TestSampler:
         assert result.samples[Target.gpu(uuid), "pcie_replay_count"] == 0
         assert result.samples[Target.nvlink(uuid, 5), "nvlink_up"] == 1
         assert result.samples[Target.ib_port("mlx5_3", 1), "ib_state"] == "ACTIVE"
-        per_gpu = 3 + len(GPU_SIGNALS) + 6 * len(NVLINK_SIGNALS)
-        assert len(result.samples) == 4 * per_gpu + 4 * 3
+        pcie_sysfs = 8  # width, max width, speed, max speed, degraded, 3 AER totals
+        per_gpu = 3 + len(GPU_SIGNALS) + 6 * len(NVLINK_SIGNALS) + pcie_sysfs
+        gpu_kinds = (TargetKind.GPU, TargetKind.NVLINK)
+        assert len([k for k in result.samples if k[0].kind in gpu_kinds]) == 4 * per_gpu
+        port = Target.ib_port("mlx5_3", 1)
+        assert result.samples[port, "ib_symbol_error"] == 0
+        assert result.samples[port, "ib_port_xmit_bytes"] == 0
+        assert result.samples[port, "ib_link_downed_saturated"] == 0
+        assert (port, "ib_hw_out_of_buffer") in result.samples
 
     def test_xid_79_is_one_gpu_lost_event(self, sampler: Sampler, node: SimNode):
         """The kernel line and NVML's GPU-lost error are one event, not two."""
@@ -114,13 +125,16 @@ class TestSampler:
         assert kinds(sampler) == [(EventKind.IB_PORT_DOWN, port, 0)]
         assert sampler.poll().samples[port, "ib_link_downed"] == 2
 
-    def test_pci_remove_uevent_is_an_event(self, sampler: Sampler, node: SimNode):
-        """udev's remove for a GPU's function becomes pci_removed on that GPU."""
+    def test_pci_remove_of_a_gpu_is_one_gpu_lost(self, sampler: Sampler, node: SimNode):
+        """udev removing a GPU's function and NVML's GPU-lost are the same fault: one event."""
         sampler.poll()
         node.pci_remove(1)
-        events = kinds(sampler)
-        assert events[0] == (EventKind.PCI_REMOVED, Target.gpu(node.gpus[1].uuid), 0)
-        assert events[1][0] == EventKind.GPU_LOST
+        events = sampler.poll().events
+        assert [(e.kind, e.target) for e in events] == [
+            (EventKind.GPU_LOST, Target.gpu(node.gpus[1].uuid)),
+        ]
+        assert "udev" in events[0].detail
+        assert kinds(sampler) == []
 
     def test_failed_read_is_counted_and_other_sources_go_on(self, sampler: Sampler, node: SimNode):
         """A broken sysfs file costs that port's samples only, and is counted."""
@@ -130,3 +144,146 @@ class TestSampler:
         assert sampler.source_errors["sysfs"] == 1
         assert (Target.ib_port("mlx5_0", 1), "ib_state") not in result.samples
         assert result.samples[Target.ib_port("mlx5_1", 1), "ib_state"] == "ACTIVE"
+
+
+class TestSamplerSysfsAndKernelLog:
+    def test_pcie_link_and_aer_of_gpu_and_upstream_port(self, sampler: Sampler, node: SimNode):
+        """Each GPU and the port above it report link width/speed and AER totals."""
+        result = sampler.poll()
+        gpu = Target.gpu(node.gpus[2].uuid)
+        port = Target.pci(node.pcie_paths[2][1])
+        for target in (gpu, port):
+            assert result.samples[target, "pcie_sysfs_link_width"] == 16
+            assert result.samples[target, "pcie_sysfs_link_speed_gts"] == 32.0
+            assert result.samples[target, "pcie_link_width_degraded"] == 0
+            assert result.samples[target, "aer_correctable_total"] == 0
+
+    def test_link_downgrade_shows_in_nvml_and_sysfs(self, sampler: Sampler, node: SimNode):
+        """A link retrained to Gen4 x8 is seen by NVML and on both ends in sysfs."""
+        node.pcie_downgrade(1, gen=4, width=8)
+        result = sampler.poll()
+        gpu = Target.gpu(node.gpus[1].uuid)
+        assert result.samples[gpu, "pcie_link_gen"] == 4
+        assert result.samples[gpu, "pcie_link_width"] == 8
+        assert result.samples[gpu, "pcie_link_width_max"] == 16
+        assert result.samples[gpu, "pcie_link_width_degraded"] == 1
+        assert result.samples[Target.pci(node.pcie_paths[1][1]), "pcie_link_width_degraded"] == 1
+
+    def test_replay_storm_is_one_aer_event_per_poll(self, sampler: Sampler, node: SimNode):
+        """A storm of replays printed report by report becomes one AER event with a count,
+        while the counters in NVML and sysfs carry the totals."""
+        assert isinstance(node.clock, FakeClock)
+        sampler.poll()
+        for _ in range(5):
+            node.pcie_replays(0, 10)
+        node.clock.advance(1.0)  # the sysfs counters are due again
+        result = sampler.poll()
+        assert [(e.kind, e.target) for e in result.events] == [
+            (EventKind.PCIE_AER, Target.gpu(node.gpus[0].uuid)),
+        ]
+        detail = result.events[0].detail
+        assert "AER correctable" in detail
+        assert "Timeout" in detail
+        assert "5 reports" in detail
+        gpu = Target.gpu(node.gpus[0].uuid)
+        assert result.samples[gpu, "pcie_replay_count"] == 50
+        assert result.samples[gpu, "aer_correctable_total"] == 50
+
+    def test_ib_rates_come_from_counter_deltas(self, sampler: Sampler, node: SimNode):
+        """Traffic and congestion become per-second rates once two readings exist."""
+        assert isinstance(node.clock, FakeClock)
+        node.ib_ports[1].traffic_bytes_per_s = 4e9
+        node.ib_congestion(1, 1000.0)
+        sampler.poll()
+        node.clock.advance(2.0)
+        node.tick(2.0)
+        result = sampler.poll()
+        port = Target.ib_port("mlx5_1", 1)
+        assert result.samples[port, "ib_port_xmit_bytes_per_second"] == pytest.approx(4e9)
+        assert result.samples[port, "ib_port_xmit_wait_per_second"] == pytest.approx(1000.0)
+        assert result.samples[port, "ib_port_xmit_bytes"] == 8_000_000_000
+
+    def test_ib_counters_are_not_read_more_often_than_asked(self, sampler: Sampler, node: SimNode):
+        """Counter files (firmware queries) are read at most once per interval."""
+        assert isinstance(node.clock, FakeClock)
+        sampler.poll()
+        node.ib_errors(0, symbol_errors=7)
+        port = Target.ib_port("mlx5_0", 1)
+        assert (port, "ib_symbol_error") not in sampler.poll().samples  # not due yet
+        node.clock.advance(1.0)
+        assert sampler.poll().samples[port, "ib_symbol_error"] == 7
+
+    def test_saturated_counter_is_flagged(self, sampler: Sampler, node: SimNode):
+        """A 16-bit error counter stuck at its top is flagged, its rate not faked as zero."""
+        assert isinstance(node.clock, FakeClock)
+        node.ib_errors(3, symbol_errors=70_000)
+        result = sampler.poll()
+        port = Target.ib_port("mlx5_3", 1)
+        assert result.samples[port, "ib_symbol_error"] == 65_535
+        assert result.samples[port, "ib_symbol_error_saturated"] == 1
+
+    def test_memory_faults_leave_consistent_evidence(self, sampler: Sampler, node: SimNode):
+        """A double-bit error: Xid 48 and Xid 63 events, DBE counters and a pending remap."""
+        sampler.poll()
+        node.ecc_errors(2, sbe=3, dbe=1)
+        result = sampler.poll()
+        assert [(e.kind, e.xid) for e in result.events] == [
+            (EventKind.XID, 48),
+            (EventKind.XID, 63),
+        ]
+        gpu = Target.gpu(node.gpus[2].uuid)
+        assert result.samples[gpu, "ecc_dbe_volatile_total"] == 1
+        assert result.samples[gpu, "ecc_sbe_aggregate_total"] == 3
+        assert result.samples[gpu, "remap_pending"] == 1
+
+    def test_thermal_throttle_sets_reasons(self, sampler: Sampler, node: SimNode):
+        """Thermal throttling shows in the clock-event reasons, temperature and SM clock."""
+        node.thermal(0, 92)
+        result = sampler.poll()
+        gpu = Target.gpu(node.gpus[0].uuid)
+        assert int(result.samples[gpu, "clock_event_reasons"]) & 0x40
+        assert result.samples[gpu, "temperature_celsius"] == 92
+        assert result.samples[gpu, "sm_clock_mhz"] == 1305
+
+    def test_pci_recovery_and_ib_device_uevents(self, sampler: Sampler, node: SimNode):
+        """PCI error recovery and HCAs coming and going are events."""
+        bdf = node.gpus[0].sysfs_bus_id
+        node.udev.push(
+            UdevEvent(
+                "change", "pci", bdf, {"ERROR_EVENT": "FAILED_RECOVERY", "DEVICE_ONLINE": "0"}
+            ),
+        )
+        node.udev.push(UdevEvent("remove", "infiniband", "mlx5_2"))
+        node.udev.push(UdevEvent("add", "infiniband", "mlx5_2"))
+        events = sampler.poll().events
+        assert [(e.kind, e.target) for e in events] == [
+            (EventKind.PCI_RECOVERY, Target.gpu(node.gpus[0].uuid)),
+            (EventKind.IB_DEVICE_REMOVED, Target.node_device("mlx5_2")),
+            (EventKind.IB_DEVICE_ADDED, Target.node_device("mlx5_2")),
+        ]
+        assert "FAILED_RECOVERY" in events[0].detail
+
+    def test_kmsg_cursor_skips_what_a_previous_agent_reported(self, node: SimNode, tmp_path: Path):
+        """A restarted agent of the same boot does not report old kernel lines again."""
+        cursor_path = tmp_path / "state" / "kmsg-cursor.json"
+
+        def make() -> Sampler:
+            s = Sampler(
+                nvml=NvmlSource(node.nvml),
+                sysfs=SysfsReader(node.sysfs.root),
+                kmsg=node.kmsg,
+                udev=None,
+                catalog=load_catalog(),
+                clock=node.clock,
+                kmsg_cursor=KmsgCursor(cursor_path, node.boot_id),
+            )
+            s.discover()
+            return s
+
+        first = make()
+        node.xid(0, 13)
+        assert [e.xid for e in first.poll().events] == [13]
+        replayed = node.kmsg.replay_all()  # a new reader of /dev/kmsg sees the whole buffer
+        assert replayed
+        node.xid(1, 31)
+        assert [e.xid for e in make().poll().events] == [31]

@@ -26,6 +26,10 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_IB_PORT_DOWN: _ClassVar[EventKind]
     EVENT_KIND_IB_PORT_UP: _ClassVar[EventKind]
     EVENT_KIND_PCI_REMOVED: _ClassVar[EventKind]
+    EVENT_KIND_PCIE_AER: _ClassVar[EventKind]
+    EVENT_KIND_PCI_RECOVERY: _ClassVar[EventKind]
+    EVENT_KIND_IB_DEVICE_ADDED: _ClassVar[EventKind]
+    EVENT_KIND_IB_DEVICE_REMOVED: _ClassVar[EventKind]
     EVENT_KIND_NODE_UNREACHABLE: _ClassVar[EventKind]
     EVENT_KIND_NODE_REACHABLE: _ClassVar[EventKind]
 
@@ -48,6 +52,10 @@ EVENT_KIND_NVLINK_UP: EventKind
 EVENT_KIND_IB_PORT_DOWN: EventKind
 EVENT_KIND_IB_PORT_UP: EventKind
 EVENT_KIND_PCI_REMOVED: EventKind
+EVENT_KIND_PCIE_AER: EventKind
+EVENT_KIND_PCI_RECOVERY: EventKind
+EVENT_KIND_IB_DEVICE_ADDED: EventKind
+EVENT_KIND_IB_DEVICE_REMOVED: EventKind
 EVENT_KIND_NODE_UNREACHABLE: EventKind
 EVENT_KIND_NODE_REACHABLE: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind

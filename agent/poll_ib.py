@@ -1,0 +1,212 @@
+"""InfiniBand ports: state every poll; counters (and their rates) when the sampler says so.
+
+Every read under ``counters/`` sends a management datagram to the HCA's firmware, so the sampler
+asks for the counter set at most once per counter interval however fast the agent polls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from agent.exceptions import SourceError
+from agent.probes.counters import (
+    IB_COUNTER_SPECS,
+    MLX5_HW_COUNTER_SPECS,
+    CounterTracker,
+    DeltaKind,
+)
+from fleetwatch.model import EventKind, Target
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Mapping
+
+    from agent.findings import PollResult
+    from agent.sources.sysfs import IbPortInfo, SysfsReader
+    from fleetwatch.clock import Clock
+
+log = structlog.get_logger("agent.ib")
+
+IB_ACTIVE: Final = "ACTIVE"
+
+# Counters whose rate is worth a sample of its own (per second); the raw value of every counter
+# is sent as well, and only when it changes.
+RATE_COUNTERS: Final = frozenset(
+    {
+        "port_xmit_bytes",
+        "port_rcv_bytes",
+        "port_xmit_wait",
+        "symbol_error",
+        "link_error_recovery",
+        "port_rcv_errors",
+        "port_xmit_discards",
+        "local_link_integrity_errors",
+        "excessive_buffer_overrun_errors",
+    },
+)
+RATE_HW_COUNTERS: Final = frozenset(
+    {
+        "out_of_buffer",
+        "out_of_sequence",
+        "packet_seq_err",
+        "local_ack_timeout_err",
+        "rnr_nak_retry_err",
+        "np_cnp_sent",
+        "rp_cnp_handled",
+    },
+)
+_UNSAFE: Final = re.compile(r"[^a-z0-9_]")
+
+
+def signal_name(prefix: str, counter: str, suffix: str = "") -> str:
+    """``ib_`` + a counter's name made safe for the wire (lowercase, bounded)."""
+    return f"{prefix}{_UNSAFE.sub('_', counter.lower())}{suffix}"[:64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """The sample names of one counter, worked out once."""
+
+    value: str
+    saturated: str | None  # for counters that stop at their top: flagged when there
+    rate: str | None  # for counters whose rate is sent
+    ceiling: int = 0  # the value a saturating counter stops at
+
+
+def _signal_names(prefix: str, name: str) -> _Names:
+    specs, wanted = (
+        (IB_COUNTER_SPECS, RATE_COUNTERS)
+        if prefix == "ib_"
+        else (MLX5_HW_COUNTER_SPECS, RATE_HW_COUNTERS)
+    )
+    spec = specs.get(name)
+    saturates = spec is not None and spec.saturates
+    return _Names(
+        value=signal_name(prefix, name),
+        saturated=signal_name(prefix, name, "_saturated") if saturates else None,
+        rate=signal_name(prefix, name, "_per_second") if name in wanted else None,
+        ceiling=spec.max_value if spec is not None and saturates else 0,
+    )
+
+
+class IbPoller:
+    """Samples and events for every IB port of the node."""
+
+    def __init__(self, sysfs: SysfsReader, clock: Clock) -> None:
+        """Keep the reader."""
+        self._sysfs = sysfs
+        self._clock = clock
+        self._prev_state: dict[tuple[str, int], str] = {}
+        self._base = CounterTracker(IB_COUNTER_SPECS)
+        self._hw = CounterTracker(MLX5_HW_COUNTER_SPECS)
+        self._names: dict[tuple[str, str], _Names] = {}
+
+    @property
+    def counter_resets(self) -> int:
+        """How many times a counter went backwards (HCA reset, driver reload)."""
+        return self._base.resets + self._hw.resets
+
+    def poll(
+        self,
+        ports: tuple[IbPortInfo, ...],
+        result: PollResult,
+        now_ms: int,
+        errors: Counter[str],
+        *,
+        counters: bool,
+    ) -> None:
+        """Read every port's state, and its counters when ``counters`` says they are due."""
+        mono = self._clock.monotonic()
+        for port in ports:
+            try:
+                downed = self._counters(port, result, mono, errors) if counters else None
+                self._state(port, result, now_ms, downed)
+            except SourceError as exc:
+                errors["sysfs"] += 1
+                log.warning("ib_read_failed", device=port.device, port=port.port, error=str(exc))
+
+    def _state(
+        self,
+        port: IbPortInfo,
+        result: PollResult,
+        now_ms: int,
+        link_downed: int | None,
+    ) -> None:
+        """State and phys_state; ``link_downed`` too unless the counters already gave it."""
+        status = self._sysfs.ib_port_status(
+            port.device,
+            port.port,
+            link_downed=link_downed is None,
+        )
+        downed = status.link_downed if link_downed is None else link_downed
+        target = Target.ib_port(port.device, port.port)
+        result.samples[target, "ib_state"] = status.state
+        result.samples[target, "ib_phys_state"] = status.phys_state
+        result.samples[target, "ib_link_downed"] = downed
+        key = (port.device, port.port)
+        prev = self._prev_state.get(key)
+        self._prev_state[key] = status.state
+        was_up, is_up = prev == IB_ACTIVE, status.state == IB_ACTIVE
+        if (prev is None and is_up) or (prev is not None and was_up == is_up):
+            return
+        result.event(
+            EventKind.IB_PORT_UP if is_up else EventKind.IB_PORT_DOWN,
+            target,
+            now_ms,
+            f"state {status.state}, phys_state {status.phys_state}, link_downed {downed}",
+        )
+
+    def _counters(
+        self,
+        port: IbPortInfo,
+        result: PollResult,
+        mono: float,
+        errors: Counter[str],
+    ) -> int | None:
+        """Every counter of the port as samples, with rates; return ``link_downed``."""
+        read = self._sysfs.ib_port_counters(port.device, port.port)
+        if read.read_errors:
+            errors["sysfs"] += read.read_errors
+        target = Target.ib_port(port.device, port.port)
+        scope = (port.device, port.port)
+        for prefix, values, tracker in (
+            ("ib_", read.counters, self._base),
+            ("ib_hw_", read.hw_counters, self._hw),
+        ):
+            self._counter_set(
+                result, target, scope, prefix, values=values, tracker=tracker, at=mono
+            )
+        return read.counters.get("link_downed")
+
+    def _counter_set(  # noqa: PLR0913 - one set of counters and where it goes
+        self,
+        result: PollResult,
+        target: Target,
+        scope: tuple[str, int],
+        prefix: str,
+        *,
+        values: Mapping[str, int],
+        tracker: CounterTracker,
+        at: float,
+    ) -> None:
+        samples = result.samples
+        tracked: dict[str, int] = {}
+        for name, value in values.items():
+            names = self._names.get((prefix, name))
+            if names is None:
+                names = self._names[prefix, name] = _signal_names(prefix, name)
+            samples[target, names.value] = value
+            if names.saturated is not None:
+                samples[target, names.saturated] = int(value >= names.ceiling)
+            if names.rate is not None:
+                tracked[name] = value
+        for name, delta in tracker.update(scope, tracked, at).items():
+            if delta.kind == DeltaKind.RESET:
+                log.info("ib_counter_reset", scope=scope, counter=name)
+            rate = self._names[prefix, name].rate
+            if rate is not None and delta.rate is not None:
+                samples[target, rate] = round(delta.rate, 3)

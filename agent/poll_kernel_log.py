@@ -1,0 +1,164 @@
+"""The kernel log: Xid lines (merged with NVML's Xid events) and PCIe AER reports.
+
+A cursor (the last record's sequence number, per boot) lets a restarted agent skip what it has
+already reported. AER reports are folded per device and severity within one poll, so an error
+storm that the kernel prints line by line becomes one event per poll, with a count.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Final, Protocol
+
+import structlog
+
+from agent.exceptions import SourceError
+from agent.findings import PendingEvent
+from agent.probes.aer import AerReport, group_reports, parse_aer_line
+from agent.probes.xid import parse_xid_line
+from agent.sources.kmsg_cursor import filter_new
+from fleetwatch.model import EventKind, Target
+
+if TYPE_CHECKING:
+    from collections import Counter
+
+    from agent.findings import PollResult
+    from agent.probes.aer import AerLine
+    from agent.probes.xid_merge import XidMerger
+    from agent.sources.kmsg import KmsgSource
+    from agent.sources.kmsg_cursor import KmsgCursor
+    from agent.sources.nvml import GpuIdentity
+    from fleetwatch.clock import Clock
+    from rules.xid_catalog import XidCatalog
+
+log = structlog.get_logger("agent.kernel_log")
+
+XID_FALLEN_OFF_BUS: Final = 79
+
+
+class GpuLost(Protocol):
+    """How the poller reports a GPU that fell off the bus (once per loss, by the sampler)."""
+
+    def __call__(
+        self,
+        gpu: GpuIdentity,
+        result: PollResult,
+        now_ms: int,
+        *,
+        xid: int = 0,
+        detail: str = "",
+    ) -> None:
+        """Record the loss."""
+
+
+def aer_detail(reports: list[AerReport]) -> str:
+    """One line for a device's AER reports of one severity in one poll."""
+    first = reports[0]
+    errors = sorted({e for r in reports for e in r.errors})
+    layer = first.error_type.value if first.error_type else "unknown layer"
+    parts = [f"AER {first.severity.value if first.severity else 'unknown'}: {layer}"]
+    if errors:
+        parts.append(", ".join(errors))
+    if len(reports) > 1:
+        parts.append(f"{len(reports)} reports")
+    if first.reporter_bus_id and first.reporter_bus_id != first.device_bus_id:
+        parts.append(f"reported by {first.reporter_bus_id}")
+    return "; ".join(parts)
+
+
+class KernelLogPoller:
+    """Turns new kernel log records into Xid, GPU-lost and AER events."""
+
+    def __init__(
+        self,
+        kmsg: KmsgSource,
+        catalog: XidCatalog,
+        merger: XidMerger,
+        clock: Clock,
+        cursor: KmsgCursor | None = None,
+    ) -> None:
+        """Start after the cursor's record, when there is one for this boot."""
+        self._kmsg = kmsg
+        self._catalog = catalog
+        self._merger = merger
+        self._clock = clock
+        self._cursor = cursor
+        self._last_seq = cursor.load() if cursor is not None else None
+
+    def poll(
+        self,
+        by_bus: dict[str, GpuIdentity],
+        gpu_lost: GpuLost,
+        result: PollResult,
+        now_ms: int,
+        errors: Counter[str],
+    ) -> None:
+        """Read what the kernel logged since the last poll."""
+        try:
+            records = filter_new(self._kmsg.read(), self._last_seq)
+        except SourceError as exc:
+            errors["kmsg"] += 1
+            log.warning("kmsg_read_failed", error=str(exc))
+            return
+        aer_lines: list[AerLine | None] = []
+        for record in records:
+            aer_lines.append(parse_aer_line(record.text))
+            line = parse_xid_line(record.text)
+            if line is None:
+                continue
+            gpu = by_bus.get(line.pci_bus_id)
+            if gpu is not None and line.xid == XID_FALLEN_OFF_BUS:
+                gpu_lost(gpu, result, now_ms, xid=line.xid, detail=line.text)
+                continue
+            mono = self._clock.monotonic()
+            if gpu is not None and not self._merger.offer("kmsg", gpu.uuid, line.xid, mono):
+                continue
+            result.events.append(
+                self._xid_event(line.xid, gpu, line.pci_bus_id, line.text, now_ms),
+            )
+        self._aer_events(aer_lines, by_bus, result, now_ms)
+        if records:
+            self._last_seq = records[-1].seq
+            if self._cursor is not None:
+                self._cursor.save(self._last_seq)
+
+    def _xid_event(
+        self,
+        xid: int,
+        gpu: GpuIdentity | None,
+        bus_id: str,
+        text: str,
+        now_ms: int,
+    ) -> PendingEvent:
+        return PendingEvent(
+            kind=EventKind.XID,
+            target=Target.gpu(gpu.uuid) if gpu else Target.pci(bus_id),
+            time_unix_ms=now_ms,
+            xid=xid,
+            xid_class=self._catalog.class_of(xid),
+            detail=text,
+        )
+
+    def _aer_events(
+        self,
+        lines: list[AerLine | None],
+        by_bus: dict[str, GpuIdentity],
+        result: PollResult,
+        now_ms: int,
+    ) -> None:
+        if not any(lines):
+            return
+        grouped: defaultdict[tuple[str, str], list[AerReport]] = defaultdict(list)
+        for report in group_reports(lines):
+            if report.device_bus_id is None:
+                continue
+            severity = report.severity.value if report.severity else "unknown"
+            grouped[report.device_bus_id, severity].append(report)
+        for (bus_id, _), reports in grouped.items():
+            gpu = by_bus.get(bus_id)
+            result.event(
+                EventKind.PCIE_AER,
+                Target.gpu(gpu.uuid) if gpu else Target.pci(bus_id),
+                now_ms,
+                aer_detail(reports),
+            )
