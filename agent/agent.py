@@ -12,6 +12,7 @@ import structlog
 from agent.exceptions import SourceError
 from fleetwatch import PROTOCOL_VERSION, __version__
 from fleetwatch.clock import unix_ms
+from fleetwatch.model import Target
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import Inventory, WireError, validate_event, validate_hello
 
@@ -123,6 +124,9 @@ class Agent:
         for event in result.events:
             self._accept(event)
             log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
+        node = Target.node()
+        result.samples[node, "agent_outbox_pending"] = len(self.outbox)
+        result.samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
         self.live.update(result.samples)
 
     async def run(self) -> None:

@@ -85,6 +85,11 @@ class KernelLogPoller:
         self._cursor = cursor
         self._last_seq = cursor.load() if cursor is not None else None
 
+    @property
+    def overruns(self) -> int:
+        """Times the kernel overwrote unread records (EPIPE), when the source counts them."""
+        return int(getattr(self._kmsg, "overruns", 0))
+
     def poll(
         self,
         by_bus: dict[str, GpuIdentity],

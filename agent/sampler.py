@@ -42,6 +42,7 @@ __all__ = ["NodeInventory", "PendingEvent", "PollResult", "Sampler"]
 log = structlog.get_logger("agent.sampler")
 
 XID_FALLEN_OFF_BUS: Final = 79
+SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,17 @@ class Sampler:
             if self._pcie is not None:
                 self._pcie.poll(self.inventory.gpus, self._lost, result, errors)
         self._ib.poll(self.inventory.ib_ports, result, now_ms, errors, counters=due)
+        self._self_samples(result)
         return result
+
+    def _self_samples(self, result: PollResult) -> None:
+        """The agent's own health, as samples of the node: read errors, lost kernel records."""
+        node = Target.node()
+        for source in SOURCES:
+            result.samples[node, f"agent_source_errors_{source}"] = self.source_errors[source]
+        if self._kernel_log is not None:
+            result.samples[node, "agent_kmsg_overruns"] = self._kernel_log.overruns
+        result.samples[node, "agent_ib_counter_resets"] = self._ib.counter_resets
 
     def _gpu_lost(
         self,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 # Signals this collector does not model yet are kept as-is for the JSON API, up to this many per
 # node, so a misbehaving agent cannot grow the model without bound.
 MAX_OTHER_SIGNALS = 10_000
+MAX_SIGNALS_PER_TARGET = 256
 
 
 @dataclass(slots=True)
@@ -36,11 +37,27 @@ class GpuState:
     pcie_replay_count: int | None = None
     xid_counts: Counter[int] = field(default_factory=Counter)
     last_xid: int = 0
+    signals: dict[str, SampleValue] = field(default_factory=dict)
+    link_signals: dict[int, dict[str, SampleValue]] = field(default_factory=dict)
 
     @property
     def nvlinks_down(self) -> int:
         """How many of this GPU's NVLinks are reported down."""
         return sum(1 for up in self.nvlink_up.values() if not up)
+
+    def number(self, signal: str) -> float | None:
+        """A numeric signal of the GPU, or None when not reported."""
+        value = self.signals.get(signal)
+        return None if value is None or isinstance(value, str) else float(value)
+
+    def link_total(self, signal: str) -> float | None:
+        """A per-link numeric signal summed over the GPU's links (None when none reported)."""
+        values = [
+            v
+            for link in self.link_signals.values()
+            if (v := link.get(signal)) is not None and not isinstance(v, str)
+        ]
+        return float(sum(values)) if values else None
 
 
 @dataclass(slots=True)
@@ -55,6 +72,12 @@ class PortState:
     phys_state: str = ""
     link_downed: int | None = None
     down_events: int = 0
+    signals: dict[str, SampleValue] = field(default_factory=dict)
+
+    def number(self, signal: str) -> float | None:
+        """A numeric signal of the port, or None when not reported."""
+        value = self.signals.get(signal)
+        return None if value is None or isinstance(value, str) else float(value)
 
     @property
     def up(self) -> bool:
@@ -191,23 +214,40 @@ class FleetModel:
                 port.down_events += 1
 
 
+def _bounded_set(values: dict[str, SampleValue], signal: str, value: SampleValue) -> None:
+    if signal in values or len(values) < MAX_SIGNALS_PER_TARGET:
+        values[signal] = value
+
+
+def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> None:
+    if target.kind == TargetKind.NVLINK:
+        _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)
+        if signal == "nvlink_up":
+            gpu.nvlink_up[target.index] = bool(value)
+        return
+    _bounded_set(gpu.signals, signal, value)
+    if signal == "gpu_present":
+        gpu.present = bool(value)
+    elif signal == "pcie_replay_count":
+        gpu.pcie_replay_count = int(value)
+
+
 def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> None:
     value = sample_value_from_pb(sample)
     signal = sample.signal
-    gpu = node.gpus.get(target.gpu_uuid)
-    port = node.ports.get((target.device, target.index))
-    if target.kind == TargetKind.NVLINK and gpu and signal == "nvlink_up":
-        gpu.nvlink_up[target.index] = bool(value)
-    elif target.kind == TargetKind.GPU and gpu and signal == "gpu_present":
-        gpu.present = bool(value)
-    elif target.kind == TargetKind.GPU and gpu and signal == "pcie_replay_count":
-        gpu.pcie_replay_count = int(value)
-    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_state":
-        port.state = str(value)
-    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_phys_state":
-        port.phys_state = str(value)
-    elif target.kind == TargetKind.IB_PORT and port and signal == "ib_link_downed":
-        port.link_downed = int(value)
+    kind = target.kind
+    gpu = node.gpus.get(target.gpu_uuid) if kind in (TargetKind.GPU, TargetKind.NVLINK) else None
+    port = node.ports.get((target.device, target.index)) if kind == TargetKind.IB_PORT else None
+    if gpu is not None:
+        _apply_gpu(gpu, target, signal, value)
+    elif port is not None:
+        _bounded_set(port.signals, signal, value)
+        if signal == "ib_state":
+            port.state = str(value)
+        elif signal == "ib_phys_state":
+            port.phys_state = str(value)
+        elif signal == "ib_link_downed":
+            port.link_downed = int(value)
     else:
         key = f"{target.label()}:{signal}"
         if key in node.other or len(node.other) < MAX_OTHER_SIGNALS:

@@ -72,6 +72,11 @@ def node_detail(node: NodeState) -> dict[str, Any]:
             "pcie_replay_count": g.pcie_replay_count,
             "xid_counts": {str(x): c for x, c in sorted(g.xid_counts.items())},
             "last_xid": g.last_xid or None,
+            "signals": dict(sorted(g.signals.items())),
+            "nvlinks": [
+                {"link": link, **dict(sorted(values.items()))}
+                for link, values in sorted(g.link_signals.items())
+            ],
         }
         for g in sorted(node.gpus.values(), key=lambda g: g.index)
     ]
@@ -85,6 +90,7 @@ def node_detail(node: NodeState) -> dict[str, Any]:
             "phys_state": p.phys_state,
             "link_downed": p.link_downed,
             "down_events": p.down_events,
+            "signals": dict(sorted(p.signals.items())),
         }
         for p in node.ports.values()
     ]

@@ -63,8 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     collector.add_argument("--missed-heartbeats", type=int, dest="missed_heartbeats")
 
     demo = sub.add_parser("demo", help="run a simulated cluster with faults, on one machine")
-    demo.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    # --nodes, --duration and --scenario default to the scenario's own values.
+    demo.add_argument("--nodes", type=int, help="simulated nodes (default: the scenario's)")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        help="seconds; the scenario's timeline is stretched to fit (default: the scenario's)",
+    )
+    demo.add_argument("--scenario", type=Path, help="scenario file (default: the built-in demo)")
     demo.add_argument("--http-port", type=int, default=0, help="metrics/API port (default: any)")
     demo.add_argument("--workdir", type=Path, help="keep the journal and sysfs trees here")
     return parser
@@ -150,6 +156,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         duration=args.duration,
         http_port=args.http_port,
         workdir=args.workdir,
+        scenario=args.scenario,
     )
     return main(opts, SystemClock(), sys.stdout)
 

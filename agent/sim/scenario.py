@@ -1,102 +1,297 @@
-"""Fault timelines for simulated clusters (the demo, tests and benchmarks play the same ones)."""
+"""Fault timelines for simulated clusters: a YAML file format, its loader, and how faults apply.
+
+The demo, the tests and the benchmarks play the same files. The format is documented in
+``docs/scenarios.md``; ``builtin/demo.yaml`` next to this module is the demo's.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Final
+
+import yaml
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable
+    from pathlib import Path
 
     from agent.sim.hardware import SimNode
+
+
+class ScenarioError(ValueError):
+    """A scenario file is invalid; the message names the file, the fault and the key."""
 
 
 class FaultKind(StrEnum):
     """What can go wrong on a simulated node."""
 
     XID = "xid"
+    GPU_LOST = "gpu_lost"
     PCI_REMOVE = "pci_remove"
     NVLINK_DOWN = "nvlink_down"
     NVLINK_UP = "nvlink_up"
+    NVLINK_ERRORS = "nvlink_errors"
     PCIE_REPLAYS = "pcie_replays"
-    IB_PORT_DOWN = "ib_port_down"
-    IB_PORT_UP = "ib_port_up"
+    PCIE_DOWNGRADE = "pcie_downgrade"
+    ECC_SBE = "ecc_sbe"
+    ECC_DBE = "ecc_dbe"
+    REMAP_PENDING = "remap_pending"
+    REMAP_FAILURE = "remap_failure"
+    THERMAL = "thermal"
+    THERMAL_CLEAR = "thermal_clear"
+    IB_DOWN = "ib_down"
+    IB_UP = "ib_up"
+    IB_FLAP = "ib_flap"
+    IB_SYMBOL_ERRORS = "ib_symbol_errors"
+    IB_CONGESTION = "ib_congestion"
+    SLOW_GPU = "slow_gpu"
     NODE_CRASH = "node_crash"
+
+
+# The parameters each kind takes (all required), with their type.
+PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
+    FaultKind.XID: {"gpu": int, "xid": int},
+    FaultKind.GPU_LOST: {"gpu": int},
+    FaultKind.PCI_REMOVE: {"gpu": int},
+    FaultKind.NVLINK_DOWN: {"gpu": int, "link": int},
+    FaultKind.NVLINK_UP: {"gpu": int, "link": int},
+    FaultKind.NVLINK_ERRORS: {"gpu": int, "link": int, "replay": int, "recovery": int, "crc": int},
+    FaultKind.PCIE_REPLAYS: {"gpu": int, "count": int},
+    FaultKind.PCIE_DOWNGRADE: {"gpu": int, "gen": int, "width": int},
+    FaultKind.ECC_SBE: {"gpu": int, "count": int},
+    FaultKind.ECC_DBE: {"gpu": int},
+    FaultKind.REMAP_PENDING: {"gpu": int},
+    FaultKind.REMAP_FAILURE: {"gpu": int},
+    FaultKind.THERMAL: {"gpu": int, "temperature": int},
+    FaultKind.THERMAL_CLEAR: {"gpu": int},
+    FaultKind.IB_DOWN: {"port": int},
+    FaultKind.IB_UP: {"port": int},
+    FaultKind.IB_FLAP: {"port": int, "times": int, "every": float},
+    FaultKind.IB_SYMBOL_ERRORS: {"port": int, "count": int},
+    FaultKind.IB_CONGESTION: {"port": int, "xmit_wait_per_s": float},
+    FaultKind.SLOW_GPU: {"gpu": int, "factor": float},
+    FaultKind.NODE_CRASH: {},
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One fault at ``at_s`` seconds into the scenario."""
+    """One fault at ``at_s`` seconds into the scenario, with its parameters."""
 
     at_s: float
     node: str
     kind: FaultKind
-    gpu: int = 0
-    link: int = 0
-    port: int = 0
-    xid: int = 0
-    count: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for people."""
-        match self.kind:
-            case FaultKind.XID:
-                return f"{self.node}: Xid {self.xid} on GPU {self.gpu}"
-            case FaultKind.PCI_REMOVE:
-                return f"{self.node}: GPU {self.gpu} removed from the PCI bus"
-            case FaultKind.NVLINK_DOWN | FaultKind.NVLINK_UP:
-                state = "down" if self.kind == FaultKind.NVLINK_DOWN else "up"
-                return f"{self.node}: NVLink {self.link} of GPU {self.gpu} {state}"
-            case FaultKind.PCIE_REPLAYS:
-                return f"{self.node}: {self.count} PCIe replays on GPU {self.gpu}"
-            case FaultKind.IB_PORT_DOWN | FaultKind.IB_PORT_UP:
-                state = "down" if self.kind == FaultKind.IB_PORT_DOWN else "up"
-                return f"{self.node}: IB port mlx5_{self.port}/1 {state}"
-            case FaultKind.NODE_CRASH:
-                return f"{self.node}: node crashes (agent silent)"
+        p = self.params
+        details: dict[FaultKind, Callable[[], str]] = {
+            FaultKind.XID: lambda: f"Xid {p['xid']} on GPU {p['gpu']}",
+            FaultKind.GPU_LOST: lambda: f"GPU {p['gpu']} falls off the bus (Xid 79)",
+            FaultKind.PCI_REMOVE: lambda: f"GPU {p['gpu']} removed from the PCI bus",
+            FaultKind.NVLINK_DOWN: lambda: f"NVLink {p['link']} of GPU {p['gpu']} down",
+            FaultKind.NVLINK_UP: lambda: f"NVLink {p['link']} of GPU {p['gpu']} up",
+            FaultKind.PCIE_REPLAYS: lambda: f"{p['count']} PCIe replays on GPU {p['gpu']}",
+            FaultKind.PCIE_DOWNGRADE: lambda: (
+                f"GPU {p['gpu']} PCIe link down to Gen{p['gen']} x{p['width']}"
+            ),
+            FaultKind.IB_DOWN: lambda: f"IB port mlx5_{p['port']}/1 down",
+            FaultKind.IB_UP: lambda: f"IB port mlx5_{p['port']}/1 up",
+            FaultKind.IB_FLAP: lambda: f"IB port mlx5_{p['port']}/1 flaps {p['times']}x",
+            FaultKind.NODE_CRASH: lambda: "node crashes (agent silent)",
+            FaultKind.ECC_DBE: lambda: f"double-bit ECC error on GPU {p['gpu']}",
+            FaultKind.THERMAL: lambda: f"GPU {p['gpu']} throttles at {p['temperature']} °C",
+            FaultKind.IB_CONGESTION: lambda: (
+                f"IB port mlx5_{p['port']}/1 congested ({p['xmit_wait_per_s']:g} waits/s)"
+            ),
+        }
+        text = details.get(self.kind)
+        args = ", ".join(f"{k}={v}" for k, v in p.items())
+        return f"{self.node}: {text() if text else f'{self.kind.value} {args}'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named timeline of faults over ``duration_s`` for ``nodes``."""
+
+    name: str
+    duration_s: float
+    nodes: tuple[str, ...]
+    faults: tuple[Fault, ...]
+    description: str = ""
+
+    def scaled(self, duration_s: float) -> Scenario:
+        """The same timeline stretched or shrunk to ``duration_s``."""
+        factor = duration_s / self.duration_s
+        faults = []
+        for f in self.faults:
+            params = dict(f.params)
+            if f.kind == FaultKind.IB_FLAP:
+                params["every"] = round(params["every"] * factor, 3)
+            faults.append(replace(f, at_s=round(f.at_s * factor, 3), params=params))
+        return replace(self, duration_s=duration_s, faults=tuple(faults))
+
+    def timeline(self) -> list[Fault]:
+        """Every fault in time order, a flap expanded into its downs and ups."""
+        out: list[Fault] = []
+        for f in self.faults:
+            if f.kind != FaultKind.IB_FLAP:
+                out.append(f)
+                continue
+            port, every = f.params["port"], f.params["every"]
+            for k in range(f.params["times"]):
+                down_at = f.at_s + k * every
+                out.append(Fault(down_at, f.node, FaultKind.IB_DOWN, {"port": port}))
+                out.append(Fault(down_at + every / 2, f.node, FaultKind.IB_UP, {"port": port}))
+        return sorted(out, key=lambda f: f.at_s)
+
+
+def _number(where: str, key: str, value: object, kind: type) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        msg = f"{where}: {key} must be a number, got {value!r}"
+        raise ScenarioError(msg)
+    if kind is int and not float(value).is_integer():
+        msg = f"{where}: {key} must be a whole number, got {value!r}"
+        raise ScenarioError(msg)
+    if value < 0 or not math.isfinite(value):
+        msg = f"{where}: {key} must be finite and not negative, got {value!r}"
+        raise ScenarioError(msg)
+    return int(value) if kind is int else float(value)
+
+
+def _fault(where: str, raw: object, nodes: tuple[str, ...], duration: float) -> Fault:
+    if not isinstance(raw, dict):
+        msg = f"{where}: a fault is a mapping with at, node, fault and its parameters"
+        raise ScenarioError(msg)
+    raw = dict(raw)
+    try:
+        kind = FaultKind(raw.pop("fault"))
+    except KeyError:
+        msg = f"{where}: 'fault' is missing"
+        raise ScenarioError(msg) from None
+    except ValueError as exc:
+        msg = f"{where}: unknown fault {exc}; known: {', '.join(k.value for k in FaultKind)}"
+        raise ScenarioError(msg) from None
+    at = _number(where, "at", raw.pop("at", None), float)
+    if at > duration:
+        msg = f"{where}: at {at} is after the scenario's duration {duration}"
+        raise ScenarioError(msg)
+    node = raw.pop("node", None)
+    if node not in nodes:
+        msg = f"{where}: node {node!r} is not one of the scenario's nodes"
+        raise ScenarioError(msg)
+    wanted = PARAMS[kind]
+    missing = sorted(set(wanted) - raw.keys())
+    extra = sorted(raw.keys() - set(wanted))
+    if missing or extra:
+        msg = f"{where}: {kind.value} takes {', '.join(wanted) or 'no parameters'}"
+        msg += f" (missing: {', '.join(missing)})" if missing else ""
+        msg += f" (unknown: {', '.join(map(str, extra))})" if extra else ""
+        raise ScenarioError(msg)
+    params = {k: _number(where, k, raw[k], t) for k, t in wanted.items()}
+    return Fault(at, str(node), kind, params)
+
+
+def parse_scenario(text: str, where: str = "<scenario>") -> Scenario:
+    """Parse and check a scenario; every problem is a ScenarioError naming the fault and key."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        msg = f"{where}: not valid YAML: {exc}"
+        raise ScenarioError(msg) from exc
+    if not isinstance(data, dict) or data.get("version") != 1:
+        msg = f"{where}: expected a mapping with 'version: 1'"
+        raise ScenarioError(msg)
+    duration = _number(where, "duration", data.get("duration"), float)
+    if duration <= 0:
+        msg = f"{where}: duration must be positive"
+        raise ScenarioError(msg)
+    raw_nodes = data.get("nodes")
+    if isinstance(raw_nodes, int) and not isinstance(raw_nodes, bool) and raw_nodes > 0:
+        nodes = tuple(f"node-{i:02d}" for i in range(1, raw_nodes + 1))
+    elif isinstance(raw_nodes, list) and raw_nodes and all(isinstance(n, str) for n in raw_nodes):
+        nodes = tuple(raw_nodes)
+    else:
+        msg = f"{where}: nodes must be a count or a list of names"
+        raise ScenarioError(msg)
+    raw_faults = data.get("faults") or []
+    if not isinstance(raw_faults, list):
+        msg = f"{where}: faults must be a list"
+        raise ScenarioError(msg)
+    faults = tuple(
+        _fault(f"{where}: fault {i + 1}", raw, nodes, duration) for i, raw in enumerate(raw_faults)
+    )
+    return Scenario(
+        name=str(data.get("name", where)),
+        duration_s=duration,
+        nodes=nodes,
+        faults=faults,
+        description=str(data.get("description", "")),
+    )
+
+
+def load_scenario(path: Path | None = None) -> Scenario:
+    """Load a scenario file, or the built-in demo scenario when ``path`` is None."""
+    if path is None:
+        text = resources.files("agent.sim").joinpath("builtin/demo.yaml").read_text("utf-8")
+        return parse_scenario(text, "builtin/demo.yaml")
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        msg = f"{path}: cannot read the scenario: {exc.strerror}"
+        raise ScenarioError(msg) from exc
+    return parse_scenario(text, str(path))
+
+
+_APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
+    FaultKind.XID: lambda n, p: n.xid(p["gpu"], p["xid"]),
+    FaultKind.GPU_LOST: lambda n, p: n.xid(p["gpu"], 79),
+    FaultKind.PCI_REMOVE: lambda n, p: n.pci_remove(p["gpu"]),
+    FaultKind.NVLINK_DOWN: lambda n, p: n.nvlink_down(p["gpu"], p["link"]),
+    FaultKind.NVLINK_UP: lambda n, p: n.nvlink_up(p["gpu"], p["link"]),
+    FaultKind.NVLINK_ERRORS: lambda n, p: n.nvlink_errors(
+        p["gpu"],
+        p["link"],
+        replay=p["replay"],
+        recovery=p["recovery"],
+        crc=p["crc"],
+    ),
+    FaultKind.PCIE_REPLAYS: lambda n, p: n.pcie_replays(p["gpu"], p["count"]),
+    FaultKind.PCIE_DOWNGRADE: lambda n, p: n.pcie_downgrade(
+        p["gpu"], gen=p["gen"], width=p["width"]
+    ),
+    FaultKind.ECC_SBE: lambda n, p: n.ecc_errors(p["gpu"], sbe=p["count"]),
+    FaultKind.ECC_DBE: lambda n, p: n.ecc_errors(p["gpu"], dbe=1),
+    FaultKind.REMAP_PENDING: lambda n, p: n.remap(p["gpu"], pending=True),
+    FaultKind.REMAP_FAILURE: lambda n, p: n.remap(p["gpu"], failure=True),
+    FaultKind.THERMAL: lambda n, p: n.thermal(p["gpu"], p["temperature"]),
+    FaultKind.THERMAL_CLEAR: lambda n, p: n.thermal(p["gpu"], None),
+    FaultKind.IB_DOWN: lambda n, p: n.ib_port_down(p["port"]),
+    FaultKind.IB_UP: lambda n, p: n.ib_port_up(p["port"]),
+    FaultKind.IB_SYMBOL_ERRORS: lambda n, p: n.ib_errors(p["port"], symbol_errors=p["count"]),
+    FaultKind.IB_CONGESTION: lambda n, p: n.ib_congestion(p["port"], p["xmit_wait_per_s"]),
+    FaultKind.SLOW_GPU: lambda n, p: n.slow(p["gpu"], p["factor"]),
+}
 
 
 def apply_fault(fault: Fault, node: SimNode) -> None:
-    """Make ``fault`` happen on ``node`` (a crash is the caller's to stage: it stops the agent)."""
-    match fault.kind:
-        case FaultKind.XID:
-            node.xid(fault.gpu, fault.xid)
-        case FaultKind.PCI_REMOVE:
-            node.pci_remove(fault.gpu)
-        case FaultKind.NVLINK_DOWN:
-            node.nvlink_down(fault.gpu, fault.link)
-        case FaultKind.NVLINK_UP:
-            node.nvlink_up(fault.gpu, fault.link)
-        case FaultKind.PCIE_REPLAYS:
-            node.pcie_replays(fault.gpu, fault.count)
-        case FaultKind.IB_PORT_DOWN:
-            node.ib_port_down(fault.port)
-        case FaultKind.IB_PORT_UP:
-            node.ib_port_up(fault.port)
-        case FaultKind.NODE_CRASH:
-            pass
+    """Make ``fault`` happen on ``node``.
 
-
-def demo_scenario(nodes: Sequence[str], duration_s: float) -> list[Fault]:
-    """The demo's faults, spread over ``duration_s`` and over the nodes there are."""
-
-    def at(share: float) -> float:
-        return round(duration_s * share, 1)
-
-    def pick(i: int) -> str:
-        return nodes[i % len(nodes)]
-
-    faults = [
-        Fault(at(0.12), pick(0), FaultKind.XID, gpu=3, xid=79),
-        Fault(at(0.20), pick(1), FaultKind.NVLINK_DOWN, gpu=5, link=7),
-        Fault(at(0.25), pick(1), FaultKind.PCIE_REPLAYS, gpu=5, count=48),
-        Fault(at(0.30), pick(2), FaultKind.IB_PORT_DOWN, port=2),
-        Fault(at(0.36), pick(2), FaultKind.IB_PORT_UP, port=2),
-        Fault(at(0.42), pick(2), FaultKind.IB_PORT_DOWN, port=2),
-        Fault(at(0.48), pick(2), FaultKind.IB_PORT_UP, port=2),
-        Fault(at(0.52), pick(1), FaultKind.XID, gpu=0, xid=13),
-    ]
-    if len(nodes) >= 4:  # noqa: PLR2004 - keep at least three healthy-ish nodes talking
-        faults.append(Fault(at(0.60), nodes[-1], FaultKind.NODE_CRASH))
-    return faults
+    A crash is the caller's to stage (it stops the agent); a flap is expanded by
+    :meth:`Scenario.timeline` into downs and ups.
+    """
+    action = _APPLY.get(fault.kind)
+    if action is None:
+        if fault.kind in (FaultKind.NODE_CRASH, FaultKind.IB_FLAP):
+            return
+        msg = f"no simulator action for {fault.kind}"
+        raise ScenarioError(msg)
+    try:
+        action(node, fault.params)
+    except IndexError as exc:
+        msg = f"{fault.describe()}: no such GPU, link or port on {node.name}"
+        raise ScenarioError(msg) from exc

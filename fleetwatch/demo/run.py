@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from agent.sim.cluster import SimCluster
-from agent.sim.scenario import Fault, demo_scenario
+from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.demo.view import event_line, events_by_kind, fleet_line, node_table
@@ -28,10 +28,11 @@ DRAIN_TIMEOUT_S = 5.0
 class DemoOptions:
     """What ``fleetwatch demo`` was asked for."""
 
-    nodes: int = 4
-    duration: float = 30.0
+    nodes: int | None = None  # None: as many as the scenario names
+    duration: float | None = None  # None: the scenario's own
     http_port: int = 0
     workdir: Path | None = None
+    scenario: Path | None = None  # None: the built-in demo scenario
     poll_interval: float = 0.5
     heartbeat_interval: float = 1.0
 
@@ -47,15 +48,32 @@ class DemoResult:
 
 async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
     """Play the scenario and print as it goes; return what happened."""
-    if opts.nodes < 1 or opts.duration <= 0:
-        msg = "the demo needs at least one node and a positive duration"
-        raise ValueError(msg)
+    scenario = load_scenario(opts.scenario)
+    if opts.duration is not None:
+        if opts.duration <= 0:
+            msg = "the demo needs a positive duration"
+            raise ValueError(msg)
+        scenario = scenario.scaled(opts.duration)
+    names = list(scenario.nodes)
+    if opts.nodes is not None:
+        if opts.nodes < len(names):
+            msg = f"scenario {scenario.name!r} needs {len(names)} nodes or more, not {opts.nodes}"
+            raise ScenarioError(msg)
+        names += [f"node-{i:02d}" for i in range(len(names) + 1, opts.nodes + 1)]
     with tempfile.TemporaryDirectory(prefix="fleetwatch-demo-") as tmp:
         workdir = opts.workdir or Path(tmp)
-        return await _run(opts, workdir, clock, out)
+        return await _run(opts, scenario, names, workdir=workdir, clock=clock, out=out)
 
 
-async def _run(opts: DemoOptions, workdir: Path, clock: Clock, out: TextIO) -> DemoResult:
+async def _run(  # noqa: PLR0913 - the demo's whole set-up
+    opts: DemoOptions,
+    scenario: Scenario,
+    names: list[str],
+    *,
+    workdir: Path,
+    clock: Clock,
+    out: TextIO,
+) -> DemoResult:
     cfg = CollectorConfig(
         listen="127.0.0.1:0",
         http=f"127.0.0.1:{opts.http_port}",
@@ -65,7 +83,6 @@ async def _run(opts: DemoOptions, workdir: Path, clock: Clock, out: TextIO) -> D
     )
     collector = CollectorService(cfg, clock)
     await collector.start()
-    names = [f"node-{i:02d}" for i in range(1, opts.nodes + 1)]
     cluster = SimCluster(
         names,
         workdir / "nodes",
@@ -73,22 +90,24 @@ async def _run(opts: DemoOptions, workdir: Path, clock: Clock, out: TextIO) -> D
         f"127.0.0.1:{collector.grpc_port}",
         poll_interval=opts.poll_interval,
         heartbeat_interval=opts.heartbeat_interval,
+        ib_traffic_bytes_per_s=20e9,  # a training job keeps the fabric busy
     )
     base = f"http://127.0.0.1:{collector.http_port}"
     print(
         f"fleetwatch demo: {len(names)} simulated nodes (8 GPUs, 18 NVLinks each, 8 IB ports), "
-        f"{opts.duration:g} s\n  metrics  {base}/metrics\n  nodes    {base}/api/v1/nodes\n"
+        f"scenario {scenario.name!r}, {scenario.duration_s:g} s\n"
+        f"  metrics  {base}/metrics\n  nodes    {base}/api/v1/nodes\n"
         f"  events   {base}/api/v1/events\n  journal  {cfg.journal}",
         file=out,
     )
-    result = DemoResult(faults=demo_scenario(names, opts.duration))
-    pending = sorted(result.faults, key=lambda f: f.at_s)
+    result = DemoResult(faults=list(scenario.faults))
+    pending = scenario.timeline()
     cluster.start()
     start = clock.monotonic()
     last_status = -STATUS_EVERY_S
     last_id = 0
     try:
-        while (elapsed := clock.monotonic() - start) < opts.duration:
+        while (elapsed := clock.monotonic() - start) < scenario.duration_s:
             while pending and pending[0].at_s <= elapsed:
                 fault = pending.pop(0)
                 print(f"[{elapsed:5.1f}s] inject: {fault.describe()}", file=out)

@@ -48,6 +48,54 @@ def fleet_line(elapsed_s: float, nodes: dict[str, NodeState]) -> str:
     )
 
 
+THERMAL_REASONS = 0x20 | 0x40
+CONGESTED_WAITS_PER_S = 10_000
+
+
+def gpu_problems(node: NodeState) -> list[str]:
+    """What is wrong with the node's GPUs, in words."""
+    problems: list[str] = []
+    for g in sorted(node.gpus.values(), key=lambda g: g.index):
+        name = f"GPU {g.index}"
+        if not g.present:
+            problems.append(f"{name} lost")
+            continue
+        problems += [
+            f"{name} NVLink {link} down" for link, up in sorted(g.nvlink_up.items()) if not up
+        ]
+        if g.pcie_replay_count:
+            problems.append(f"{name} {g.pcie_replay_count} PCIe replays")
+        width, top = g.number("pcie_link_width"), g.number("pcie_link_width_max")
+        if width is not None and top is not None and width < top:
+            problems.append(f"{name} PCIe x{width:g} of x{top:g}")
+        if int(g.number("clock_event_reasons") or 0) & THERMAL_REASONS:
+            problems.append(f"{name} thermal throttling at {g.number('temperature_celsius'):g} C")
+        if g.number("ecc_dbe_volatile_total"):
+            problems.append(f"{name} {g.number('ecc_dbe_volatile_total'):g} DBE")
+        if g.number("remap_failure"):
+            problems.append(f"{name} row remap failed")
+        elif g.number("remap_pending"):
+            problems.append(f"{name} row remap pending")
+    return problems
+
+
+def port_problems(node: NodeState) -> list[str]:
+    """What is wrong with the node's IB ports, in words."""
+    problems: list[str] = []
+    for p in node.ports.values():
+        name = f"{p.device}/{p.port}"
+        if p.state and not p.up:
+            problems.append(f"{name} {p.state}")
+        if p.down_events:
+            problems.append(f"{name} flapped {p.down_events}x")
+        waits = p.number("ib_port_xmit_wait_per_second")
+        if waits is not None and waits >= CONGESTED_WAITS_PER_S:
+            problems.append(f"{name} congested ({waits:,.0f} waits/s)")
+        if p.number("ib_symbol_error"):
+            problems.append(f"{name} {p.number('ib_symbol_error'):g} symbol errors")
+    return problems
+
+
 def node_table(nodes: dict[str, NodeState]) -> list[str]:
     """A row per node: reachability, GPUs, NVLinks, IB ports and problems."""
     lines = [f"  {'node':<9}{'state':<13}{'GPUs':<7}{'NVL down':<10}{'IB up':<7}problems"]
@@ -56,27 +104,7 @@ def node_table(nodes: dict[str, NodeState]) -> list[str]:
         present = sum(g.present for g in node.gpus.values())
         down = sum(g.nvlinks_down for g in node.gpus.values())
         ports_up = sum(p.up for p in node.ports.values())
-        problems = [
-            f"GPU {g.index} lost"
-            for g in sorted(node.gpus.values(), key=lambda g: g.index)
-            if not g.present
-        ]
-        problems += [
-            f"GPU {g.index} NVLink {link} down"
-            for g in node.gpus.values()
-            for link, up in sorted(g.nvlink_up.items())
-            if not up
-        ]
-        problems += [
-            f"GPU {g.index} {g.pcie_replay_count} PCIe replays"
-            for g in sorted(node.gpus.values(), key=lambda g: g.index)
-            if g.pcie_replay_count
-        ]
-        problems += [
-            f"{p.device}/{p.port} flapped {p.down_events}x"
-            for p in node.ports.values()
-            if p.down_events
-        ]
+        problems = gpu_problems(node) + port_problems(node)
         lines.append(
             f"  {node.name:<9}{state:<13}{present}/{len(node.gpus):<5}{down:<10}"
             f"{ports_up}/{len(node.ports):<5}{', '.join(problems) or '-'}",

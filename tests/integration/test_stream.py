@@ -327,7 +327,7 @@ class TestChangesOnly:
         await asyncio.sleep(1.0)  # 20 polls; the collector asked for a heartbeat every 0.5 s
         assert collector.stats.samples == samples
         assert reports + 8 <= collector.stats.reports <= reports + 8 * 4
-        cluster.nodes["node-2"].pcie_replays(4, 3)
+        cluster.nodes["node-2"].nvlink_errors(4, 9, replay=3, recovery=0, crc=0)
         await wait_until(lambda: collector.stats.samples > samples, what="the change")
         await asyncio.sleep(0.3)
         assert collector.stats.samples == samples + 1

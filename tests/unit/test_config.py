@@ -70,3 +70,15 @@ class TestBackoff:
         """A cap below the first delay is a configuration error."""
         with pytest.raises(ValueError, match="initial"):
             Backoff(5, 1)
+
+
+class TestShippedConfigs:
+    def test_example_configs_in_deploy_load(self):
+        """The configs under deploy/ are valid and say what they seem to say."""
+        root = Path(__file__).resolve().parents[2] / "deploy" / "config"
+        agent = load_agent_config(root / "agent.toml", {})
+        assert agent.collector == "collector.example.internal:7070"
+        assert agent.counter_interval == 30.0
+        collector = load_collector_config(root / "collector.toml", {})
+        assert collector.listen == "0.0.0.0:7070"
+        assert collector.missed_heartbeats == 3

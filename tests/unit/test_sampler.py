@@ -142,6 +142,7 @@ class TestSampler:
         (node.sysfs.root / "class/infiniband/mlx5_0/ports/1/state").unlink()
         result = sampler.poll()
         assert sampler.source_errors["sysfs"] == 1
+        assert result.samples[Target.node(), "agent_source_errors_sysfs"] == 1  # reported too
         assert (Target.ib_port("mlx5_0", 1), "ib_state") not in result.samples
         assert result.samples[Target.ib_port("mlx5_1", 1), "ib_state"] == "ACTIVE"
 
@@ -287,3 +288,21 @@ class TestSamplerSysfsAndKernelLog:
         assert replayed
         node.xid(1, 31)
         assert [e.xid for e in make().poll().events] == [31]
+
+
+class TestCounterResets:
+    def test_hca_reset_gives_no_negative_rate(self, sampler: Sampler, node: SimNode):
+        """Counters that go back to zero (HCA reset) start over: no negative or huge rate."""
+        assert isinstance(node.clock, FakeClock)
+        node.ib_ports[0].traffic_bytes_per_s = 1e9
+        for _ in range(2):
+            node.clock.advance(1.0)
+            node.tick(1.0)
+            sampler.poll()
+        node.sysfs.reset_ib_counters("mlx5_0", 1)
+        node.clock.advance(1.0)
+        node.tick(1.0)
+        result = sampler.poll()
+        port = Target.ib_port("mlx5_0", 1)
+        assert 0 <= float(result.samples[port, "ib_port_xmit_bytes_per_second"]) <= 1e9
+        assert sampler._ib.counter_resets > 0

@@ -1,0 +1,204 @@
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.sampler import Sampler
+from agent.sim.hardware import SimNode
+from agent.sim.scenario import (
+    PARAMS,
+    Fault,
+    FaultKind,
+    ScenarioError,
+    apply_fault,
+    load_scenario,
+    parse_scenario,
+)
+from agent.sources.nvml import NvmlSource
+from agent.sources.pci_sysfs import PciSysfsReader
+from agent.sources.sysfs import SysfsReader
+from fleetwatch.model import EventKind, Target
+from fleetwatch.testing import FakeClock
+from rules.xid_catalog import load_catalog
+
+
+class TestScenarioFile:
+    def test_builtin_demo_scenario_loads(self):
+        """The demo's scenario file is valid and names its nodes and faults."""
+        scenario = load_scenario()
+        assert scenario.name == "demo"
+        assert scenario.nodes == ("node-01", "node-02", "node-03", "node-04")
+        assert {f.kind for f in scenario.faults} >= {FaultKind.GPU_LOST, FaultKind.NODE_CRASH}
+
+    def test_flap_expands_into_downs_and_ups(self):
+        """An IB flap becomes alternating downs and ups, in time order."""
+        scenario = parse_scenario(
+            "version: 1\nduration: 10\nnodes: 1\nfaults:\n"
+            "  - {at: 2, node: node-01, fault: ib_flap, port: 3, times: 2, every: 2}\n",
+        )
+        assert [(f.at_s, f.kind) for f in scenario.timeline()] == [
+            (2.0, FaultKind.IB_DOWN),
+            (3.0, FaultKind.IB_UP),
+            (4.0, FaultKind.IB_DOWN),
+            (5.0, FaultKind.IB_UP),
+        ]
+
+    def test_scaling_stretches_the_timeline(self):
+        """A 30 s scenario played in 15 s keeps its order at half the times."""
+        scaled = load_scenario().scaled(15)
+        assert scaled.duration_s == 15
+        assert [f.at_s for f in scaled.faults] == [f.at_s / 2 for f in load_scenario().faults]
+
+    @pytest.mark.parametrize(
+        ("fault", "message"),
+        [
+            ("{at: 1, node: node-01, fault: meteor}", "unknown fault"),
+            ("{at: 1, node: node-09, fault: xid, gpu: 0, xid: 13}", "node 'node-09'"),
+            ("{at: 1, node: node-01, fault: xid, gpu: 0}", r"missing: xid"),
+            ("{at: 1, node: node-01, fault: xid, gpu: 0, xid: 13, pid: 4}", r"unknown: pid"),
+            ("{at: 1, node: node-01, fault: xid, gpu: -1, xid: 13}", "not negative"),
+            ("{at: 1, node: node-01, fault: xid, gpu: 0.5, xid: 13}", "whole number"),
+            ("{at: 99, node: node-01, fault: node_crash}", "after the scenario's duration"),
+            ("{node: node-01, fault: node_crash}", "at must be a number"),
+        ],
+    )
+    def test_bad_fault_names_fault_and_key(self, fault: str, message: str):
+        """Each mistake in a fault is refused with the fault's number and what was wrong."""
+        text = f"version: 1\nduration: 10\nnodes: 2\nfaults:\n  - {fault}\n"
+        with pytest.raises(ScenarioError, match=message) as info:
+            parse_scenario(text, "s.yaml")
+        assert "s.yaml: fault 1" in str(info.value)
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("version: 2", "version: 1"),
+            ("version: 1\nduration: 0\nnodes: 1", "duration must be positive"),
+            ("version: 1\nduration: 5\nnodes: zero", "nodes must be"),
+            ("version: 1\nduration: 5\nnodes: 1\nfaults: {a: 1}", "faults must be a list"),
+            (": : :", "not valid YAML"),
+        ],
+    )
+    def test_bad_file_is_refused(self, text: str, message: str):
+        """A broken scenario file says what is wrong with it."""
+        with pytest.raises(ScenarioError, match=message):
+            parse_scenario(text)
+
+    def test_missing_file(self, tmp_path: Path):
+        """A scenario path that does not exist is a clear error."""
+        with pytest.raises(ScenarioError, match="cannot read"):
+            load_scenario(tmp_path / "nope.yaml")
+
+
+def example_params(kind: FaultKind) -> dict[str, Any]:
+    values = {
+        "gpu": 2,
+        "link": 5,
+        "port": 1,
+        "xid": 31,
+        "count": 40,
+        "replay": 4,
+        "recovery": 1,
+        "crc": 9,
+        "gen": 4,
+        "width": 8,
+        "temperature": 93,
+        "times": 1,
+        "every": 2.0,
+        "xmit_wait_per_s": 5000.0,
+        "factor": 1.3,
+    }
+    return {key: values[key] for key in PARAMS[kind]}
+
+
+# What the agent must report, exactly once, for each fault on GPU 2 / link 5 / port mlx5_1.
+EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
+    FaultKind.XID: [(EventKind.XID, 31)],
+    FaultKind.GPU_LOST: [(EventKind.GPU_LOST, 79)],
+    FaultKind.PCI_REMOVE: [(EventKind.GPU_LOST, 0)],
+    FaultKind.NVLINK_DOWN: [(EventKind.NVLINK_DOWN, 0)],
+    FaultKind.NVLINK_UP: [],  # the link was up already
+    FaultKind.NVLINK_ERRORS: [],
+    FaultKind.PCIE_REPLAYS: [(EventKind.PCIE_AER, 0)],
+    FaultKind.PCIE_DOWNGRADE: [],
+    FaultKind.ECC_SBE: [],
+    FaultKind.ECC_DBE: [(EventKind.XID, 48), (EventKind.XID, 63)],
+    FaultKind.REMAP_PENDING: [(EventKind.XID, 63)],
+    FaultKind.REMAP_FAILURE: [(EventKind.XID, 64)],
+    FaultKind.THERMAL: [],
+    FaultKind.THERMAL_CLEAR: [],
+    FaultKind.IB_DOWN: [(EventKind.IB_PORT_DOWN, 0)],
+    FaultKind.IB_UP: [],  # the port was up already
+    FaultKind.IB_FLAP: [(EventKind.IB_PORT_DOWN, 0), (EventKind.IB_PORT_UP, 0)],
+    FaultKind.IB_SYMBOL_ERRORS: [],
+    FaultKind.IB_CONGESTION: [],
+    FaultKind.SLOW_GPU: [],
+}
+
+# The sample each fault must move (GPU 2, its link 5, or port mlx5_1), and to what.
+EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
+    FaultKind.NVLINK_ERRORS: ("link", "nvlink_crc_errors", 9),
+    FaultKind.PCIE_REPLAYS: ("gpu", "aer_correctable_total", 40),
+    FaultKind.PCIE_DOWNGRADE: ("gpu", "pcie_sysfs_link_width", 8),
+    FaultKind.ECC_SBE: ("gpu", "ecc_sbe_volatile_total", 40),
+    FaultKind.ECC_DBE: ("gpu", "remap_pending", 1),
+    FaultKind.THERMAL: ("gpu", "temperature_celsius", 93),
+    FaultKind.IB_SYMBOL_ERRORS: ("port", "ib_symbol_error", 40),
+    FaultKind.IB_CONGESTION: ("port", "ib_port_xmit_wait_per_second", 5000.0),
+    FaultKind.GPU_LOST: ("gpu", "gpu_present", 0),
+}
+
+
+class TestEachFaultKind:
+    def test_every_kind_has_an_expectation(self):
+        """No fault kind is left untested (a crash is the collector's to see)."""
+        assert set(EXPECTED) | {FaultKind.NODE_CRASH} == set(FaultKind)
+
+    @pytest.mark.parametrize("kind", sorted(EXPECTED))
+    def test_fault_shows_up_as_the_right_events_exactly_once(self, kind, tmp_path: Path):
+        """The fault's events appear once, in order, and its evidence is in the samples."""
+        clock = FakeClock()
+        node = SimNode("node-01", tmp_path / "sys", clock)
+        sampler = Sampler(
+            nvml=NvmlSource(node.nvml),
+            sysfs=SysfsReader(node.sysfs.root),
+            pci=PciSysfsReader(node.sysfs.root),
+            kmsg=node.kmsg,
+            udev=node.udev,
+            catalog=load_catalog(),
+            clock=clock,
+            counter_interval_s=1.0,
+        )
+        sampler.discover()
+        sampler.poll()
+        scenario_fault = Fault(0.0, "node-01", kind, example_params(kind))
+        events = []
+        samples = {}
+        for step in [scenario_fault] if kind != FaultKind.IB_FLAP else _flap(scenario_fault):
+            apply_fault(step, node)
+            clock.advance(2.0)
+            node.tick(2.0)
+            result = sampler.poll()
+            events += result.events
+            samples.update(result.samples)
+        for _ in range(3):  # nothing more may come of it
+            clock.advance(2.0)
+            node.tick(2.0)
+            events += sampler.poll().events
+        assert [(e.kind, e.xid) for e in events] == EXPECTED[kind]
+        if kind in EVIDENCE:
+            where, signal, value = EVIDENCE[kind]
+            target = {
+                "gpu": Target.gpu(node.gpus[2].uuid),
+                "link": Target.nvlink(node.gpus[2].uuid, 5),
+                "port": Target.ib_port("mlx5_1", 1),
+            }[where]
+            assert samples[target, signal] == pytest.approx(value)
+        if kind == FaultKind.SLOW_GPU:
+            assert node.gpus[2].slowdown == pytest.approx(1.3)
+
+
+def _flap(fault: Fault) -> list[Fault]:
+    from agent.sim.scenario import Scenario  # noqa: PLC0415
+
+    return Scenario("flap", 10.0, ("node-01",), (fault,)).timeline()
