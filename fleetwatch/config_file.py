@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,3 +70,23 @@ def check_number(  # noqa: PLR0913 - the bounds are what the caller states
         bound = ">=" if inclusive else ">"
         msg = f"config: {key} must be {what} {bound} {minimum:g}, got {value!r}"
         raise error(msg)
+
+
+def read_data_file(
+    path: Path | None,
+    builtin: tuple[str, str],
+    what: str,
+    error: type[Exception],
+) -> tuple[str, str]:
+    """Return (text, where) of a user's data file, or of the built-in one when ``path`` is None.
+
+    ``builtin`` is (package, resource path); an unreadable user file raises ``error`` saying so.
+    """
+    if path is None:
+        package, resource = builtin
+        return resources.files(package).joinpath(resource).read_text("utf-8"), resource
+    try:
+        return path.read_text("utf-8"), str(path)
+    except OSError as exc:
+        msg = f"{path}: cannot read the {what}: {exc.strerror}"
+        raise error(msg) from exc

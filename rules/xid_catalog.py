@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Final
 
 import yaml
 
+from fleetwatch.config_file import read_data_file
 from rules.exceptions import CatalogError
 
 if TYPE_CHECKING:
@@ -103,12 +103,6 @@ def parse_catalog(text: str, where: str = "<xid catalog>") -> XidCatalog:
 
 def load_catalog(path: Path | None = None) -> XidCatalog:
     """Load the catalog from ``path``, or the built-in one when ``path`` is None."""
-    if path is None:
-        text = resources.files("rules").joinpath("builtin/xid_catalog.yaml").read_text("utf-8")
-        return parse_catalog(text, "builtin/xid_catalog.yaml")
-    try:
-        text = path.read_text("utf-8")
-    except OSError as exc:
-        msg = f"{path}: cannot read the Xid catalog: {exc.strerror}"
-        raise CatalogError(msg) from exc
-    return parse_catalog(text, str(path))
+    builtin = ("rules", "builtin/xid_catalog.yaml")
+    text, where = read_data_file(path, builtin, "Xid catalog", CatalogError)
+    return parse_catalog(text, where)

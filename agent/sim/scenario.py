@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
 import yaml
+
+from fleetwatch.config_file import read_data_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -236,15 +237,10 @@ def parse_scenario(text: str, where: str = "<scenario>") -> Scenario:
 
 def load_scenario(path: Path | None = None) -> Scenario:
     """Load a scenario file, or the built-in demo scenario when ``path`` is None."""
-    if path is None:
-        text = resources.files("agent.sim").joinpath("builtin/demo.yaml").read_text("utf-8")
-        return parse_scenario(text, "builtin/demo.yaml")
-    try:
-        text = path.read_text("utf-8")
-    except OSError as exc:
-        msg = f"{path}: cannot read the scenario: {exc.strerror}"
-        raise ScenarioError(msg) from exc
-    return parse_scenario(text, str(path))
+    text, where = read_data_file(
+        path, ("agent.sim", "builtin/demo.yaml"), "scenario", ScenarioError
+    )
+    return parse_scenario(text, where)
 
 
 _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
