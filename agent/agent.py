@@ -18,8 +18,9 @@ from fleetwatch.wire.validate import Inventory, WireError, validate_event, valid
 
 if TYPE_CHECKING:
     from agent.backoff import Backoff
+    from agent.changes import LiveSamples
     from agent.intervals import Intervals
-    from agent.link import CollectorLink, LiveSamples
+    from agent.link import CollectorLink
     from agent.outbox import Outbox
     from agent.sampler import NodeInventory, PendingEvent, Sampler
     from fleetwatch.clock import Clock

@@ -1,30 +1,54 @@
-"""Change detection: send a sample only when its value differs from what this stream last sent."""
+"""The newest value of every sample, and which of them changed since the sender last looked.
+
+The poll loop writes; the link's sender reads. A new stream starts with everything (the
+collector must get a full picture after every reconnect); after that only the samples whose
+value changed travel, so a quiet node costs heartbeats only.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from fleetwatch.model import SampleKey, SampleValue
 
+_ABSENT: Final = object()
 
-class ChangeDetector:
-    """Remembers what was sent on one stream; a new stream starts with a new detector."""
 
-    __slots__ = ("_sent",)
+class LiveSamples:
+    """Latest values plus the set of keys changed since the last :meth:`take_changes`."""
+
+    __slots__ = ("_dirty", "changed", "values")
 
     def __init__(self) -> None:
-        """Nothing has been sent yet, so the first diff is the full snapshot."""
-        self._sent: dict[SampleKey, SampleValue] = {}
+        """Start empty; ``changed`` is set whenever an update changed something."""
+        self.values: dict[SampleKey, SampleValue] = {}
+        self._dirty: set[SampleKey] = set()
+        self.changed = asyncio.Event()
 
-    def diff(
-        self,
-        snapshot: Mapping[SampleKey, SampleValue],
-    ) -> list[tuple[SampleKey, SampleValue]]:
-        """Return the samples whose value changed (or is new), and remember them as sent."""
-        changed = [(key, value) for key, value in snapshot.items() if self._sent.get(key) != value]
-        for key, value in changed:
-            self._sent[key] = value
-        return changed
+    def update(self, samples: Mapping[SampleKey, SampleValue]) -> int:
+        """Merge a poll's samples; return how many changed (and wake the sender if any did)."""
+        values, dirty = self.values, self._dirty
+        before = len(dirty)
+        for key, value in samples.items():
+            if values.get(key, _ABSENT) != value:
+                values[key] = value
+                dirty.add(key)
+        if dirty:
+            self.changed.set()
+        return len(dirty) - before
+
+    def take_all(self) -> list[tuple[SampleKey, SampleValue]]:
+        """Every sample (for a new stream); nothing is pending afterwards."""
+        self._dirty.clear()
+        return list(self.values.items())
+
+    def take_changes(self) -> list[tuple[SampleKey, SampleValue]]:
+        """The samples changed since the last take, with their newest values."""
+        values = self.values
+        changes = [(key, values[key]) for key in self._dirty]
+        self._dirty.clear()
+        return changes

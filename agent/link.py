@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 import structlog
 
-from agent.changes import ChangeDetector
 from fleetwatch.clock import unix_ms
-from fleetwatch.model import SampleKey, SampleValue, sample_to_pb
+from fleetwatch.model import sample_to_pb
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -28,6 +26,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from agent.backoff import Backoff
+    from agent.changes import LiveSamples
     from agent.intervals import Intervals
     from agent.outbox import Outbox
     from fleetwatch.clock import Clock
@@ -44,19 +43,6 @@ WELCOME_TIMEOUT_S = 30.0
 
 class ProtocolError(Exception):
     """The collector broke the contract (e.g. no Welcome after Hello)."""
-
-
-@dataclass(slots=True)
-class LiveSamples:
-    """The newest value of every sample, written by the poll loop and read by the sender."""
-
-    values: dict[SampleKey, SampleValue] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def update(self, samples: dict[SampleKey, SampleValue]) -> None:
-        """Merge a poll's samples and wake the sender."""
-        self.values.update(samples)
-        self.changed.set()
 
 
 class CollectorLink:
@@ -181,7 +167,6 @@ class CollectorLink:
             await call.write(msg)
 
     async def _send_loop(self, call: Call, lock: asyncio.Lock) -> None:
-        detector = ChangeDetector()
         sent_seq = self._outbox.acked_seq
         last_write = self._clock.monotonic()
         first_report = True
@@ -191,7 +176,9 @@ class CollectorLink:
                 await self._write(call, lock, pb.AgentMessage(event=event))
                 sent_seq = event.seq
                 last_write = self._clock.monotonic()
-            changes = detector.diff(self._live.values)
+            # A new stream starts with every value; a failed write ends the stream, and the
+            # next one starts with every value again, so nothing taken here is lost.
+            changes = self._live.take_all() if first_report else self._live.take_changes()
             due = self._clock.monotonic() - last_write >= self.intervals.heartbeat
             if changes or due or first_report:
                 report = pb.Report(

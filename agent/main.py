@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -9,9 +11,10 @@ import structlog
 
 from agent.agent import Agent, build_hello
 from agent.backoff import Backoff
+from agent.changes import LiveSamples
 from agent.exceptions import SourceError
 from agent.intervals import Intervals
-from agent.link import CollectorLink, LiveSamples
+from agent.link import CollectorLink
 from agent.outbox import Outbox
 from agent.sampler import Sampler
 from agent.sources.kmsg import DevKmsgReader
@@ -20,6 +23,7 @@ from agent.sources.nvml import NvmlSource, load_pynvml
 from agent.sources.nvml_events import NvmlEventWatcher
 from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sysfs import SysfsReader
+from agent.sources.sysfs_io import FdBudget
 from agent.sources.udev import PyudevSource
 from rules.xid_catalog import load_catalog
 
@@ -93,17 +97,32 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
     )
 
 
+def fd_budget_for_process(share: float = 0.25) -> FdBudget:
+    """Raise the soft descriptor limit to the hard one; let kept sysfs files use ``share``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return FdBudget(int(min(soft, 65_536) * share))
+
+
 def build_agent(
     cfg: AgentConfig,
     hardware: Hardware,
     clock: Clock,
     credentials: grpc.ChannelCredentials | None = None,
+    fd_budget: FdBudget | None = None,
 ) -> Agent:
-    """Assemble an agent from its configuration and hardware."""
+    """Assemble an agent from its configuration and hardware.
+
+    ``fd_budget`` bounds the sysfs files kept open between reads; agents of one process should
+    share one (None keeps none open).
+    """
     sampler = Sampler(
         nvml=NvmlSource(hardware.nvml),
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
-        sysfs=SysfsReader(hardware.sysfs_root),
+        sysfs=SysfsReader(hardware.sysfs_root, fd_budget),
         pci=PciSysfsReader(hardware.sysfs_root),
         kmsg=hardware.kmsg,
         kmsg_cursor=hardware.kmsg_cursor,

@@ -121,9 +121,10 @@ class Sampler:
         return self.inventory
 
     def close(self) -> None:
-        """Stop the NVML event thread, if one runs."""
+        """Stop the NVML event thread, if one runs, and close kept sysfs files."""
         if self._nvml_events is not None:
             self._nvml_events.stop()
+        self._sysfs.close()
 
     def poll(self) -> PollResult:
         """Read every source once."""

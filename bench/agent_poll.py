@@ -35,9 +35,8 @@ from typing import Any
 
 import psutil
 
-from agent.changes import ChangeDetector
 from agent.config import AgentConfig
-from agent.main import Hardware, build_agent
+from agent.main import Hardware, build_agent, fd_budget_for_process
 from agent.poll_ib import IbPoller
 from agent.sim.hardware import SimNode
 from agent.sim.sysfs_tree import SimSysfsTree
@@ -80,11 +79,10 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
         boot_id=node.boot_id,
     )
     defaults = AgentConfig(node="bench-node", state_dir=None)
-    agent = build_agent(defaults, hardware, clock)
+    agent = build_agent(defaults, hardware, clock, fd_budget=fd_budget_for_process())
     await agent.start()
     tree = SimSysfsTree(sysfs_root)
     rng = random.Random(7)
-    detector = ChangeDetector()
     sent: list[int] = []
 
     def cycle() -> float:
@@ -92,7 +90,7 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
         move_hardware(node, tree, rng)  # not measured
         began = time.process_time()
         agent.poll_once()
-        changes = detector.diff(agent.live.values)
+        changes = agent.live.take_changes()
         report = pb.Report(
             time_unix_ms=unix_ms(clock),
             samples=[sample_to_pb(k[0], k[1], v) for k, v in changes],
@@ -134,7 +132,7 @@ def ib_polls(workdir: Path, polls: int, rounds: int) -> float:
     """CPU to read all 8 IB ports (state and every counter) through the real sysfs source."""
     sysfs_root = workdir / "sys-ib"
     shutil.copytree(FIXTURE, sysfs_root, symlinks=True)
-    reader = SysfsReader(sysfs_root)
+    reader = SysfsReader(sysfs_root, fd_budget_for_process())
     ports = tuple(reader.ib_ports())
     poller = IbPoller(reader, SystemClock())
     from collections import Counter

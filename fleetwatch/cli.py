@@ -94,7 +94,7 @@ async def _until_signal(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 def _run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config  # noqa: PLC0415 - keep start-up lean per command
-    from agent.main import build_agent, real_hardware  # noqa: PLC0415
+    from agent.main import build_agent, fd_budget_for_process, real_hardware  # noqa: PLC0415
 
     overrides = {
         k: getattr(args, k)
@@ -121,7 +121,7 @@ def _run_agent(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, state_dir=Path(tmp) / "state")
         else:
             hardware = real_hardware(cfg)
-        agent = build_agent(cfg, hardware, clock)
+        agent = build_agent(cfg, hardware, clock, fd_budget=fd_budget_for_process())
         asyncio.run(_until_signal(agent.run))
     return 0
 

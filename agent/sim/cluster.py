@@ -10,6 +10,7 @@ from agent.config import AgentConfig
 from agent.main import Hardware, build_agent
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import Fault, FaultKind, apply_fault
+from agent.sources.sysfs_io import FdBudget
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -53,6 +54,8 @@ class SimCluster:
         self._clock = clock
         self._tick_s = poll_interval
         self._ticker: asyncio.Task[None] | None = None
+        # The agents share one process here: a small shared budget of kept-open sysfs files.
+        self.fds = FdBudget(256)
         for name in names:
             node = SimNode(name, root / name / "sys", clock)
             for port in node.ib_ports:
@@ -68,7 +71,7 @@ class SimCluster:
                 state_dir=None,
             )
             self.nodes[name] = node
-            self.agents[name] = build_agent(cfg, sim_hardware(node), clock)
+            self.agents[name] = build_agent(cfg, sim_hardware(node), clock, fd_budget=self.fds)
 
     def start(self) -> None:
         """Start every agent, and the clock that moves the simulated hardware's counters."""

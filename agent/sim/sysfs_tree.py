@@ -64,10 +64,12 @@ class SimSysfsTree:
 
     @staticmethod
     def _write(path: Path, text: str) -> None:
-        """Replace a file atomically so a concurrent reader never sees half a value."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text + "\n", "ascii")
-        tmp.replace(path)
+        """Rewrite a file in place, like a sysfs attribute whose value changed.
+
+        In place, not by rename: readers keep counter files open and re-read them from offset 0,
+        as they do on a real node, and must see the new value through the same descriptor.
+        """
+        path.write_text(text + "\n", "ascii")
 
     def _port(self, device: str, port: int) -> Path:
         return self.root / "class" / "infiniband" / device / "ports" / str(port)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from agent.exceptions import GpuLostError, NvmlError
 from agent.pci import normalize_bus_id
@@ -68,9 +68,11 @@ class GpuIdentity:
     max_pcie_width: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class NvlinkReading:
-    """One NVLink. ``None`` marks what this GPU does not report."""
+class NvlinkReading(NamedTuple):
+    """One NVLink. ``None`` marks what this GPU does not report.
+
+    A NamedTuple so that a GPU's 18 links compare with the last poll's in C.
+    """
 
     up: bool | None
     replay_errors: int | None = None

@@ -25,10 +25,10 @@ from agent.probes.counters import (
     IB_DATA_COUNTERS,
     IB_DATA_OCTETS_PER_UNIT,
 )
-from agent.sources.sysfs_io import list_dir, parse_uint, read_files, read_text
+from agent.sources.sysfs_io import FdBudget, OpenFiles, list_dir, parse_uint, read_text
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
 
 __all__ = [
     "IB_BASE_COUNTERS",
@@ -54,6 +54,7 @@ IB_EXTENDED_ONLY_COUNTERS = (
     "multicast_rcv_packets",
 )
 IB_BASE_COUNTERS = tuple(n for n in IB_COUNTER_WIDTH_BITS if n not in IB_EXTENDED_ONLY_COUNTERS)
+_BASE_SET = frozenset(IB_BASE_COUNTERS)
 # Files in hw_counters/ that are settings, not counters.
 _HW_NOT_COUNTERS = frozenset({"lifespan"})
 
@@ -112,13 +113,24 @@ def strip_enum(text: str) -> str:
 class SysfsReader:
     """Reads InfiniBand port files below ``root`` (``/sys`` on a real node)."""
 
-    __slots__ = ("_ib", "_listings", "root")
+    __slots__ = ("_budget", "_files", "_ib", "root")
 
-    def __init__(self, root: Path = Path("/sys")) -> None:
-        """Resolve nothing yet; a missing tree simply means no IB ports."""
+    def __init__(self, root: Path = Path("/sys"), fd_budget: FdBudget | None = None) -> None:
+        """Resolve nothing yet; a missing tree simply means no IB ports.
+
+        Counter files are kept open between reads, as many as ``fd_budget`` allows (share one
+        budget between all readers of a process; the default keeps none open).
+        """
         self.root = root
         self._ib = root / "class" / "infiniband"
-        self._listings: dict[str, tuple[str, ...]] = {}
+        self._files: dict[str, OpenFiles] = {}
+        self._budget = fd_budget if fd_budget is not None else FdBudget(0)
+
+    def close(self) -> None:
+        """Close the counter files kept open."""
+        for kept in self._files.values():
+            kept.close()
+        self._files.clear()
 
     def _read(self, path: Path | str) -> str:
         try:
@@ -183,14 +195,24 @@ class SysfsReader:
         ``unreadable``; a port that does not exist raises :class:`SourceError`.
         """
         base = f"{self._ib}/{device}/ports/{port}"
-        if not os.path.isdir(base):  # noqa: PTH112 - a string path on the hot path
+        if f"{base}/counters" not in self._files and not os.path.isdir(base):  # noqa: PTH112
             msg = f"cannot read {base}: no such port"
             raise SourceError("sysfs", msg)
-        counters, bad = _read_counters(f"{base}/counters", IB_BASE_COUNTERS, self._listings)
+        counters, bad = _read_counters(
+            f"{base}/counters",
+            _BASE_SET,
+            self._files,
+            self._budget,
+        )
         for raw, name in IB_DATA_COUNTERS.items():
             if raw in counters:
                 counters[name] = counters.pop(raw) * IB_DATA_OCTETS_PER_UNIT
-        hw_counters, hw_bad = _read_counters(f"{base}/hw_counters", (), self._listings)
+        hw_counters, hw_bad = _read_counters(
+            f"{base}/hw_counters",
+            frozenset(),
+            self._files,
+            self._budget,
+        )
         unreadable = tuple(bad) + tuple(f"hw_counters/{name}" for name in hw_bad)
         if unreadable:
             log.debug("ib_counters_skipped", device=device, port=port, counters=unreadable)
@@ -199,19 +221,20 @@ class SysfsReader:
 
 def _read_counters(
     directory: str,
-    expected: Iterable[str],
-    listings: dict[str, tuple[str, ...]],
+    expected: frozenset[str],
+    files: dict[str, OpenFiles],
+    budget: FdBudget,
 ) -> tuple[dict[str, int], list[str]]:
     """Read every counter file of ``directory`` plus the ``expected`` names, sorted by name.
 
-    The directory's listing is remembered in ``listings`` and read again only after a file of
-    it went missing (a driver reload can change the set).
+    The directory's files are listed once and kept open (see :class:`OpenFiles`); after a file
+    went missing (a driver reload can change the set) the directory is listed again.
     """
-    names = listings.get(directory)
-    if names is None:
-        names = tuple(sorted((set(list_dir(directory)) | set(expected)) - _HW_NOT_COUNTERS))
-        listings[directory] = names
-    batch = read_files(directory, names)
+    kept = files.get(directory)
+    if kept is None:
+        names = tuple(sorted((set(list_dir(directory)) | expected) - _HW_NOT_COUNTERS))
+        kept = files[directory] = OpenFiles(directory, names, budget)
+    batch = kept.read()
     values: dict[str, int] = {}
     bad = batch.failed
     for name, raw in batch.data.items():
@@ -220,8 +243,8 @@ def _read_counters(
             bad.append(name)
         else:
             values[name] = value
-    expected_set = set(expected)
-    bad += [name for name in batch.missing if name in expected_set]
     if batch.missing:
-        del listings[directory]
+        bad += [name for name in batch.missing if name in expected]
+        kept.close()
+        del files[directory]
     return values, sorted(bad)

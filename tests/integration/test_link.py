@@ -7,8 +7,9 @@ import grpc
 import pytest
 
 from agent.backoff import Backoff
+from agent.changes import LiveSamples
 from agent.intervals import Intervals
-from agent.link import CollectorLink, LiveSamples
+from agent.link import CollectorLink
 from agent.outbox import Outbox
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until

@@ -1,35 +1,45 @@
-from agent.changes import ChangeDetector
+from agent.changes import LiveSamples
 from fleetwatch.model import Target
 
 GPU = Target.gpu("GPU-00000000-0000")
 LINK = Target.nvlink("GPU-00000000-0000", 3)
 
 
-class TestChangeDetector:
-    def test_first_diff_is_the_full_snapshot(self):
-        """A new stream starts by sending every current value."""
+class TestLiveSamples:
+    def test_a_new_stream_gets_the_full_snapshot(self):
+        """take_all hands out every value, however long ago it changed."""
+        live = LiveSamples()
         snap = {(GPU, "pcie_replay_count"): 0, (LINK, "nvlink_up"): 1}
-        assert sorted(ChangeDetector().diff(snap), key=str) == sorted(snap.items(), key=str)
+        live.update(snap)
+        live.take_changes()
+        assert sorted(live.take_all(), key=str) == sorted(snap.items(), key=str)
 
     def test_unchanged_values_are_not_sent_again(self):
         """Counters that do not move cost nothing on the wire."""
-        det = ChangeDetector()
+        live = LiveSamples()
         snap = {(GPU, "pcie_replay_count"): 5, (LINK, "nvlink_up"): 1}
-        det.diff(snap)
-        assert det.diff(dict(snap)) == []
+        live.update(snap)
+        live.take_all()
+        assert live.update(dict(snap)) == 0
+        assert live.take_changes() == []
 
     def test_only_changed_values_are_sent(self):
-        """A value that moved is sent alone."""
-        det = ChangeDetector()
-        det.diff({(GPU, "pcie_replay_count"): 5, (LINK, "nvlink_up"): 1})
-        assert det.diff({(GPU, "pcie_replay_count"): 5, (LINK, "nvlink_up"): 0}) == [
-            ((LINK, "nvlink_up"), 0),
-        ]
+        """A value that moved is sent alone, with its newest value."""
+        live = LiveSamples()
+        live.update({(GPU, "pcie_replay_count"): 5, (LINK, "nvlink_up"): 1})
+        live.take_all()
+        live.update({(GPU, "pcie_replay_count"): 5, (LINK, "nvlink_up"): 0})
+        live.update({(LINK, "nvlink_up"): 1})  # flapped back before the sender looked
+        assert live.take_changes() == [((LINK, "nvlink_up"), 1)]
 
-    def test_new_keys_are_sent(self):
-        """A signal seen for the first time is a change."""
-        det = ChangeDetector()
-        det.diff({(GPU, "pcie_replay_count"): 5})
-        assert det.diff({(GPU, "pcie_replay_count"): 5, (GPU, "gpu_present"): 1}) == [
-            ((GPU, "gpu_present"), 1),
-        ]
+    def test_new_keys_are_changes_and_wake_the_sender(self):
+        """A signal seen for the first time is a change, and sets the event."""
+        live = LiveSamples()
+        live.update({(GPU, "pcie_replay_count"): 5})
+        live.take_all()
+        live.changed.clear()
+        live.update({(GPU, "pcie_replay_count"): 5})
+        assert not live.changed.is_set()
+        live.update({(GPU, "gpu_present"): 1})
+        assert live.changed.is_set()
+        assert live.take_changes() == [((GPU, "gpu_present"), 1)]
