@@ -1,0 +1,179 @@
+"""Rule conditions in CEL (the language Kubernetes uses), compiled once, evaluated per target.
+
+Variables a condition sees (maps; a signal a target did not report is absent, so guard with
+``has()`` where it matters):
+
+``node``   name, reachable, connected, gpus, gpus_lost, nvlinks_down, ib_ports, ib_ports_down,
+           signals (the node's own, e.g. ``agent_outbox_pending``)
+``gpu``    index, uuid, model, pci_bus_id, present, nvlink_count, nvlinks_down, signals
+``link``   index, up, signals                      (nvlink rules)
+``port``   device, port, state, phys_state, up, rate, signals     (ib_port rules)
+``fleet``  nodes, nodes_reachable, gpus, ib_ports, ib_ports_up
+
+Functions, about the target being evaluated (windows are durations such as ``"10m"``):
+
+``events(kind, window)``          how many events of ``kind`` it had
+``xids(window)``                  its Xids: a list of {xid, class, action, fatal}
+``increase(signal, window)``      how much a counter grew (resets handled)
+``rate(signal, window)``          that growth per second
+``share_of_ports(signal, above)`` share of the fleet's IB ports whose signal is above a value
+
+Conditions are type-checked against these at load time; nothing is ever ``eval``'d in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from cel_expr_python import cel
+
+from rules.durations import parse_duration
+from rules.model import Scope
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
+    Scope.NODE: ("node", "fleet"),
+    Scope.GPU: ("node", "gpu", "fleet"),
+    Scope.NVLINK: ("node", "gpu", "link", "fleet"),
+    Scope.IB_PORT: ("node", "port", "fleet"),
+    Scope.FLEET: ("fleet",),
+}
+_SIGNAL_REFS: Final = (
+    re.compile(r"signals\.([A-Za-z_][A-Za-z0-9_]*)"),
+    re.compile(r"""signals\[\s*["']([^"']+)["']\s*\]"""),
+    re.compile(r"""(?:rate|increase|share_of_ports)\(\s*["']([^"']+)["']"""),
+)
+
+
+class TargetContext(Protocol):
+    """What the window functions ask of the target under evaluation."""
+
+    def events(self, kind: str, window_s: float) -> int:
+        """Events of ``kind`` in the last ``window_s`` seconds."""
+        ...
+
+    def xids(self, window_s: float) -> list[dict[str, Any]]:
+        """Xids in the last ``window_s`` seconds, with their catalog entries."""
+        ...
+
+    def increase(self, signal: str, window_s: float) -> float:
+        """How much a counter signal grew in the last ``window_s`` seconds (0 without data)."""
+        ...
+
+    def share_of_ports(self, signal: str, above: float) -> float:
+        """Share (0-1) of the fleet's IB ports whose ``signal`` is above ``above``."""
+        ...
+
+
+class ConditionError(ValueError):
+    """A condition does not compile; the message is CEL's, with a caret under the problem."""
+
+
+def signal_references(condition: str) -> set[str]:
+    """The signal names a condition mentions (for checking them against the catalog)."""
+    return {m for pattern in _SIGNAL_REFS for m in pattern.findall(condition)}
+
+
+class RuleEnvironment:
+    """One CEL environment per scope; the window functions ask the context set for a call."""
+
+    def __init__(self) -> None:
+        """Build the environments (the functions close over this object's current context)."""
+        self._context: TargetContext | None = None
+        self._windows: dict[str, float] = {}
+        functions = self._functions()
+        self._envs = {
+            scope: cel.NewEnv(
+                variables=dict.fromkeys(names, cel.Type.DYN),
+                functions=functions,
+            )
+            for scope, names in SCOPE_VARIABLES.items()
+        }
+
+    def _window(self, text: str) -> float:
+        seconds = self._windows.get(text)
+        if seconds is None:
+            seconds = self._windows[text] = parse_duration(text)
+        return seconds
+
+    def _ctx(self) -> TargetContext:
+        if self._context is None:
+            msg = "a window function was called outside an evaluation"
+            raise RuntimeError(msg)
+        return self._context
+
+    def _functions(self) -> list[cel.FunctionDecl]:
+        def decl(
+            name: str,
+            params: list[cel.Type],
+            returns: cel.Type,
+            impl: Callable[..., Any],
+        ) -> cel.FunctionDecl:
+            overload = cel.Overload(
+                f"fleetwatch_{name}",
+                return_type=returns,
+                parameters=params,
+                impl=impl,
+            )
+            return cel.FunctionDecl(name, [overload])
+
+        def increase(signal: str, window: str) -> float:
+            return float(self._ctx().increase(signal, self._window(window)))
+
+        def rate(signal: str, window: str) -> float:
+            seconds = self._window(window)
+            return float(self._ctx().increase(signal, seconds)) / seconds if seconds else 0.0
+
+        s, d = cel.Type.STRING, cel.Type.DOUBLE
+        return [
+            decl(
+                "events", [s, s], cel.Type.INT, lambda k, w: self._ctx().events(k, self._window(w))
+            ),
+            decl("xids", [s], cel.Type.DYN, lambda w: self._ctx().xids(self._window(w))),
+            decl("increase", [s, s], d, increase),
+            decl("rate", [s, s], d, rate),
+            decl(
+                "share_of_ports",
+                [s, d],
+                d,
+                lambda sig, above: self._ctx().share_of_ports(sig, above),
+            ),
+        ]
+
+    def compile(self, scope: Scope, condition: str) -> cel.Expression:
+        """Compile and type-check a condition; ConditionError says what is wrong."""
+        durations = re.findall(
+            r"""(?:events|increase|rate)\(\s*["'][^"']*["']\s*,\s*["']([^"']*)["']""",
+            condition,
+        )
+        durations += re.findall(r"""xids\(\s*["']([^"']*)["']""", condition)
+        for text in durations:
+            try:
+                self._window(text)
+            except ValueError as exc:
+                raise ConditionError(str(exc)) from exc
+        try:
+            return self._envs[scope].compile(condition)
+        except RuntimeError as exc:
+            raise ConditionError(str(exc).removeprefix("INVALID_ARGUMENT: ")) from exc
+
+    def evaluate(
+        self,
+        expression: cel.Expression,
+        data: dict[str, Any],
+        context: TargetContext,
+    ) -> tuple[bool, str | None]:
+        """Run a compiled condition: (result, None), or (False, why) when it errored."""
+        self._context = context
+        try:
+            value = expression.eval(data=data).value()
+        except RuntimeError as exc:  # the runtime refuses, e.g. a function raised
+            return False, str(exc)
+        finally:
+            self._context = None
+        if isinstance(value, bool):
+            return value, None
+        return False, str(value)  # an error value (e.g. a missing key) or a non-boolean

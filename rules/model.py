@@ -1,0 +1,93 @@
+"""Rules as data: what a rule file says, once loaded and checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+
+class Scope(StrEnum):
+    """What a rule watches: one incident per rule and target of this kind."""
+
+    NODE = "node"
+    GPU = "gpu"
+    NVLINK = "nvlink"
+    IB_PORT = "ib_port"
+    FLEET = "fleet"
+
+
+class Severity(StrEnum):
+    """How bad a firing incident is."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+# Actions a rule may ask for, with the parameters each takes (name -> type, default).
+ACTIONS: Final[dict[str, dict[str, tuple[type, Any]]]] = {
+    "drain_node": {"resume_on_resolve": (bool, False)},
+    "reset_gpu": {"drain_first": (bool, False)},
+    "notify": {"channel": (str, "default")},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """One action of a rule, with its (checked) parameters."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """When the same rule fires on the same target again and again, do more.
+
+    From the ``after``-th firing within ``within_s``, ``actions`` run instead of the rule's own.
+    """
+
+    after: int
+    within_s: float
+    actions: tuple[ActionSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A named condition over one scope, and what to do while it holds."""
+
+    name: str
+    scope: Scope
+    when: str
+    severity: Severity = Severity.WARNING
+    for_s: float = 0.0
+    keep_firing_for_s: float = 0.0
+    description: str = ""
+    runbook: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    actions: tuple[ActionSpec, ...] = ()
+    escalation: Escalation | None = None
+    dry_run: bool = False
+    source: str = ""
+    line: int = 0
+
+    @property
+    def where(self) -> str:
+        """``file:line`` of the rule, for messages."""
+        return f"{self.source}:{self.line}" if self.source else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """The rules of one or more files, by name (names are unique)."""
+
+    rules: tuple[Rule, ...] = ()
+
+    def by_scope(self, scope: Scope) -> tuple[Rule, ...]:
+        """The rules watching ``scope``."""
+        return tuple(r for r in self.rules if r.scope == scope)
+
+    def get(self, name: str) -> Rule | None:
+        """The rule called ``name``."""
+        return next((r for r in self.rules if r.name == name), None)

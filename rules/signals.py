@@ -1,0 +1,72 @@
+"""The signals agents report, by scope, so rule files can be checked against them.
+
+Built from the agent's own tables, so a new signal there is known here without a second list.
+Driver-specific IB counters (``ib_hw_*``) vary by HCA and are accepted by prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from agent.poll_ib import RATE_COUNTERS, RATE_HW_COUNTERS, signal_name
+from agent.probes.counters import IB_COUNTER_SPECS
+from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
+from rules.model import Scope
+
+_PCIE_SYSFS: Final = (
+    "pcie_sysfs_link_width",
+    "pcie_sysfs_link_width_max",
+    "pcie_sysfs_link_speed_gts",
+    "pcie_sysfs_link_speed_gts_max",
+    "pcie_link_width_degraded",
+    "aer_correctable_total",
+    "aer_nonfatal_total",
+    "aer_fatal_total",
+)
+
+GPU: Final = frozenset(
+    {"gpu_present", "pcie_link_gen_max", "pcie_link_width_max", *GPU_SIGNALS, *_PCIE_SYSFS},
+)
+NVLINK: Final = frozenset(NVLINK_SIGNALS)
+IB_PORT: Final = frozenset(
+    {
+        "ib_state",
+        "ib_phys_state",
+        "ib_link_downed",
+        *(signal_name("ib_", name) for name in IB_COUNTER_SPECS),
+        *(
+            signal_name("ib_", name, "_saturated")
+            for name, s in IB_COUNTER_SPECS.items()
+            if s.saturates
+        ),
+        *(signal_name("ib_", name, "_per_second") for name in RATE_COUNTERS),
+        *(signal_name("ib_hw_", name, "_per_second") for name in RATE_HW_COUNTERS),
+    },
+)
+NODE: Final = frozenset(
+    {
+        "agent_outbox_pending",
+        "agent_events_dropped",
+        "agent_kmsg_overruns",
+        "agent_ib_counter_resets",
+        *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev")),
+    },
+)
+
+# The signals a rule of each scope may name in ``signals.x``, ``rate()`` or ``increase()``:
+# its own target's and its node's.
+BY_SCOPE: Final[dict[Scope, frozenset[str]]] = {
+    Scope.NODE: NODE,
+    Scope.GPU: GPU | NODE,
+    Scope.NVLINK: NVLINK | GPU | NODE,
+    Scope.IB_PORT: IB_PORT | NODE,
+    Scope.FLEET: IB_PORT | GPU | NODE,
+}
+OPEN_PREFIXES: Final = ("ib_hw_",)
+
+
+def known(scope: Scope, signal: str) -> bool:
+    """Whether a rule of ``scope`` may name ``signal``."""
+    return signal in BY_SCOPE[scope] or (
+        scope in (Scope.IB_PORT, Scope.FLEET) and signal.startswith(OPEN_PREFIXES)
+    )
