@@ -1,0 +1,1 @@
+"""Actions the collector takes when a rule fires: drain requests, notifications, webhooks."""
