@@ -29,6 +29,8 @@ class CollectorConfig:
     heartbeat_interval: float = 5.0
     missed_heartbeats: int = 3
     poll_interval: float = 0.0  # 0: agents keep their own
+    rules: tuple[Path, ...] = ()  # rule files; none: the built-in rules/default.yaml
+    rules_interval: float = 1.0  # seconds between rule evaluations
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -44,6 +46,7 @@ class CollectorConfig:
             integer=True,
         )
         check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
+        check_number(self.rules_interval, "rules_interval", ConfigError)
 
 
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
@@ -51,4 +54,10 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
     if "journal" in values:
         values["journal"] = Path(values["journal"])
+    if "rules" in values:
+        rules = values["rules"]
+        if isinstance(rules, str) or not isinstance(rules, list | tuple):
+            msg = "collector config: rules must be a list of rule file paths"
+            raise ConfigError(msg)
+        values["rules"] = tuple(Path(p) for p in rules)
     return CollectorConfig(**values)

@@ -10,7 +10,7 @@ import copy
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_value_from_pb
 
@@ -100,21 +100,43 @@ class NodeState:
     last_seen_mono: float = 0.0
     last_seen_unix: float = 0.0
     events: Counter[str] = field(default_factory=Counter)
+    signals: dict[str, SampleValue] = field(default_factory=dict)
     other: dict[str, SampleValue] = field(default_factory=dict)
+
+
+class FleetObserver(Protocol):
+    """Told of every change, to decide what to look at again (the rules evaluator)."""
+
+    def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
+        """A new event was applied."""
+        ...
+
+    def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
+        """A sample was applied."""
+        ...
+
+    def note_node(self, node: str) -> None:
+        """The node's reachability changed."""
+        ...
 
 
 class FleetModel:
     """Nodes by name. Every method is safe to call from any thread."""
 
     def __init__(self) -> None:
-        """Start with no nodes."""
+        """Start with no nodes and no observer."""
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
+        self.observer: FleetObserver | None = None
 
     def snapshot(self) -> dict[str, NodeState]:
         """Return a deep copy of every node, for readers on other threads."""
         with self._lock:
             return copy.deepcopy(self._nodes)
+
+    def view(self) -> dict[str, NodeState]:
+        """The live nodes, uncopied: only for code on the event loop, which is the only writer."""
+        return self._nodes
 
     def node_names(self) -> list[str]:
         """Return the names of every known node."""
@@ -165,7 +187,9 @@ class FleetModel:
             node.last_seen_mono, node.last_seen_unix = mono, unix
             was_unreachable = not node.reachable
             node.reachable = True
-            return was_unreachable
+        if was_unreachable and self.observer is not None:
+            self.observer.note_node(name)
+        return was_unreachable
 
     def on_disconnect(self, name: str) -> None:
         """The node's stream ended."""
@@ -187,14 +211,20 @@ class FleetModel:
         with self._lock:
             node = self._nodes[name]
             node.reachable = False
-            return node.last_seen_unix
+        if self.observer is not None:
+            self.observer.note_node(name)
+        return node.last_seen_unix
 
     def apply_report(self, name: str, report: pb.Report) -> None:
         """Apply a (validated) Report's samples."""
+        observer = self.observer
         with self._lock:
             node = self._nodes[name]
             for sample in report.samples:
-                _apply_sample(node, Target.from_pb(sample.target), sample)
+                target = Target.from_pb(sample.target)
+                _apply_sample(node, target, sample)
+                if observer is not None:
+                    observer.note_sample(node, target, sample.signal, sample_value_from_pb(sample))
 
     def apply_event(self, name: str, kind: EventKind, target: Target, xid: int) -> None:
         """Count a newly journaled event against its node and target."""
@@ -212,6 +242,8 @@ class FleetModel:
             port = node.ports.get((target.device, target.index))
             if port is not None and kind == EventKind.IB_PORT_DOWN:
                 port.down_events += 1
+        if self.observer is not None:
+            self.observer.note_event(name, kind, target, xid)
 
 
 def _bounded_set(values: dict[str, SampleValue], signal: str, value: SampleValue) -> None:
@@ -238,7 +270,9 @@ def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> None:
     kind = target.kind
     gpu = node.gpus.get(target.gpu_uuid) if kind in (TargetKind.GPU, TargetKind.NVLINK) else None
     port = node.ports.get((target.device, target.index)) if kind == TargetKind.IB_PORT else None
-    if gpu is not None:
+    if kind == TargetKind.NODE:
+        _bounded_set(node.signals, signal, value)
+    elif gpu is not None:
         _apply_gpu(gpu, target, signal, value)
     elif port is not None:
         _bounded_set(port.signals, signal, value)

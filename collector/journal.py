@@ -67,6 +67,10 @@ class Journal:
                 if not future.done():
                     future.set_result(row_id)
 
+    async def do(self, fn: Callable[[SqliteStore], T]) -> T:
+        """Run ``fn(store)`` on the writer thread (for the incident, action and silence tables)."""
+        return await self._run(partial(fn, self.store))
+
     async def high_seq(self, node: str, boot_id: str) -> int:
         """Highest journaled sequence number of a node's boot."""
         return await self._run(lambda: self.store.high_seq(node, boot_id))

@@ -13,12 +13,16 @@ from collector.config import split_host_port
 from collector.exporter import FleetCollector
 from collector.fleet import FleetModel
 from collector.http_api import ApiServer
+from collector.incident_service import IncidentService
+from collector.incidents import Evaluator
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
 from collector.server import FleetServer
 from collector.stats import CollectorStats
 from collector.store_sqlite import JournalReader, SqliteStore
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.loader import load_rules
+from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
     import grpc
@@ -67,6 +71,20 @@ class CollectorService:
             journal=self.reader,
             registry=self.registry,
         )
+        self.ruleset = load_rules(list(cfg.rules))
+        self.evaluator = Evaluator(
+            rules=self.ruleset,
+            fleet=self.fleet,
+            catalog=load_catalog(),
+            clock=clock,
+        )
+        self.fleet.observer = self.evaluator
+        self.incidents = IncidentService(
+            evaluator=self.evaluator,
+            journal=self.journal,
+            clock=clock,
+            interval_s=cfg.rules_interval,
+        )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
             journal=self.journal,
@@ -97,6 +115,7 @@ class CollectorService:
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""
         await self._restore_nodes()
+        await self.incidents.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
@@ -114,6 +133,7 @@ class CollectorService:
             self._liveness_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._liveness_task
+        await self.incidents.stop()
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()

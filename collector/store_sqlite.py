@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from collector.exceptions import JournalError
+from collector.store_incidents import SCHEMA_V2, IncidentStore
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -128,7 +129,7 @@ def _from_db(values: Sequence[object]) -> EventRow:
 class SqliteStore:
     """Synchronous journal operations on one SQLite file."""
 
-    __slots__ = ("_conn", "path")
+    __slots__ = ("_conn", "incidents", "path")
 
     def __init__(self, path: Path) -> None:
         """Open (creating if needed) and migrate the journal at ``path``."""
@@ -140,6 +141,7 @@ class SqliteStore:
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA busy_timeout=5000")
             self._migrate()
+            self.incidents = IncidentStore(self._conn)
         except (OSError, sqlite3.Error) as exc:
             msg = f"cannot open the journal at {path}: {exc}"
             raise JournalError(msg) from exc
@@ -152,9 +154,9 @@ class SqliteStore:
                 f"{SCHEMA_VERSION}; upgrade fleetwatch"
             )
             raise JournalError(msg)
-        if version < SCHEMA_VERSION:
+        if version < SCHEMA_VERSION:  # every step is CREATE ... IF NOT EXISTS: safe to replay
             self._conn.executescript(
-                f"BEGIN; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;",
+                f"BEGIN; {_SCHEMA} {SCHEMA_V2} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;",
             )
 
     def close(self) -> None:

@@ -1,0 +1,95 @@
+"""Recent history for rule windows: events per target, and counter samples the rules ask about.
+
+Only what a rule can ask for is kept: events for the longest event window any rule uses, and
+samples of the signals named in ``increase()``/``rate()``, for the longest window each is asked
+over. Both are bounded in length too, so a flood costs memory in proportion to the limits, not
+to the flood.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+MAX_EVENTS_PER_TARGET: Final = 1000
+MAX_SAMPLES_PER_SERIES: Final = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class PastEvent:
+    """What the rule functions need of an event."""
+
+    at: float
+    kind: str
+    xid: int = 0
+
+
+class History:
+    """Events and counter samples per target key (e.g. ``node-01/gpu/3``)."""
+
+    def __init__(self, event_window_s: float, sample_windows: dict[str, float]) -> None:
+        """Keep events for ``event_window_s`` and each named signal for its window."""
+        self.event_window_s = event_window_s
+        self.sample_windows = dict(sample_windows)
+        self._events: dict[str, deque[PastEvent]] = {}
+        self._samples: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+
+    def wants(self, signal: str) -> bool:
+        """Whether samples of ``signal`` are kept."""
+        return signal in self.sample_windows
+
+    def add_event(self, target: str, event: PastEvent) -> None:
+        """Remember an event of ``target`` (and drop what has aged out)."""
+        events = self._events.setdefault(target, deque(maxlen=MAX_EVENTS_PER_TARGET))
+        events.append(event)
+        horizon = event.at - self.event_window_s
+        while events and events[0].at < horizon:
+            events.popleft()
+
+    def add_sample(self, target: str, signal: str, at: float, value: float) -> None:
+        """Remember a counter value of ``target`` (only for signals a rule asks about)."""
+        window = self.sample_windows.get(signal)
+        if window is None:
+            return
+        series = self._samples.setdefault((target, signal), deque(maxlen=MAX_SAMPLES_PER_SERIES))
+        series.append((at, value))
+        while len(series) > 1 and series[1][0] < at - window:  # keep one point before the window
+            series.popleft()
+
+    def events(self, target: str, kind: str, since: float) -> int:
+        """How many events of ``kind`` ``target`` had at or after ``since``."""
+        return sum(1 for e in self._events.get(target, ()) if e.at >= since and e.kind == kind)
+
+    def xids(self, target: str, since: float) -> list[int]:
+        """The Xids of ``target``'s ``xid`` events at or after ``since``, oldest first."""
+        return [e.xid for e in self._events.get(target, ()) if e.at >= since and e.kind == "xid"]
+
+    def increase(self, target: str, signal: str, since: float, now: float) -> float:
+        """How much a counter grew between ``since`` and ``now`` (a drop counts as a reset).
+
+        The value at ``since`` is the last sample at or before it; without one, the first
+        sample in the window (growth before it is unknown, not zero-and-then-everything).
+        """
+        series = self._samples.get((target, signal))
+        if not series:
+            return 0.0
+        total = 0.0
+        previous: float | None = None
+        for at, value in series:
+            if at > now:
+                break
+            if at <= since:
+                previous = value
+                continue
+            if previous is not None:
+                total += value - previous if value >= previous else value
+            previous = value
+        return total
+
+    def forget(self, prefix: str) -> None:
+        """Drop everything of targets whose key starts with ``prefix`` (a node that left)."""
+        for key in [k for k in self._events if k.startswith(prefix)]:
+            del self._events[key]
+        for series in [k for k in self._samples if k[0].startswith(prefix)]:
+            del self._samples[series]

@@ -1,0 +1,171 @@
+"""The rules at run time: evaluate on a tick, journal every incident change, hand on actions.
+
+An incident is journaled on each phase change before anything acts on it. After a restart the
+open incidents are taken back from the journal, so a firing incident does not fire (and act)
+again, and silences are loaded before the first evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from collector.store_incidents import IncidentRow, SilenceRow
+from rules.engine import Incident, Phase
+
+if TYPE_CHECKING:
+    from collector.incidents import Evaluator, Outcome
+    from collector.journal import Journal
+    from fleetwatch.clock import Clock
+    from rules.model import ActionSpec, Rule
+
+log = structlog.get_logger("collector.incidents")
+
+
+class ActionSink(Protocol):
+    """Where firing and resolved incidents go to be acted on (the dispatcher)."""
+
+    async def fire(
+        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+    ) -> None:
+        """Run (or journal as skipped) a firing incident's actions."""
+        ...
+
+    async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
+        """Undo what should be undone now that the incident resolved (e.g. resume a node)."""
+        ...
+
+
+class IncidentService:
+    """Ticks the evaluator and journals what comes of it."""
+
+    def __init__(
+        self,
+        *,
+        evaluator: Evaluator,
+        journal: Journal,
+        clock: Clock,
+        sink: ActionSink | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        """Nothing runs until :meth:`start`."""
+        self.evaluator = evaluator
+        self._journal = journal
+        self._clock = clock
+        self.sink = sink
+        self.interval_s = interval_s
+        self._silences: list[SilenceRow] = []
+        self._task: asyncio.Task[None] | None = None
+        self.ticks = 0
+        evaluator.silencer = self._silenced_by
+
+    def _wall_ms(self, mono: float | None) -> int | None:
+        """A monotonic time of this process as Unix milliseconds."""
+        if mono is None:
+            return None
+        return int((self._clock.now() - (self._clock.monotonic() - mono)) * 1000)
+
+    def _silenced_by(self, incident: Incident, rule: Rule) -> str | None:
+        now_ms = int(self._clock.now() * 1000)
+        for silence in self._silences:
+            if silence.matches(incident.node, rule.name, now_ms):
+                return f"silence {silence.id}"
+        return None
+
+    async def start(self) -> None:
+        """Take back open incidents and silences, then tick in the background."""
+        rows = await self._journal.do(
+            lambda s: s.incidents.incidents(open_only=True, limit=100_000)
+        )
+        mono, now = self._clock.monotonic(), self._clock.now()
+
+        def to_mono(ms: int | None) -> float | None:
+            return None if ms is None else mono - (now - ms / 1000)
+
+        for row in rows:
+            if row.rule not in self.evaluator.engine.rules:
+                continue  # the rule is gone from the rule files: the incident ends with it
+            self.evaluator.engine.restore(
+                Incident(
+                    id=row.id,
+                    rule=row.rule,
+                    node=row.node,
+                    target=row.target,
+                    phase=Phase(row.phase),
+                    started_at=to_mono(row.started_ms) or mono,
+                    evidence=row.evidence,
+                    fired_at=to_mono(row.fired_ms),
+                    escalated=row.escalated,
+                    firings=row.firings,
+                ),
+            )
+        await self.reload_silences()
+        self._task = asyncio.create_task(self._run(), name="incidents")
+        log.info("incidents_started", open=len(rows), rules=len(self.evaluator.rules.rules))
+
+    async def reload_silences(self) -> None:
+        """Read the silences again (after one was added or removed)."""
+        now_ms = int(self._clock.now() * 1000)
+        self._silences = await self._journal.do(lambda s: s.incidents.silences(active_at_ms=now_ms))
+
+    async def stop(self) -> None:
+        """Stop ticking."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self._clock.sleep(self.interval_s)
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("incident_tick_failed")
+
+    async def tick(self) -> list[Outcome]:
+        """One evaluation round: journal each change, then hand firings to the sink."""
+        self.ticks += 1
+        outcomes = self.evaluator.tick()
+        for outcome in outcomes:
+            await self._record(outcome)
+        return outcomes
+
+    async def _record(self, outcome: Outcome) -> None:
+        incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
+        row = IncidentRow(
+            id=incident.id,
+            rule=incident.rule,
+            node=incident.node,
+            target=incident.target,
+            severity=rule.severity.value,
+            phase=incident.phase.value,
+            started_ms=self._wall_ms(incident.started_at) or 0,
+            updated_ms=int(self._clock.now() * 1000),
+            fired_ms=self._wall_ms(incident.fired_at),
+            resolved_ms=self._wall_ms(incident.resolved_at),
+            evidence=incident.evidence,
+            escalated=incident.escalated,
+            firings=incident.firings,
+            suppressed_by=verdict.suppressed_by,
+            silenced_by=verdict.silenced_by,
+        )
+        await self._journal.do(lambda s: s.incidents.upsert_incident(row))
+        event = f"incident_{incident.phase.value}"
+        if incident.phase == Phase.FIRING:
+            log.warning(
+                event,
+                rule=rule.name,
+                target=incident.target,
+                severity=rule.severity.value,
+                evidence=incident.evidence,
+                suppressed_by=verdict.suppressed_by,
+                silenced_by=verdict.silenced_by,
+            )
+            if self.sink is not None:
+                await self.sink.fire(row, rule, outcome.transition.actions)
+        elif incident.phase == Phase.RESOLVED:
+            log.info(event, rule=rule.name, target=incident.target)
+            if self.sink is not None:
+                await self.sink.resolve(row, rule)

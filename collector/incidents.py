@@ -1,0 +1,373 @@
+"""Rules applied to the fleet: which targets to evaluate, with what data, and what came of it.
+
+On every tick the evaluator looks at the targets something happened to (a sample or an event),
+the targets with an open incident (their ``for``/``keep_firing_for`` timers run), and, every
+``full_sweep_s``, everything (windows age out without anything happening). Conditions run in
+CEL; the engine turns their results into incident transitions, returned with the verdict on
+whether their actions may run.
+
+Grouping: a firing critical node-level incident suppresses the GPU, NVLink and IB-port incidents
+of that node that fire after it (they are journaled as suppressed and run no actions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from collector.history import History, PastEvent
+from fleetwatch.model import EventKind, Target, TargetKind
+from rules.cel_env import RuleEnvironment, TargetContext
+from rules.engine import Engine, Incident, Phase, Transition
+from rules.model import Rule, RuleSet, Scope, Severity
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from cel_expr_python import cel
+
+    from collector.fleet import FleetModel, GpuState, NodeState, PortState
+    from fleetwatch.clock import Clock
+    from rules.xid_catalog import XidCatalog
+
+log = structlog.get_logger("collector.incidents")
+
+FLEET_KEY: Final = "fleet"
+EVENT_WINDOW_S: Final = 24 * 3600.0
+
+
+def node_key(node: str) -> str:
+    """Target key of a node."""
+    return node
+
+
+def gpu_key(node: str, index: int) -> str:
+    """Target key of a GPU (by index: stable for dashboards and people)."""
+    return f"{node}/gpu/{index}"
+
+
+def link_key(node: str, index: int, link: int) -> str:
+    """Target key of one NVLink."""
+    return f"{node}/gpu/{index}/nvlink/{link}"
+
+
+def port_key(node: str, device: str, port: int) -> str:
+    """Target key of one IB port."""
+    return f"{node}/ib/{device}/{port}"
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Why an incident's actions will not run (None: they will)."""
+
+    suppressed_by: str | None = None
+    silenced_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A transition, the rule it belongs to, and whether its actions may run."""
+
+    transition: Transition
+    rule: Rule
+    verdict: Verdict
+
+
+@dataclass(slots=True)
+class _Context:
+    """The window functions' view of one target."""
+
+    evaluator: Evaluator
+    key: str
+    now: float
+
+    def events(self, kind: str, window_s: float) -> int:
+        return self.evaluator.history.events(self.key, kind, self.now - window_s)
+
+    def xids(self, window_s: float) -> list[dict[str, Any]]:
+        catalog = self.evaluator.catalog
+        out = []
+        for xid in self.evaluator.history.xids(self.key, self.now - window_s):
+            entry = catalog.get(xid)
+            out.append(
+                {
+                    "xid": xid,
+                    "class": entry.xid_class if entry else "unknown",
+                    "action": entry.action if entry else "UNKNOWN",
+                    "fatal": entry.fatal if entry else False,
+                },
+            )
+        return out
+
+    def increase(self, signal: str, window_s: float) -> float:
+        return self.evaluator.history.increase(self.key, signal, self.now - window_s, self.now)
+
+    def share_of_ports(self, signal: str, above: float) -> float:
+        total = hot = 0
+        for node in self.evaluator.fleet.view().values():
+            for port in node.ports.values():
+                total += 1
+                value = port.number(signal)
+                hot += value is not None and value > above
+        return hot / total if total else 0.0
+
+
+@dataclass(slots=True)
+class _Sweep:
+    """One tick's targets and the data maps built for them (each built once)."""
+
+    fleet: dict[str, Any]
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _sample_windows(rules: RuleSet) -> dict[str, float]:
+    """The longest window each counter signal is asked over, by any rule."""
+    import re  # noqa: PLC0415
+
+    from rules.durations import parse_duration  # noqa: PLC0415
+
+    windows: dict[str, float] = {}
+    pattern = re.compile(r"""(?:increase|rate)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
+    for rule in rules.rules:
+        for signal, window in pattern.findall(rule.when):
+            windows[signal] = max(windows.get(signal, 0.0), parse_duration(window))
+    return windows
+
+
+class Evaluator:
+    """Runs a rule set over the fleet model and feeds the incident engine."""
+
+    def __init__(  # noqa: PLR0913 - the collector's collaborators
+        self,
+        *,
+        rules: RuleSet,
+        fleet: FleetModel,
+        catalog: XidCatalog,
+        clock: Clock,
+        full_sweep_s: float = 30.0,
+        env: RuleEnvironment | None = None,
+    ) -> None:
+        """Compile every rule once."""
+        self.rules = rules
+        self.fleet = fleet
+        self.catalog = catalog
+        self.clock = clock
+        self.env = env or RuleEnvironment()
+        self.engine = Engine(rules)
+        self.history = History(EVENT_WINDOW_S, _sample_windows(rules))
+        self._compiled: dict[str, cel.Expression] = {
+            r.name: self.env.compile(r.scope, r.when) for r in rules.rules
+        }
+        self._by_scope = {scope: rules.by_scope(scope) for scope in Scope}
+        self._full_sweep_s = full_sweep_s
+        self._last_sweep = float("-inf")
+        self._dirty: set[tuple[str, str]] = set()  # (node, target key)
+        self.evaluations = 0
+        self.errors: dict[str, int] = {}
+        self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
+
+    # ---- what happened --------------------------------------------------------------------
+
+    def target_key(self, node: NodeState, target: Target) -> str:
+        """The key a wire target has in this node."""
+        kind = target.kind
+        if kind in (TargetKind.GPU, TargetKind.NVLINK):
+            gpu = node.gpus.get(target.gpu_uuid)
+            if gpu is not None:
+                if kind == TargetKind.NVLINK:
+                    return link_key(node.name, gpu.index, target.index)
+                return gpu_key(node.name, gpu.index)
+        if kind == TargetKind.IB_PORT:
+            return port_key(node.name, target.device, target.index)
+        return node_key(node.name)
+
+    def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
+        """An event was journaled: remember it for windows and mark its targets for a look."""
+        at = self.clock.monotonic()
+        state = self.fleet.view().get(node)
+        key = self.target_key(state, target) if state is not None else node_key(node)
+        past = PastEvent(at, kind.value, xid)
+        keys = {key, node_key(node)}
+        if "/nvlink/" in key:
+            keys.add(key.rsplit("/nvlink/", 1)[0])
+        for k in keys:
+            self.history.add_event(k, past)
+            self._dirty.add((node, k))
+
+    def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
+        """A sample changed: keep it if a rule windows over it, and mark its target."""
+        key = self.target_key(node, target)
+        if self.history.wants(signal) and isinstance(value, int | float):
+            self.history.add_sample(key, signal, self.clock.monotonic(), float(value))
+        self._dirty.add((node.name, key))
+        if target.kind == TargetKind.NVLINK:  # the GPU's view (nvlinks_down) changed too
+            self._dirty.add((node.name, key.rsplit("/nvlink/", 1)[0]))
+
+    def note_node(self, node: str) -> None:
+        """Something about the node as a whole changed (reachability)."""
+        self._dirty.add((node, node_key(node)))
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def tick(self) -> list[Outcome]:
+        """Evaluate what needs it; return the transitions with their verdicts."""
+        now = self.clock.monotonic()
+        full = now - self._last_sweep >= self._full_sweep_s
+        if full:
+            self._last_sweep = now
+        wanted = set(self._dirty)
+        self._dirty.clear()
+        wanted |= {(i.node, i.target) for i in self.engine.open_incidents()}
+        sweep = _Sweep(fleet=self._fleet_map())
+        outcomes: list[Outcome] = []
+        for node, key, scope, data in self._targets(sweep, None if full else wanted):
+            for rule in self._by_scope[scope]:
+                outcomes += self._evaluate(rule, node, key, data, now)
+        for rule in self._by_scope[Scope.FLEET]:
+            outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
+        return outcomes
+
+    def _evaluate(
+        self,
+        rule: Rule,
+        node: str,
+        key: str,
+        data: dict[str, Any],
+        now: float,
+    ) -> list[Outcome]:
+        self.evaluations += 1
+        context: TargetContext = _Context(self, key, now)
+        holds, error = self.env.evaluate(self._compiled[rule.name], data, context)
+        if error is not None and not error.startswith("NOT_FOUND"):
+            self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
+        transitions = self.engine.observe(
+            rule.name,
+            node,
+            key,
+            holds=holds,
+            now=now,
+            evidence=self._evidence(rule, data) if holds else "",
+        )
+        return [Outcome(t, rule, self._verdict(t.incident, rule)) for t in transitions]
+
+    def _verdict(self, incident: Incident, rule: Rule) -> Verdict:
+        verdict = Verdict(silenced_by=self.silencer(incident, rule))
+        if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.FLEET):
+            return verdict
+        for other in self.engine.open_incidents():
+            other_rule = self.engine.rules[other.rule]
+            if (
+                other.node == incident.node
+                and other.phase == Phase.FIRING
+                and other_rule.scope == Scope.NODE
+                and other_rule.severity == Severity.CRITICAL
+            ):
+                verdict.suppressed_by = other.id
+                break
+        return verdict
+
+    @staticmethod
+    def _evidence(rule: Rule, data: dict[str, Any]) -> str:
+        """A short, factual line: the rule and what the target is."""
+        parts = [rule.name]
+        if "port" in data:
+            p = data["port"]
+            parts.append(f"{p['device']}/{p['port']} {p['state']}/{p['phys_state']}")
+        elif "link" in data:
+            parts.append(f"GPU {data['gpu']['index']} NVLink {data['link']['index']}")
+        elif "gpu" in data:
+            g = data["gpu"]
+            parts.append(f"GPU {g['index']} {g['uuid']}")
+        return ": ".join(parts)
+
+    # ---- data for CEL -----------------------------------------------------------------------
+
+    def _fleet_map(self) -> dict[str, Any]:
+        nodes = self.fleet.view()
+        ports = [p for n in nodes.values() for p in n.ports.values()]
+        return {
+            "nodes": len(nodes),
+            "nodes_reachable": sum(n.reachable for n in nodes.values()),
+            "gpus": sum(len(n.gpus) for n in nodes.values()),
+            "ib_ports": len(ports),
+            "ib_ports_up": sum(p.up for p in ports),
+        }
+
+    @staticmethod
+    def _node_map(node: NodeState) -> dict[str, Any]:
+        return {
+            "name": node.name,
+            "reachable": node.reachable,
+            "connected": node.connected,
+            "gpus": len(node.gpus),
+            "gpus_lost": sum(1 for g in node.gpus.values() if not g.present),
+            "nvlinks_down": sum(g.nvlinks_down for g in node.gpus.values()),
+            "ib_ports": len(node.ports),
+            "ib_ports_down": sum(1 for p in node.ports.values() if p.state and not p.up),
+            "signals": node.signals,
+        }
+
+    @staticmethod
+    def _gpu_map(gpu: GpuState) -> dict[str, Any]:
+        return {
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "model": gpu.model,
+            "pci_bus_id": gpu.pci_bus_id,
+            "present": gpu.present,
+            "nvlink_count": gpu.nvlink_count,
+            "nvlinks_down": gpu.nvlinks_down,
+            "signals": gpu.signals,
+        }
+
+    @staticmethod
+    def _port_map(port: PortState) -> dict[str, Any]:
+        return {
+            "device": port.device,
+            "port": port.port,
+            "state": port.state,
+            "phys_state": port.phys_state,
+            "up": port.up,
+            "rate": port.rate,
+            "signals": port.signals,
+        }
+
+    def _targets(
+        self,
+        sweep: _Sweep,
+        wanted: set[tuple[str, str]] | None,
+    ) -> Iterator[tuple[str, str, Scope, dict[str, Any]]]:
+        """(node, key, scope, data) of every target to evaluate (all when ``wanted`` is None)."""
+        nodes = self.fleet.view()
+        names = nodes.keys() if wanted is None else {n for n, _ in wanted}
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                continue
+            node_data = sweep.nodes.setdefault(name, self._node_map(node))
+            base = {"node": node_data, "fleet": sweep.fleet}
+            if wanted is None or (name, node_key(name)) in wanted:
+                yield name, node_key(name), Scope.NODE, base
+            for gpu in node.gpus.values():
+                key = gpu_key(name, gpu.index)
+                gpu_data = None
+                if wanted is None or (name, key) in wanted:
+                    gpu_data = self._gpu_map(gpu)
+                    yield name, key, Scope.GPU, {**base, "gpu": gpu_data}
+                for link, values in gpu.link_signals.items():
+                    lkey = link_key(name, gpu.index, link)
+                    if wanted is not None and (name, lkey) not in wanted:
+                        continue
+                    gpu_data = gpu_data or self._gpu_map(gpu)
+                    link_data = {
+                        "index": link,
+                        "up": gpu.nvlink_up.get(link, True),
+                        "signals": values,
+                    }
+                    yield name, lkey, Scope.NVLINK, {**base, "gpu": gpu_data, "link": link_data}
+            for port in node.ports.values():
+                pkey = port_key(name, port.device, port.port)
+                if wanted is None or (name, pkey) in wanted:
+                    yield name, pkey, Scope.IB_PORT, {**base, "port": self._port_map(port)}
