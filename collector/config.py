@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collector.actions.config import ActionsConfig, parse_actions
 from collector.exceptions import ConfigError
 from fleetwatch.config_file import check_number, merge_config
 
@@ -31,6 +32,7 @@ class CollectorConfig:
     poll_interval: float = 0.0  # 0: agents keep their own
     rules: tuple[Path, ...] = ()  # rule files; none: the built-in rules/default.yaml
     rules_interval: float = 1.0  # seconds between rule evaluations
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -54,6 +56,8 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
     if "journal" in values:
         values["journal"] = Path(values["journal"])
+    if "actions" in values:
+        values["actions"] = parse_actions(values["actions"])
     if "rules" in values:
         rules = values["rules"]
         if isinstance(rules, str) or not isinstance(rules, list | tuple):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
+from collector.actions.adapters import WebhookDrainer, WebhookNotifier
+from collector.actions.dispatcher import Dispatcher, Drainer
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
 from collector.fleet import FleetModel
@@ -27,10 +29,34 @@ from rules.xid_catalog import load_catalog
 if TYPE_CHECKING:
     import grpc
 
+    from collector.actions.config import ActionsConfig
     from collector.config import CollectorConfig
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("collector")
+
+
+def build_dispatcher(
+    cfg: ActionsConfig,
+    journal: Journal,
+    fleet: FleetModel,
+    clock: Clock,
+) -> Dispatcher:
+    """The dispatcher with the drain adapters and notify channels the configuration names."""
+    drainers: list[Drainer] = []
+    if cfg.drain_webhook is not None:
+        drainers.append(WebhookDrainer(cfg.drain_webhook.sender(clock, "actions.drain_webhook")))
+    channels = {
+        name: hook.sender(clock, f"actions.notify.{name}") for name, hook in cfg.notify.items()
+    }
+    return Dispatcher(
+        journal=journal,
+        fleet=fleet,
+        clock=clock,
+        safety=cfg.safety,
+        drainers=tuple(drainers),
+        notifier=WebhookNotifier(channels) if channels else None,
+    )
 
 
 class CollectorService:
@@ -79,10 +105,12 @@ class CollectorService:
             clock=clock,
         )
         self.fleet.observer = self.evaluator
+        self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock)
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,
             clock=clock,
+            sink=self.dispatcher,
             interval_s=cfg.rules_interval,
         )
         self.liveness = LivenessMonitor(
@@ -115,6 +143,7 @@ class CollectorService:
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""
         await self._restore_nodes()
+        await self.dispatcher.start()
         await self.incidents.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()

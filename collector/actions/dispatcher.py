@@ -1,0 +1,303 @@
+"""Runs what firing incidents ask for, safely, and journals every step.
+
+Each action of an incident has an idempotency key (action and incident); it is journaled before
+it runs and its outcome after, and a key already in the journal never runs again, so a collector
+restart or a replayed transition cannot drain or reset twice. Before a drain or a reset runs:
+
+* suppressed or silenced incidents, and dry-run (global or the rule's), run nothing;
+* a node gets at most one action of a kind per ``node_cooldown_s``;
+* drains stop at ``max_drained_nodes`` or ``max_drained_share`` of the fleet drained by
+  fleetwatch at once; further ones wait (journaled as deferred, and logged as a fleet problem);
+* a circuit breaker opens when more than ``breaker_max_drains`` drains start within
+  ``breaker_window_s``, and closes after ``breaker_cooldown_s`` without drain attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from collector.store_incidents import ActionRow
+
+if TYPE_CHECKING:
+    from collector.fleet import FleetModel
+    from collector.journal import Journal
+    from collector.store_incidents import IncidentRow
+    from fleetwatch.clock import Clock
+    from rules.model import ActionSpec, Rule
+
+log = structlog.get_logger("collector.actions")
+
+REASON_PREFIX = "fleetwatch:"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionOutcome:
+    """What running an action gave."""
+
+    ok: bool
+    detail: str
+
+
+class Drainer(Protocol):
+    """Takes nodes out of (and back into) the scheduler: Slurm, a webhook, ..."""
+
+    name: str
+
+    async def drain(self, node: str, reason: str, key: str) -> ActionOutcome:
+        """Drain ``node`` with ``reason``; idempotent."""
+        ...
+
+    async def resume(self, node: str, key: str) -> ActionOutcome:
+        """Resume ``node`` if fleetwatch drained it."""
+        ...
+
+
+class Notifier(Protocol):
+    """Tells people: chat, paging."""
+
+    async def notify(self, channel: str, payload: dict[str, object], key: str) -> ActionOutcome:
+        """Deliver ``payload`` to ``channel``."""
+        ...
+
+
+class GpuResetter(Protocol):
+    """Resets a GPU through its node's agent."""
+
+    async def reset(self, node: str, target: str, *, force: bool) -> ActionOutcome:
+        """Reset the GPU ``target`` (a key like ``node/gpu/3``) of ``node``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SafetyConfig:
+    """Limits on what fleetwatch may do on its own."""
+
+    dry_run: bool = False
+    max_drained_nodes: int = 4
+    max_drained_share: float = 0.1
+    node_cooldown_s: float = 300.0
+    breaker_window_s: float = 600.0
+    breaker_max_drains: int = 5
+    breaker_cooldown_s: float = 3600.0
+
+
+class Dispatcher:
+    """The action sink of the incident service."""
+
+    def __init__(  # noqa: PLR0913 - every kind of actuator is injected
+        self,
+        *,
+        journal: Journal,
+        fleet: FleetModel,
+        clock: Clock,
+        safety: SafetyConfig,
+        drainers: tuple[Drainer, ...] = (),
+        notifier: Notifier | None = None,
+        resetter: GpuResetter | None = None,
+    ) -> None:
+        """Nothing is drained until :meth:`start` has read what the journal says."""
+        self._journal = journal
+        self._fleet = fleet
+        self._clock = clock
+        self.safety = safety
+        self._drainers = drainers
+        self._notifier = notifier
+        self._resetter = resetter
+        self.drained: dict[str, str] = {}  # node -> incident that drained it
+        self._last_action: dict[tuple[str, str], float] = {}
+        self._drain_starts: deque[float] = deque()
+        self.breaker_open_until: float | None = None
+        self.deferred = 0
+
+    async def start(self) -> None:
+        """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
+        rows = await self._journal.do(lambda s: s.incidents.actions(limit=100_000))
+        for row in reversed(rows):  # oldest first
+            if row.action == "drain_node" and row.state == "succeeded":
+                self.drained[row.node] = row.incident_id
+            elif row.action == "resume_node" and row.state == "succeeded":
+                self.drained.pop(row.node, None)
+        for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
+            await self._finish(row.id, "failed", "collector restarted before the outcome was known")
+        if self.drained:
+            log.info("drained_nodes_known", nodes=sorted(self.drained))
+
+    def _now_ms(self) -> int:
+        return int(self._clock.now() * 1000)
+
+    async def _finish(self, action_id: int, state: str, detail: str) -> None:
+        now = self._now_ms()
+        await self._journal.do(lambda s: s.incidents.finish_action(action_id, state, detail, now))
+
+    async def _journal_action(
+        self,
+        incident: IncidentRow,
+        spec: ActionSpec,
+        state: str,
+        detail: str,
+        name: str | None = None,
+    ) -> tuple[int, bool]:
+        action = name or spec.name
+        row = ActionRow(
+            idempotency_key=f"{action}:{incident.id}",
+            incident_id=incident.id,
+            action=action,
+            node=incident.node,
+            target=incident.target,
+            state=state,
+            created_ms=self._now_ms(),
+            params=dict(spec.params),
+            detail=detail,
+            finished_ms=None if state in ("planned", "running") else self._now_ms(),
+        )
+        return await self._journal.do(lambda s: s.incidents.add_action(row))
+
+    def _refusal(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> tuple[str, str]:
+        """(state, why) when the action must not run now; ("planned", "") when it may."""
+        why = (
+            (incident.suppressed_by and f"suppressed by {incident.suppressed_by}")
+            or (incident.silenced_by and f"silenced by {incident.silenced_by}")
+            or (
+                spec.name == "drain_node"
+                and incident.node in self.drained
+                and f"{incident.node} is already drained by {self.drained[incident.node]}"
+            )
+        )
+        if why:
+            return "skipped", why
+        if self.safety.dry_run or rule.dry_run:
+            return "dry_run", "dry run: nothing was done"
+        mono = self._clock.monotonic()
+        last = self._last_action.get((incident.node, spec.name))
+        if spec.name != "notify" and last is not None and mono - last < self.safety.node_cooldown_s:
+            return (
+                "skipped",
+                f"cooldown: {spec.name} ran on {incident.node} {mono - last:.0f} s ago",
+            )
+        if spec.name == "drain_node":
+            return self._drain_refusal(mono)
+        return "planned", ""
+
+    def _drain_refusal(self, mono: float) -> tuple[str, str]:
+        if self.breaker_open_until is not None:
+            if mono < self.breaker_open_until:
+                return "deferred", "circuit breaker open: drains came too fast"
+            self.breaker_open_until = None
+        fleet_size = len(self._fleet.view())
+        cap = min(
+            self.safety.max_drained_nodes,
+            max(1, math.floor(fleet_size * self.safety.max_drained_share)),
+        )
+        if len(self.drained) >= cap:
+            return (
+                "deferred",
+                f"drain cap reached: {len(self.drained)} of {fleet_size} nodes drained",
+            )
+        while self._drain_starts and mono - self._drain_starts[0] > self.safety.breaker_window_s:
+            self._drain_starts.popleft()
+        if len(self._drain_starts) >= self.safety.breaker_max_drains:
+            self.breaker_open_until = mono + self.safety.breaker_cooldown_s
+            log.error("drain_breaker_open", drains=len(self._drain_starts))
+            return "deferred", "circuit breaker opened: drains came too fast"
+        return "planned", ""
+
+    async def fire(
+        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+    ) -> None:
+        """Run the firing incident's actions, one after another, each journaled twice."""
+        for spec in actions:
+            state, why = self._refusal(incident, rule, spec)
+            action_id, new = await self._journal_action(incident, spec, state, why)
+            if not new:
+                continue  # this action of this incident was decided before: never twice
+            if state != "planned":
+                if state == "deferred":
+                    self.deferred += 1
+                log.warning("action_not_run", action=spec.name, incident=incident.id, why=why)
+                continue
+            self._last_action[incident.node, spec.name] = self._clock.monotonic()
+            if spec.name == "drain_node":
+                self._drain_starts.append(self._clock.monotonic())
+            outcome = await self._run(incident, rule, spec)
+            if spec.name == "drain_node" and outcome.ok:
+                self.drained[incident.node] = incident.id
+            await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+            log.info(
+                "action_done",
+                action=spec.name,
+                incident=incident.id,
+                node=incident.node,
+                ok=outcome.ok,
+                detail=outcome.detail,
+            )
+
+    async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
+        try:
+            return await self._actuate(incident, rule, spec)
+        except Exception as exc:
+            log.exception("action_failed", action=spec.name, incident=incident.id)
+            return ActionOutcome(ok=False, detail=f"{type(exc).__name__}: {exc}")
+
+    async def _actuate(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
+        key = f"{spec.name}:{incident.id}"
+        if spec.name == "drain_node":
+            reason = f"{REASON_PREFIX} {rule.name}: {incident.evidence}"
+            return await self._all(d.drain(incident.node, reason, key) for d in self._drainers)
+        if spec.name == "notify" and self._notifier is not None:
+            payload = _incident_payload(incident, rule)
+            return await self._notifier.notify(str(spec.params["channel"]), payload, key)
+        if spec.name == "reset_gpu" and self._resetter is not None:
+            force = bool(spec.params.get("drain_first", False))
+            return await self._resetter.reset(incident.node, incident.target, force=force)
+        return ActionOutcome(ok=False, detail=f"{spec.name}: no actuator is configured")
+
+    @staticmethod
+    async def _all(runs: object) -> ActionOutcome:
+        outcomes = await asyncio.gather(*runs)  # type: ignore[misc]
+        if not outcomes:
+            return ActionOutcome(ok=False, detail="no drain adapter is configured")
+        return ActionOutcome(
+            ok=all(o.ok for o in outcomes),
+            detail="; ".join(o.detail for o in outcomes),
+        )
+
+    async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
+        """Resume a node this incident drained, when its drain action asks for that."""
+        wants_resume = any(
+            spec.name == "drain_node" and spec.params.get("resume_on_resolve")
+            for spec in rule.actions + (rule.escalation.actions if rule.escalation else ())
+        )
+        if not wants_resume or self.drained.get(incident.node) != incident.id:
+            return
+        from rules.model import ActionSpec  # noqa: PLC0415
+
+        spec = ActionSpec("resume_node")
+        action_id, new = await self._journal_action(incident, spec, "running", "", "resume_node")
+        if not new:
+            return
+        key = f"resume_node:{incident.id}"
+        outcome = await self._all(d.resume(incident.node, key) for d in self._drainers)
+        if outcome.ok:
+            self.drained.pop(incident.node, None)
+        await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+
+
+def _incident_payload(incident: IncidentRow, rule: Rule) -> dict[str, object]:
+    """What a notification says."""
+    return {
+        "incident": incident.id,
+        "rule": rule.name,
+        "severity": rule.severity.value,
+        "node": incident.node,
+        "target": incident.target,
+        "evidence": incident.evidence,
+        "description": rule.description,
+        "runbook": rule.runbook,
+        "escalated": incident.escalated,
+    }

@@ -1,0 +1,176 @@
+"""Rules and actions end to end: simulated faults, a real collector, real signed webhooks."""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.sim.cluster import SimCluster
+from collector.actions.config import ActionsConfig, WebhookConfig
+from collector.actions.dispatcher import SafetyConfig
+from collector.config import CollectorConfig
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.testing import wait_until
+from fleetwatch.webhook_receiver import WebhookReceiver
+
+pytestmark = pytest.mark.integration
+
+SECRET = b"test-secret"
+NODES = [f"node-{i}" for i in range(1, 5)]
+
+
+@pytest.fixture
+def receiver() -> Any:
+    with WebhookReceiver(clock=SystemClock(), secret=SECRET) as hooks:
+        yield hooks
+
+
+def actions(receiver: WebhookReceiver, tmp_path: Path, **safety: Any) -> ActionsConfig:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET + b"\n")
+    hook = WebhookConfig(url=f"{receiver.url}/hooks", secret_file=secret_file, max_attempts=2)
+    return ActionsConfig(
+        safety=SafetyConfig(**safety),
+        drain_webhook=hook,
+        notify={"default": hook},
+    )
+
+
+async def start(
+    make_config: Callable[..., CollectorConfig],
+    tmp_path: Path,
+    acts: ActionsConfig,
+) -> tuple[CollectorService, SimCluster]:
+    service = CollectorService(make_config(actions=acts, rules_interval=0.1), SystemClock())
+    await service.start()
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.05,
+        heartbeat_interval=0.2,
+    )
+    cluster.start()
+    await wait_until(
+        lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+        what="agents connected",
+    )
+    return service, cluster
+
+
+@pytest.fixture
+async def running(
+    collector_config: Callable[..., CollectorConfig],
+    receiver: WebhookReceiver,
+    tmp_path: Path,
+) -> AsyncIterator[tuple[CollectorService, SimCluster]]:
+    service, cluster = await start(collector_config, tmp_path, actions(receiver, tmp_path))
+    try:
+        yield service, cluster
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)
+
+
+def kinds(receiver: WebhookReceiver) -> list[tuple[str, str]]:
+    return sorted(
+        (d.body["kind"], d.body["payload"].get("node", "")) for d in receiver.deliveries()
+    )
+
+
+class TestFaultToAction:
+    async def test_xid_79_drains_and_notifies_once(self, running, receiver):
+        """A GPU falling off the bus fires gpu_lost: one signed drain request and notifications,
+        each action journaled with its outcome; a firing incident does not act again."""
+        service, cluster = running
+        cluster.nodes["node-2"].xid(3, 79)
+        await wait_until(lambda: len(receiver.deliveries()) >= 2, what="webhooks")
+        await asyncio.sleep(0.5)  # later ticks must not act again
+        assert ("drain_request", "node-2") in kinds(receiver)
+        drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
+        assert len(drains) == 1
+        assert drains[0].body["payload"]["reason"].startswith("fleetwatch: ")
+        notes = [
+            d.body["payload"] for d in receiver.deliveries() if d.body["kind"] == "notification"
+        ]
+        assert [(n["rule"], n["target"]) for n in notes] == [("gpu_lost", "node-2/gpu/3")]
+        rows = await service.journal.do(lambda s: s.incidents.actions(node="node-2"))
+        assert {(r.action, r.state) for r in rows} >= {
+            ("drain_node", "succeeded"),
+            ("notify", "succeeded"),
+        }
+        firing = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
+        assert any(i.rule == "gpu_lost" and i.target == "node-2/gpu/3" for i in firing)
+        assert service.dispatcher.drained == {
+            "node-2": next(r.incident_id for r in rows if r.action == "drain_node")
+        }
+
+    async def test_second_fault_on_a_drained_node_drains_nothing_more(self, running, receiver):
+        """A node already drained by fleetwatch is not drained again for another incident."""
+        service, cluster = running
+        cluster.nodes["node-1"].xid(0, 79)
+        await wait_until(lambda: "node-1" in service.dispatcher.drained, what="first drain")
+        cluster.nodes["node-1"].remap(2, failure=True)
+        await wait_until(
+            lambda: any(
+                i.rule == "row_remap_failure"
+                for i in service.evaluator.engine.open_incidents()
+                if i.phase == "firing"
+            ),
+            what="second incident",
+        )
+        await asyncio.sleep(0.3)
+        drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
+        assert len(drains) == 1
+        rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
+        skipped = [r for r in rows if r.action == "drain_node" and r.state == "skipped"]
+        assert skipped
+        assert "already drained" in skipped[0].detail
+
+
+class TestSafety:
+    async def test_storm_drains_no_more_than_the_cap(self, collector_config, receiver, tmp_path):
+        """IB ports down on every node at once: the drain cap holds and the rest wait."""
+        acts = actions(receiver, tmp_path, max_drained_nodes=1, max_drained_share=0.5)
+        service, cluster = await start(collector_config, tmp_path, acts)
+        try:
+            for node in cluster.nodes.values():
+                node.xid(1, 79)
+            await wait_until(
+                lambda: service.dispatcher.deferred >= len(NODES) - 1, what="deferrals"
+            )
+            await asyncio.sleep(0.3)
+            drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
+            assert len(drains) == 1
+            rows = await service.journal.do(lambda s: s.incidents.actions(limit=1000))
+            deferred = [r for r in rows if r.action == "drain_node" and r.state == "deferred"]
+            assert len(deferred) == len(NODES) - 1
+            assert all("drain cap reached" in r.detail for r in deferred)
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
+
+    async def test_dry_run_journals_and_does_nothing(self, collector_config, receiver, tmp_path):
+        """In dry-run mode the journal says what would have run, and no webhook is sent."""
+        service, cluster = await start(
+            collector_config, tmp_path, actions(receiver, tmp_path, dry_run=True)
+        )
+        try:
+            cluster.nodes["node-3"].xid(5, 79)
+            await wait_until(
+                lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
+                what="incident",
+            )
+            await asyncio.sleep(0.3)
+            rows = await service.journal.do(lambda s: s.incidents.actions(node="node-3"))
+            assert rows
+            assert {r.state for r in rows} == {"dry_run"}
+            assert receiver.deliveries() == []
+            assert service.dispatcher.drained == {}
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
