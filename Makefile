@@ -25,6 +25,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
+	sh scripts/ensure-test-deps.sh
 	$(BIN)/pytest
 
 # Regenerate the wire code after editing the .proto (a test checks this was done).

@@ -4,7 +4,8 @@ Exception tree::
 
     CollectorError
     ├── ConfigError      (collector configuration is invalid; names the key)
-    └── JournalError     (the journal cannot be opened, migrated or written)
+    ├── JournalError     (the journal cannot be opened, migrated or written)
+    └── SlurmError       (scontrol missing, timed out or failed; collector/actions/slurm.py)
 """
 
 from __future__ import annotations

@@ -20,13 +20,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from collector import http_incidents as incidents_api
 from fleetwatch.model import EventKind
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from collector.fleet import FleetModel, NodeState
+    from collector.http_incidents import SilenceWriter
     from collector.store_sqlite import EventRow, JournalReader
+    from fleetwatch.clock import Clock
 
 log = structlog.get_logger("collector.http")
 
@@ -136,9 +139,9 @@ def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, h
 
 
 class ApiServer:
-    """Serves HTTP on a daemon thread; reads the model and the journal, never writes."""
+    """Serves HTTP on a daemon thread; reads the model and the journal, writes only silences."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - what the API reads and the one thing it writes
         self,
         *,
         host: str,
@@ -146,16 +149,26 @@ class ApiServer:
         fleet: FleetModel,
         journal: JournalReader,
         registry: CollectorRegistry,
+        silences: SilenceWriter | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`."""
         self._fleet = fleet
         self._journal = journal
         self._registry = registry
+        self._silences = silences
+        self._clock = clock
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 api.handle(self)
+
+            def do_POST(self) -> None:
+                api.handle_change(self)
+
+            def do_DELETE(self) -> None:
+                api.handle_change(self)
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 """Quiet: requests are not worth a log line each."""
@@ -192,22 +205,44 @@ class ApiServer:
                 self._send(req, HTTPStatus.OK, generate_latest(self._registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 self._send(req, HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
-            elif path == "/api/v1/nodes":
-                nodes = self._fleet.snapshot()
-                self._json(req, HTTPStatus.OK, {"nodes": [node_summary(n) for n in nodes.values()]})
-            elif path.startswith("/api/v1/nodes/"):
-                name = unquote(path.removeprefix("/api/v1/nodes/"))
-                node = self._fleet.snapshot().get(name)
-                if node is None:
-                    self._json(req, HTTPStatus.NOT_FOUND, {"error": f"no node named {name!r}"})
-                else:
-                    self._json(req, HTTPStatus.OK, node_detail(node))
-            elif path == "/api/v1/events":
-                self._json(req, HTTPStatus.OK, self._events(parse_qs(url.query)))
             else:
-                self._json(req, HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
+                status, body = self._get_json(path, parse_qs(url.query))
+                self._json(req, status, body)
         except BadRequestError as exc:
             self._json(req, HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except incidents_api.ApiError as exc:
+            self._json(req, exc.status, {"error": str(exc)})
+        except Exception as exc:
+            log.exception("http_request_failed", path=path)
+            self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})
+
+    def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
+        if path == "/api/v1/nodes":
+            nodes = self._fleet.snapshot()
+            return HTTPStatus.OK, {"nodes": [node_summary(n) for n in nodes.values()]}
+        if path.startswith("/api/v1/nodes/"):
+            name = unquote(path.removeprefix("/api/v1/nodes/"))
+            node = self._fleet.snapshot().get(name)
+            if node is None:
+                return HTTPStatus.NOT_FOUND, {"error": f"no node named {name!r}"}
+            return HTTPStatus.OK, node_detail(node)
+        if path == "/api/v1/events":
+            return HTTPStatus.OK, self._events(query)
+        return HTTPStatus.OK, incidents_api.get(path, query, self._journal)
+
+    def handle_change(self, req: BaseHTTPRequestHandler) -> None:
+        """Route a POST or DELETE (silences)."""
+        path = urlsplit(req.path).path.rstrip("/")
+        try:
+            status, answer = incidents_api.change(
+                req,
+                path,
+                writer=self._silences,
+                now=self._clock.now() if self._clock is not None else 0.0,
+            )
+            self._json(req, status, answer)
+        except incidents_api.ApiError as exc:
+            self._json(req, exc.status, {"error": str(exc)})
         except Exception as exc:
             log.exception("http_request_failed", path=path)
             self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})

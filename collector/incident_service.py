@@ -8,14 +8,18 @@ again, and silences are loaded before the first evaluation.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
 from collector.store_incidents import IncidentRow, SilenceRow
 from rules.engine import Incident, Phase
 
+T = TypeVar("T")
+
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from collector.incidents import Evaluator, Outcome
     from collector.journal import Journal
     from fleetwatch.clock import Clock
@@ -169,3 +173,45 @@ class IncidentService:
             log.info(event, rule=rule.name, target=incident.target)
             if self.sink is not None:
                 await self.sink.resolve(row, rule)
+
+
+class SilenceBook:
+    """Adds and removes silences for the HTTP thread, through the event loop's journal writer."""
+
+    def __init__(self, journal: Journal, service: IncidentService) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        self._journal = journal
+        self._service = service
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Remember the loop the journal and the incident service run on."""
+        self._loop = loop
+
+    def _call(self, coro: Coroutine[object, object, T]) -> T:
+        if self._loop is None:
+            coro.close()
+            msg = "the silence book is not bound to a running collector"
+            raise RuntimeError(msg)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+    def add(self, row: SilenceRow) -> int:
+        """Store a silence and apply it to the next evaluation."""
+
+        async def add() -> int:
+            silence_id = await self._journal.do(lambda s: s.incidents.add_silence(row))
+            await self._service.reload_silences()
+            log.info("silence_added", id=silence_id, node=row.node, rule=row.rule)
+            return silence_id
+
+        return self._call(add())
+
+    def remove(self, silence_id: int) -> bool:
+        """Delete a silence."""
+
+        async def remove() -> bool:
+            removed = await self._journal.do(lambda s: s.incidents.remove_silence(silence_id))
+            await self._service.reload_silences()
+            return removed
+
+        return self._call(remove())

@@ -270,17 +270,18 @@ class Evaluator:
 
     @staticmethod
     def _evidence(rule: Rule, data: dict[str, Any]) -> str:
-        """A short, factual line: the rule and what the target is."""
-        parts = [rule.name]
+        """A short, factual line naming the target (the rule is named beside it)."""
         if "port" in data:
             p = data["port"]
-            parts.append(f"{p['device']}/{p['port']} {p['state']}/{p['phys_state']}")
-        elif "link" in data:
-            parts.append(f"GPU {data['gpu']['index']} NVLink {data['link']['index']}")
-        elif "gpu" in data:
+            return f"IB {p['device']}/{p['port']} {p['state']}/{p['phys_state']}"
+        if "link" in data:
+            return f"GPU {data['gpu']['index']} NVLink {data['link']['index']}"
+        if "gpu" in data:
             g = data["gpu"]
-            parts.append(f"GPU {g['index']} {g['uuid']}")
-        return ": ".join(parts)
+            return f"GPU {g['index']} {g['uuid']}"
+        if "node" in data:
+            return f"node {data['node']['name']}"
+        return rule.scope.value
 
     # ---- data for CEL -----------------------------------------------------------------------
 

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
-from collector.actions.adapters import WebhookDrainer, WebhookNotifier
+from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
 from collector.actions.dispatcher import Dispatcher, Drainer
+from collector.actions.slurm import SlurmNodes
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
 from collector.fleet import FleetModel
 from collector.http_api import ApiServer
-from collector.incident_service import IncidentService
+from collector.incident_service import IncidentService, SilenceBook
 from collector.incidents import Evaluator
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
@@ -44,6 +45,9 @@ def build_dispatcher(
 ) -> Dispatcher:
     """The dispatcher with the drain adapters and notify channels the configuration names."""
     drainers: list[Drainer] = []
+    if cfg.slurm.enabled:
+        env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
+        drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
     if cfg.drain_webhook is not None:
         drainers.append(WebhookDrainer(cfg.drain_webhook.sender(clock, "actions.drain_webhook")))
     channels = {
@@ -89,14 +93,6 @@ class CollectorService:
             config=config,
             credentials=credentials,
         )
-        host, port = split_host_port(cfg.http, "http")
-        self.http = ApiServer(
-            host=host,
-            port=port,
-            fleet=self.fleet,
-            journal=self.reader,
-            registry=self.registry,
-        )
         self.ruleset = load_rules(list(cfg.rules))
         self.evaluator = Evaluator(
             rules=self.ruleset,
@@ -112,6 +108,17 @@ class CollectorService:
             clock=clock,
             sink=self.dispatcher,
             interval_s=cfg.rules_interval,
+        )
+        self.silences = SilenceBook(self.journal, self.incidents)
+        host, port = split_host_port(cfg.http, "http")
+        self.http = ApiServer(
+            host=host,
+            port=port,
+            fleet=self.fleet,
+            journal=self.reader,
+            registry=self.registry,
+            silences=self.silences,
+            clock=clock,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -142,6 +149,7 @@ class CollectorService:
 
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""
+        self.silences.bind(asyncio.get_running_loop())
         await self._restore_nodes()
         await self.dispatcher.start()
         await self.incidents.start()

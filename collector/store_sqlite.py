@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.exceptions import JournalError
 from collector.store_incidents import SCHEMA_V2, IncidentStore
 
+T = TypeVar("T")
+
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
 SCHEMA_VERSION: Final = 2
@@ -252,6 +254,11 @@ class JournalReader:
         )
         with contextlib.closing(self._connect()) as conn:
             return [_from_db(r) for r in conn.execute(sql, (*params, limit)).fetchall()]
+
+    def read(self, fn: Callable[[IncidentStore], T]) -> T:
+        """Run a read of the incident, action or silence tables on a fresh read-only connection."""
+        with contextlib.closing(self._connect()) as conn:
+            return fn(IncidentStore(conn))
 
     def count(self) -> int:
         """Return how many events the journal holds."""

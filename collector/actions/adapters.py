@@ -1,12 +1,14 @@
-"""Actuators behind the dispatcher's protocols: webhooks for drains and notifications."""
+"""Actuators behind the dispatcher's protocols: Slurm and webhooks drain, webhooks notify."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from collector.actions.dispatcher import ActionOutcome
+from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError
 
 if TYPE_CHECKING:
+    from collector.actions.slurm import SlurmNodes
     from collector.actions.webhook import DeliveryResult, WebhookSender
 
 
@@ -54,3 +56,40 @@ class WebhookNotifier:
         if sender is None:
             return ActionOutcome(ok=False, detail=f"no notify channel {channel!r} or default")
         return _outcome(await sender.send(payload, key, kind="notification"), f"notify {channel}")
+
+
+class SlurmDrainer:
+    """Drains and resumes nodes in Slurm (through ``scontrol``), never over a person's drain."""
+
+    name = "slurm"
+
+    def __init__(self, nodes: SlurmNodes) -> None:
+        """Use ``nodes`` (one adapter for the collector's life)."""
+        self._nodes = nodes
+
+    async def drain(self, node: str, reason: str, key: str) -> ActionOutcome:  # noqa: ARG002
+        """``scontrol update State=DRAIN``; a node held by someone else is left as it is."""
+        try:
+            result = await self._nodes.drain(node, reason)
+        except SlurmError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}")
+        if result.outcome == DrainOutcome.HELD_BY_OTHER:
+            held = result.state.reason or "no reason"
+            return ActionOutcome(
+                ok=False, detail=f"slurm: left alone, drained by someone else ({held})"
+            )
+        return ActionOutcome(
+            ok=True, detail=f"slurm: {result.outcome.value.lower()} ({result.reason})"
+        )
+
+    async def resume(self, node: str, key: str) -> ActionOutcome:  # noqa: ARG002
+        """``scontrol update State=RESUME``, only for our own drain."""
+        try:
+            result = await self._nodes.resume(node)
+        except SlurmError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}")
+        if result.outcome == ResumeOutcome.RESUMED:
+            return ActionOutcome(ok=True, detail="slurm: resumed")
+        return ActionOutcome(
+            ok=False, detail=f"slurm: not resumed ({result.outcome.value.lower()})"
+        )
