@@ -174,3 +174,77 @@ class TestSafety:
         finally:
             await cluster.stop()
             await service.stop(grace=None)
+
+
+def api(service: CollectorService, method: str, path: str, body: object = None) -> tuple[int, Any]:
+    import json  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{service.http_port}{path}",
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+class TestSilencesApi:
+    async def test_silenced_node_runs_no_actions(self, running, receiver):
+        """A silence on a node (maintenance) keeps its incidents from acting; the API lists
+        incidents, actions and silences, and a silence can be removed."""
+        service, cluster = running
+        status, made = await asyncio.to_thread(
+            api,
+            service,
+            "POST",
+            "/api/v1/silences",
+            {"node": "node-4", "duration": "1h", "reason": "cable swap"},
+        )
+        assert status == 201
+        cluster.nodes["node-4"].xid(6, 79)
+        await wait_until(
+            lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
+            what="incident",
+        )
+        await asyncio.sleep(0.3)
+        assert receiver.deliveries() == []
+        _, actions_seen = await asyncio.to_thread(
+            api, service, "GET", "/api/v1/actions?node=node-4"
+        )
+        assert {a["state"] for a in actions_seen["actions"]} == {"skipped"}
+        assert all(f"silence {made['id']}" in a["detail"] for a in actions_seen["actions"])
+        _, incidents = await asyncio.to_thread(api, service, "GET", "/api/v1/incidents?open=1")
+        assert [(i["rule"], i["silenced_by"]) for i in incidents["incidents"]] == [
+            ("gpu_lost", f"silence {made['id']}"),
+        ]
+        _, silences = await asyncio.to_thread(api, service, "GET", "/api/v1/silences")
+        assert [s["reason"] for s in silences["silences"]] == ["cable swap"]
+        status, _ = await asyncio.to_thread(
+            api, service, "DELETE", f"/api/v1/silences/{made['id']}"
+        )
+        assert status == 200
+        _, silences = await asyncio.to_thread(api, service, "GET", "/api/v1/silences")
+        assert silences["silences"] == []
+
+    async def test_bad_silence_is_refused(self, running):
+        """A silence without a valid duration, or with unknown fields, gets a 400 saying why."""
+        service, _ = running
+        status, body = await asyncio.to_thread(
+            api, service, "POST", "/api/v1/silences", {"node": "x"}
+        )
+        assert status == 400
+        assert "duration" in body["error"]
+        status, body = await asyncio.to_thread(
+            api, service, "POST", "/api/v1/silences", {"duration": "1h", "colour": "red"}
+        )
+        assert status == 400
+        status, _ = await asyncio.to_thread(api, service, "DELETE", "/api/v1/silences/999")
+        assert status == 404
