@@ -25,7 +25,9 @@ class AgentConfig:
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
-    state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor; None: keep no state
+    state_dir: Path | None = Path("/var/lib/fleetwatch")
+    gpu_reset: bool = True  # carry out the collector's reset_gpu commands (when GPUs are idle)
+    nvidia_smi: str = "nvidia-smi"  # kmsg cursor; None: keep no state
     xid_catalog: Path | None = None
     backoff_initial: float = 0.5
     backoff_max: float = 30.0

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from agent.backoff import Backoff
     from agent.changes import LiveSamples
+    from agent.commands import CommandRunner
     from agent.intervals import Intervals
     from agent.outbox import Outbox
     from fleetwatch.clock import Clock
@@ -60,6 +61,7 @@ class CollectorLink:
         intervals: Intervals,
         credentials: grpc.ChannelCredentials | None = None,
         welcome_timeout: float = WELCOME_TIMEOUT_S,
+        commands: CommandRunner | None = None,
     ) -> None:
         """Nothing connects until :meth:`run`."""
         self.target = target
@@ -71,6 +73,8 @@ class CollectorLink:
         self.intervals = intervals
         self._credentials = credentials
         self._welcome_timeout = welcome_timeout
+        self._commands = commands
+        self._running: set[asyncio.Task[None]] = set()
         self.connected = False
         self.connections = 0
         self.failures = 0
@@ -162,6 +166,20 @@ class CollectorLink:
         for task in done:
             task.result()  # re-raise what ended the stream
 
+    async def _command(self, call: Call, lock: asyncio.Lock, command: pb.Command) -> None:
+        if self._commands is None:
+            result = pb.CommandResult(
+                command_id=command.command_id,
+                ok=False,
+                detail="this agent runs no commands",
+            )
+        else:
+            result = await self._commands.run(command)
+        try:
+            await self._write(call, lock, pb.AgentMessage(command_result=result))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.warning("command_result_lost", id=command.command_id, error=str(exc))
+
     async def _write(self, call: Call, lock: asyncio.Lock, msg: pb.AgentMessage) -> None:
         async with lock:
             await call.write(msg)
@@ -218,11 +236,9 @@ class CollectorLink:
             elif body == "config":
                 self.intervals.apply(msg.config)
             elif body == "command":
-                result = pb.CommandResult(
-                    command_id=msg.command.command_id,
-                    ok=False,
-                    detail=f"command kind {msg.command.kind} is not supported by this agent",
-                )
-                await self._write(call, lock, pb.AgentMessage(command_result=result))
+                # Run it beside the stream: a reset takes seconds, acks must keep flowing.
+                task = asyncio.create_task(self._command(call, lock, msg.command))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
             else:
                 log.warning("unexpected_collector_message", body=body)

@@ -12,6 +12,7 @@ import structlog
 from agent.agent import Agent, build_hello
 from agent.backoff import Backoff
 from agent.changes import LiveSamples
+from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import SourceError
 from agent.intervals import Intervals
 from agent.link import CollectorLink
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
     import grpc
 
+    from agent.commands import GpuReset
     from agent.config import AgentConfig
     from agent.sources.kmsg import KmsgSource
     from agent.sources.nvml_api import NvmlLibrary
@@ -51,6 +53,7 @@ class Hardware:
     udev: UdevSource | None
     boot_id: str
     kmsg_cursor: KmsgCursor | None = None
+    gpu_reset: GpuReset | None = None
 
 
 def read_boot_id(proc_root: Path) -> str:
@@ -94,6 +97,7 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
         udev=udev,
         boot_id=boot_id,
         kmsg_cursor=cursor,
+        gpu_reset=NvidiaSmiReset(cfg.nvidia_smi) if cfg.gpu_reset else None,
     )
 
 
@@ -134,6 +138,7 @@ def build_agent(
     outbox = Outbox(hardware.boot_id)
     live = LiveSamples()
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
+    commands = CommandRunner(sampler, hardware.gpu_reset)
     link = CollectorLink(
         target=cfg.collector,
         hello=lambda: build_hello(cfg.node, hardware.boot_id, sampler.inventory, clock),
@@ -143,6 +148,7 @@ def build_agent(
         backoff=Backoff(cfg.backoff_initial, cfg.backoff_max),
         intervals=intervals,
         credentials=credentials,
+        commands=commands,
     )
     return Agent(
         node=cfg.node,

@@ -120,6 +120,10 @@ class Sampler:
                 self._nvml_events = None
         return self.inventory
 
+    def compute_processes(self, gpu: GpuIdentity) -> list[int]:
+        """Pids using ``gpu`` (SourceError, GpuLostError included, when NVML cannot say)."""
+        return self._nvml.compute_processes(gpu)
+
     def close(self) -> None:
         """Stop the NVML event thread, if one runs, and close kept sysfs files."""
         if self._nvml_events is not None:

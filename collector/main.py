@@ -10,8 +10,9 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
-from collector.actions.dispatcher import Dispatcher, Drainer
+from collector.actions.dispatcher import Dispatcher, Drainer, GpuResetter
 from collector.actions.slurm import SlurmNodes
+from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
 from collector.fleet import FleetModel
@@ -42,6 +43,7 @@ def build_dispatcher(
     journal: Journal,
     fleet: FleetModel,
     clock: Clock,
+    resetter: GpuResetter | None = None,
 ) -> Dispatcher:
     """The dispatcher with the drain adapters and notify channels the configuration names."""
     drainers: list[Drainer] = []
@@ -60,6 +62,7 @@ def build_dispatcher(
         safety=cfg.safety,
         drainers=tuple(drainers),
         notifier=WebhookNotifier(channels) if channels else None,
+        resetter=resetter,
     )
 
 
@@ -101,7 +104,8 @@ class CollectorService:
             clock=clock,
         )
         self.fleet.observer = self.evaluator
-        self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock)
+        broker = CommandBroker(self.grpc.registry, self.fleet)
+        self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,

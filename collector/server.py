@@ -41,7 +41,7 @@ class FleetServer:
         self._clock = clock
         self._config = config
         self._credentials = credentials
-        self._registry = SessionRegistry()
+        self.registry = SessionRegistry()
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=settings.server_options())
         # Requests arrive as raw bytes: parsing them in the session lets a malformed or
@@ -68,7 +68,7 @@ class FleetServer:
             fleet=self._fleet,
             journal=self._journal,
             stats=self._stats,
-            registry=self._registry,
+            registry=self.registry,
             clock=self._clock,
             config=self._config,
         )

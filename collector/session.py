@@ -70,8 +70,13 @@ class SessionRegistry:
     def __init__(self) -> None:
         """No streams yet."""
         self._tasks: dict[str, asyncio.Task[object]] = {}
+        self._sessions: dict[str, StreamSession] = {}
 
-    def claim(self, node: str) -> None:
+    def session(self, node: str) -> StreamSession | None:
+        """The node's live stream, to send it a command."""
+        return self._sessions.get(node)
+
+    def claim(self, node: str, session: StreamSession | None = None) -> None:
         """Make the current task the node's stream, cancelling a previous one."""
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - always called from a task
@@ -81,11 +86,14 @@ class SessionRegistry:
             log.info("stream_superseded", node=node)
             old.cancel()
         self._tasks[node] = task
+        if session is not None:
+            self._sessions[node] = session
 
     def release(self, node: str) -> bool:
         """Forget the current task as the node's stream; return False if it was superseded."""
         if self._tasks.get(node) is asyncio.current_task():
             del self._tasks[node]
+            self._sessions.pop(node, None)
             return True
         return False
 
@@ -115,6 +123,27 @@ class StreamSession:
         self._inventory = Inventory()
         self._next_seq: int | None = None
         self._journaled = 0
+        self._context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage] | None = None
+        self._write_lock = asyncio.Lock()
+        self._commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
+
+    async def _send(self, message: pb.CollectorMessage) -> None:
+        """Write to the agent; one write at a time (acks and commands share the stream)."""
+        if self._context is None:
+            msg = "the stream has not said Hello yet"
+            raise RuntimeError(msg)
+        async with self._write_lock:
+            await self._context.write(message)
+
+    async def command(self, command: pb.Command, timeout_s: float) -> pb.CommandResult:
+        """Send a command to the agent and wait for its result (TimeoutError if none comes)."""
+        waiter: asyncio.Future[pb.CommandResult] = asyncio.get_running_loop().create_future()
+        self._commands[command.command_id] = waiter
+        try:
+            await self._send(pb.CollectorMessage(command=command))
+            return await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            self._commands.pop(command.command_id, None)
 
     async def run(self, context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage]) -> None:
         """Serve the stream until the agent goes away or breaks the contract."""
@@ -139,6 +168,9 @@ class StreamSession:
             log.exception("stream_failed", peer=peer, node=self._node or None)
             raise
         finally:
+            for waiter in self._commands.values():
+                if not waiter.done():
+                    waiter.set_exception(ConnectionError("the agent's stream closed"))
             self._stats.streams_active -= 1
             if self._node and self._registry.release(self._node):
                 self._fleet.on_disconnect(self._node)
@@ -166,7 +198,7 @@ class StreamSession:
             raise WireError("protocol", msg)
         await self._hello(first.hello, context)
         while (message := await self._read(context)) is not None:
-            await self._dispatch(message, context)
+            await self._dispatch(message)
 
     async def _hello(
         self,
@@ -175,7 +207,7 @@ class StreamSession:
     ) -> None:
         self._inventory = validate_hello(hello)
         self._node, self._boot_id = hello.node, hello.boot_id
-        self._registry.claim(self._node)
+        self._registry.claim(self._node, self)
         mono, unix = self._clock.monotonic(), self._clock.now()
         was_unreachable = self._fleet.on_hello(hello, mono, unix)
         await self._journal.save_node(
@@ -205,7 +237,8 @@ class StreamSession:
             journaled=pb.Ack(boot_id=self._boot_id, seq=high),
             config=self._config,
         )
-        await context.write(pb.CollectorMessage(welcome=welcome))
+        self._context = context
+        await self._send(pb.CollectorMessage(welcome=welcome))
 
     async def node_reachable(self) -> None:
         """Journal that a node the collector had given up on is talking again."""
@@ -219,11 +252,7 @@ class StreamSession:
             last_seen_ms=unix_ms(self._clock),
         )
 
-    async def _dispatch(
-        self,
-        message: pb.AgentMessage,
-        context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage],
-    ) -> None:
+    async def _dispatch(self, message: pb.AgentMessage) -> None:
         if self._fleet.touch(self._node, self._clock.monotonic(), self._clock.now()):
             await self.node_reachable()
         body = message.WhichOneof("body")
@@ -234,10 +263,13 @@ class StreamSession:
             self._stats.samples += len(message.report.samples)
         elif body == "event":
             seq = await self._event(message.event)
-            await context.write(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
+            await self._send(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
         elif body == "command_result":
             result = message.command_result
             log.info("command_result", node=self._node, id=result.command_id, ok=result.ok)
+            waiter = self._commands.pop(result.command_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
         else:
             msg = "Hello sent twice on one stream"
             raise WireError("protocol", msg)

@@ -28,6 +28,7 @@ def sim_hardware(node: SimNode) -> Hardware:
         kmsg=node.kmsg,
         udev=node.udev,
         boot_id=node.boot_id,
+        gpu_reset=lambda gpu: node.reset_gpu(gpu.index),
     )
 
 

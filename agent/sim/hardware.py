@@ -75,6 +75,8 @@ class SimGpu:
     sm_clock_mhz: int = 1980
     lost: bool = False
     slowdown: float = 1.0  # step-time factor a simulated training job reads (1.0: healthy)
+    processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
+    resets: int = 0
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
 
@@ -280,6 +282,24 @@ class SimNode:
         else:
             g.clock_event_reasons |= THERMAL_REASONS
             g.temperature_c, g.sm_clock_mhz = temperature_c, 1305
+
+    def reset_gpu(self, gpu: int) -> tuple[bool, str]:
+        """What ``nvidia-smi --gpu-reset`` does: clear volatile state, apply remaps, retrain links.
+
+        A GPU that fell off the bus cannot be reached by a reset.
+        """
+        g = self.gpus[gpu]
+        if g.lost:
+            return False, f"GPU {gpu} is lost: a reset cannot reach it (reboot the node)"
+        if g.processes:
+            return False, f"GPU {gpu} is in use by {len(g.processes)} processes"
+        g.resets += 1
+        g.ecc_sbe_volatile = g.ecc_dbe_volatile = 0
+        g.remap_pending = False
+        g.nvlink_up = [True] * len(g.nvlink_up)
+        g.clock_event_reasons = 0
+        self.kmsg.write(f"NVRM: GPU at PCI:{g.kernel_bus_id}: GPU reset completed")
+        return True, f"GPU {gpu} reset"
 
     def slow(self, gpu: int, factor: float) -> None:
         """The GPU computes ``factor`` times slower (a training job's step time grows)."""

@@ -67,6 +67,14 @@ class SimFieldValue:
 
 
 @dataclass(frozen=True, slots=True)
+class SimProcess:
+    """``nvmlProcessInfo_t``."""
+
+    pid: int
+    usedGpuMemory: int = 0  # noqa: N815 - NVML's name
+
+
+@dataclass(frozen=True, slots=True)
 class SimUtilization:
     """``nvmlUtilization_t``."""
 
@@ -348,6 +356,11 @@ class SimNvmlLibrary:
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:  # noqa: A002, ANN401, ARG002, N802
         """Return the SM clock in MHz."""
         return self._value(handle, "nvmlDeviceGetClockInfo", lambda g: g.sm_clock_mhz)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[SimProcess]:  # noqa: ANN401, N802
+        """Return the compute processes on the GPU."""
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimProcess(pid) for pid in gpu.processes]
 
     # ---- events ------------------------------------------------------------------------------
 

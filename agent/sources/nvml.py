@@ -280,6 +280,15 @@ class NvmlSource:
                 raise GpuLostError(ERROR_GPU_IS_LOST, msg)
         return values
 
+    def compute_processes(self, gpu: GpuIdentity) -> list[int]:
+        """Pids of the compute processes using the GPU (GpuLostError when it is gone)."""
+        handle = self.handle(gpu.index)
+        processes = self._call(
+            "nvmlDeviceGetComputeRunningProcesses",
+            partial(self._lib.nvmlDeviceGetComputeRunningProcesses, handle),
+        )
+        return [int(p.pid) for p in processes]
+
     def read(self, gpu: GpuIdentity) -> GpuReading:
         """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""
         lib = self._lib

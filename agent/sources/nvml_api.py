@@ -36,6 +36,15 @@ class Utilization(Protocol):
         ...
 
 
+class ProcessInfo(Protocol):
+    """``nvmlProcessInfo_t``: a process using the GPU."""
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        ...
+
+
 class EventData(Protocol):
     """``nvmlEventData_t``: ``eventData`` is the Xid for Xid events."""
 
@@ -104,6 +113,10 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Utilization: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...  # noqa: A002, ANN401, D102, N802
+    def nvmlDeviceGetComputeRunningProcesses(  # noqa: D102, N802
+        self,
+        handle: Any,  # noqa: ANN401
+    ) -> Sequence[ProcessInfo]: ...
     def nvmlEventSetCreate(self) -> Any: ...  # noqa: ANN401, D102, N802
     def nvmlEventSetFree(self, eventSet: Any) -> None: ...  # noqa: ANN401, D102, N802, N803
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802

@@ -119,7 +119,7 @@ class Dispatcher:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
         rows = await self._journal.do(lambda s: s.incidents.actions(limit=100_000))
         for row in reversed(rows):  # oldest first
-            if row.action == "drain_node" and row.state == "succeeded":
+            if row.action.endswith("drain_node") and row.state == "succeeded":
                 self.drained[row.node] = row.incident_id
             elif row.action == "resume_node" and row.state == "succeeded":
                 self.drained.pop(row.node, None)
@@ -208,12 +208,40 @@ class Dispatcher:
         return "planned", ""
 
     async def fire(
-        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
     ) -> None:
-        """Run the firing incident's actions, one after another, each journaled twice."""
+        """Run the firing incident's actions, one after another, each journaled twice.
+
+        A GPU reset that fails escalates at once: the rule's escalation actions run for this
+        incident (a reset that cannot help is no reason to wait for the fault to come back).
+        """
+        failed_reset = await self._fire(incident, rule, actions)
+        esc = rule.escalation
+        if failed_reset and esc is not None and not incident.escalated:
+            log.warning("reset_failed_escalating", incident=incident.id, rule=rule.name)
+            await self._fire(incident, rule, esc.actions, prefix="escalated_")
+
+    async def _fire(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        prefix: str = "",
+    ) -> bool:
+        """Run ``actions``; True when a GPU reset among them ran and failed."""
+        failed_reset = False
         for spec in actions:
             state, why = self._refusal(incident, rule, spec)
-            action_id, new = await self._journal_action(incident, spec, state, why)
+            action_id, new = await self._journal_action(
+                incident,
+                spec,
+                state,
+                why,
+                f"{prefix}{spec.name}" if prefix else None,
+            )
             if not new:
                 continue  # this action of this incident was decided before: never twice
             if state != "planned":
@@ -227,6 +255,7 @@ class Dispatcher:
             outcome = await self._run(incident, rule, spec)
             if spec.name == "drain_node" and outcome.ok:
                 self.drained[incident.node] = incident.id
+            failed_reset |= spec.name == "reset_gpu" and not outcome.ok
             await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
             log.info(
                 "action_done",
@@ -236,6 +265,7 @@ class Dispatcher:
                 ok=outcome.ok,
                 detail=outcome.detail,
             )
+        return failed_reset
 
     async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
         try:

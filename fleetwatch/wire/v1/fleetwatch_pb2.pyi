@@ -223,11 +223,13 @@ class Config(_message.Message):
     def __init__(self, poll_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "kind", "gpu_uuid")
+    __slots__ = ("command_id", "kind", "gpu_uuid", "force")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     kind: CommandKind
     gpu_uuid: str
-    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
