@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit proto clean
+.PHONY: demo test lint typecheck rules unit proto clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fleetwatch demo --nodes 4 --duration 30
 
-test: $(STAMP) lint typecheck unit
+test: $(STAMP) lint typecheck rules unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -23,6 +23,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The built-in rules must load cleanly and pass their own unit tests (docs/rules.md).
+rules: $(STAMP)
+	$(BIN)/fleetwatch rules check
+	$(BIN)/fleetwatch rules test rules/default_test.yaml
 
 unit: $(STAMP)
 	sh scripts/ensure-test-deps.sh

@@ -1,4 +1,8 @@
-"""The ``fleetwatch`` command: ``agent``, ``collector`` and ``demo``."""
+"""The ``fleetwatch`` command: the daemons, the demo, and tools for people.
+
+Daemons: ``agent``, ``collector``. Tools: ``rules check|test``, ``incidents``, ``actions``,
+``silence add|list|remove``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import os
 import signal
 import sys
 import tempfile
@@ -73,7 +78,50 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", type=Path, help="scenario file (default: the built-in demo)")
     demo.add_argument("--http-port", type=int, default=0, help="metrics/API port (default: any)")
     demo.add_argument("--workdir", type=Path, help="keep the journal and sysfs trees here")
+    _add_tool_parsers(sub)
     return parser
+
+
+def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rules = sub.add_parser("rules", help="check rule files and run their unit tests")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_sub.add_parser("check", help="validate rule files (exit 1 listing problems)")
+    check.add_argument("files", nargs="*", type=Path, help="rule files (default: the built-in)")
+    test = rules_sub.add_parser("test", help="run rule unit tests (exit 1 when one fails)")
+    test.add_argument("files", nargs="+", type=Path, help="rule test files")
+
+    api_help = f"collector API address (default $FLEETWATCH_API or {_default_api()})"
+    incidents = sub.add_parser("incidents", help="list open incidents from the collector")
+    incidents.add_argument("--api", default=_default_api(), help=api_help)
+    incidents.add_argument("--all", action="store_true", help="resolved ones too")
+    incidents.add_argument("--limit", type=int, default=100)
+    incidents.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    actions = sub.add_parser("actions", help="list actions the collector took, and outcomes")
+    actions.add_argument("--api", default=_default_api(), help=api_help)
+    actions.add_argument("--node", help="only this node's")
+    actions.add_argument("--limit", type=int, default=100)
+    actions.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
+    silence.add_argument("--api", default=_default_api(), help=api_help)
+    silence_sub = silence.add_subparsers(dest="silence_command", required=True)
+    add = silence_sub.add_parser("add", help="silence a node and/or rule for a while")
+    add.add_argument("--node", default="*", help="node name, or * for all (default)")
+    add.add_argument("--rule", default="*", help="rule name, or * for all (default)")
+    add.add_argument("--duration", required=True, help="how long, e.g. 2h or 30m")
+    add.add_argument("--starts-in", default="0s", help="start later: a maintenance window")
+    add.add_argument("--reason", default="", help="shown with the silence and its incidents")
+    listing = silence_sub.add_parser("list", help="silences not over yet")
+    listing.add_argument("--json", action="store_true", help="print the API's JSON")
+    remove = silence_sub.add_parser("remove", help="end a silence now")
+    remove.add_argument("id", type=int)
+
+
+def _default_api() -> str:
+    from fleetwatch.cli_api import DEFAULT_API  # noqa: PLC0415
+
+    return os.environ.get("FLEETWATCH_API", DEFAULT_API)
 
 
 async def _until_signal(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -161,21 +209,63 @@ def _run_demo(args: argparse.Namespace) -> int:
     return main(opts, SystemClock(), sys.stdout)
 
 
+def _run_rules(args: argparse.Namespace) -> int:
+    from fleetwatch import cli_rules  # noqa: PLC0415
+
+    run = cli_rules.check if args.rules_command == "check" else cli_rules.test
+    return run(args.files, sys.stdout, sys.stderr)
+
+
+def _run_api_tool(args: argparse.Namespace) -> int:
+    from fleetwatch import cli_api  # noqa: PLC0415
+
+    out = sys.stdout
+    if args.command == "incidents":
+        return cli_api.incidents(
+            args.api, show_all=args.all, limit=args.limit, as_json=args.json, out=out
+        )
+    if args.command == "actions":
+        return cli_api.actions(
+            args.api, node=args.node, limit=args.limit, as_json=args.json, out=out
+        )
+    if args.silence_command == "add":
+        body = {
+            "node": args.node,
+            "rule": args.rule,
+            "duration": args.duration,
+            "starts_in": args.starts_in,
+            "reason": args.reason,
+        }
+        return cli_api.add_silence(args.api, body, out)
+    if args.silence_command == "remove":
+        return cli_api.remove_silence(args.api, args.id, out)
+    return cli_api.silences(args.api, as_json=args.json, out=out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run a subcommand; errors in input end with a one-line message."""
     from agent.exceptions import AgentError  # noqa: PLC0415
     from collector.exceptions import CollectorError  # noqa: PLC0415
+    from fleetwatch.cli_api import ApiCallError  # noqa: PLC0415
     from fleetwatch.wire.validate import WireError  # noqa: PLC0415
     from rules.exceptions import RulesError  # noqa: PLC0415
 
     args = _parser().parse_args(argv)
     # The demo prints what the collector sees; its logs would only repeat it.
-    level = args.log_level if args.command != "demo" else "error"
+    level = args.log_level if args.command in ("agent", "collector") else "error"
     configure_logging(level, args.log_format if args.command != "demo" else "console")
-    runners = {"agent": _run_agent, "collector": _run_collector, "demo": _run_demo}
+    runners = {
+        "agent": _run_agent,
+        "collector": _run_collector,
+        "demo": _run_demo,
+        "rules": _run_rules,
+        "incidents": _run_api_tool,
+        "actions": _run_api_tool,
+        "silence": _run_api_tool,
+    }
     try:
         return runners[args.command](args)
-    except (AgentError, CollectorError, RulesError, WireError, ValueError) as exc:
+    except (AgentError, CollectorError, RulesError, WireError, ApiCallError, ValueError) as exc:
         print(f"fleetwatch {args.command}: {exc}", file=sys.stderr)  # noqa: T201 - for people
         return 2
     except KeyboardInterrupt:

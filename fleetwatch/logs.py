@@ -11,6 +11,12 @@ import structlog
 LogFormat = Literal["json", "console"]
 
 
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    # Looked up per logger, not bound at set-up: whoever replaces sys.stderr later (a test
+    # harness, a daemon redirecting it) still gets the logs.
+    return structlog.PrintLogger(sys.stderr)
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
     """Send key-value logs to stderr, as JSON (production) or for a terminal (demo)."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -31,6 +37,6 @@ def configure_logging(level: str = "info", fmt: LogFormat = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

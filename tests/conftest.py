@@ -5,14 +5,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import structlog
 
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
+from fleetwatch.logs import configure_logging
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Daemons' logs go to stderr as in production, so a command's stdout holds only its output."""
+    configure_logging("debug", "console")
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging_config() -> Iterator[None]:
+    """Tests that call ``fleetwatch.cli.main`` in-process reconfigure structlog (a level filter);
+    put back what was there so later tests' log assertions see every level."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -1,85 +1,13 @@
 """Rules and actions end to end: simulated faults, a real collector, real signed webhooks."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.sim.cluster import SimCluster
-from collector.actions.config import ActionsConfig, WebhookConfig
-from collector.actions.dispatcher import SafetyConfig
-from collector.config import CollectorConfig
-from collector.main import CollectorService
-from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
-from fleetwatch.webhook_receiver import WebhookReceiver
+from tests.integration.fleet_harness import NODES, actions, api, kinds, start
 
 pytestmark = pytest.mark.integration
-
-SECRET = b"test-secret"
-NODES = [f"node-{i}" for i in range(1, 5)]
-
-
-@pytest.fixture
-def receiver() -> Any:
-    with WebhookReceiver(clock=SystemClock(), secret=SECRET) as hooks:
-        yield hooks
-
-
-def actions(receiver: WebhookReceiver, tmp_path: Path, **safety: Any) -> ActionsConfig:
-    secret_file = tmp_path / "secret"
-    secret_file.write_bytes(SECRET + b"\n")
-    hook = WebhookConfig(url=f"{receiver.url}/hooks", secret_file=secret_file, max_attempts=2)
-    return ActionsConfig(
-        safety=SafetyConfig(**safety),
-        drain_webhook=hook,
-        notify={"default": hook},
-    )
-
-
-async def start(
-    make_config: Callable[..., CollectorConfig],
-    tmp_path: Path,
-    acts: ActionsConfig,
-) -> tuple[CollectorService, SimCluster]:
-    service = CollectorService(make_config(actions=acts, rules_interval=0.1), SystemClock())
-    await service.start()
-    cluster = SimCluster(
-        NODES,
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{service.grpc_port}",
-        poll_interval=0.05,
-        heartbeat_interval=0.2,
-    )
-    cluster.start()
-    await wait_until(
-        lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
-        what="agents connected",
-    )
-    return service, cluster
-
-
-@pytest.fixture
-async def running(
-    collector_config: Callable[..., CollectorConfig],
-    receiver: WebhookReceiver,
-    tmp_path: Path,
-) -> AsyncIterator[tuple[CollectorService, SimCluster]]:
-    service, cluster = await start(collector_config, tmp_path, actions(receiver, tmp_path))
-    try:
-        yield service, cluster
-    finally:
-        await cluster.stop()
-        await service.stop(grace=None)
-
-
-def kinds(receiver: WebhookReceiver) -> list[tuple[str, str]]:
-    return sorted(
-        (d.body["kind"], d.body["payload"].get("node", "")) for d in receiver.deliveries()
-    )
 
 
 class TestFaultToAction:
@@ -174,26 +102,6 @@ class TestSafety:
         finally:
             await cluster.stop()
             await service.stop(grace=None)
-
-
-def api(service: CollectorService, method: str, path: str, body: object = None) -> tuple[int, Any]:
-    import json  # noqa: PLC0415
-    import urllib.error  # noqa: PLC0415
-    import urllib.request  # noqa: PLC0415
-
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{service.http_port}{path}",
-        data=data,
-        method=method,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, json.loads(exc.read())
 
 
 class TestSilencesApi:

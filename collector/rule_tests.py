@@ -1,0 +1,215 @@
+"""Rule unit tests: timelines of events and samples with the incidents and actions expected.
+
+The idea of ``promtool test rules``, run through the collector's own evaluator:
+
+    rule_files: [builtin]            # "builtin" or paths relative to this file
+    tests:
+      - name: an Xid 79 drains the node
+        nodes: {node-01: {gpus: 8, nvlinks: 18, ib_ports: 8}}
+        steps:
+          - {at: 0s, event: {node: node-01, kind: gpu_lost, gpu: 3, xid: 79}}
+          - {at: 2s, sample: {node: node-01, gpu: 3, signal: gpu_present, value: 0}}
+          - {at: 1m, sample: {node: node-01, port: mlx5_0/1, signal: ib_state, value: DOWN}}
+        expect:
+          - at: 5s
+            firing: [gpu_lost@node-01/gpu/3]
+            actions: [drain_node@node-01/gpu/3, notify@node-01/gpu/3]
+
+Time runs in whole seconds of a fake clock, evaluating every second. ``actions`` lists what ran
+since the previous expectation (suppressed or silenced incidents run none); ``firing`` lists
+every incident firing at that moment, as ``rule@target``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import yaml
+
+from collector.fleet import FleetModel
+from collector.incidents import Evaluator
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_to_pb
+from fleetwatch.testing import FakeClock
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.durations import parse_duration
+from rules.engine import Phase
+from rules.exceptions import RulesError
+from rules.loader import load_rules
+from rules.model import Scope
+from rules.signals import known
+from rules.xid_catalog import load_catalog
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+_SCOPES: Final = {
+    TargetKind.NODE: Scope.NODE,
+    TargetKind.GPU: Scope.GPU,
+    TargetKind.NVLINK: Scope.NVLINK,
+    TargetKind.IB_PORT: Scope.IB_PORT,
+}
+
+
+class RuleTestError(RulesError):
+    """A rule test file is malformed; the message names the test and the step."""
+
+
+@dataclass(slots=True)
+class TestResult:
+    """One test's outcome: empty ``failures`` means it passed."""
+
+    name: str
+    failures: list[str] = field(default_factory=list)
+
+
+def _uuid(node: str, index: int) -> str:
+    digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def _hello(node: str, shape: dict[str, int]) -> pb.Hello:
+    return pb.Hello(
+        node=node,
+        boot_id="rule-test",
+        protocol_version=PROTOCOL_VERSION,
+        gpus=[
+            pb.Gpu(
+                index=i,
+                uuid=_uuid(node, i),
+                pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
+                model="H100",
+                nvlink_count=int(shape.get("nvlinks", 18)),
+            )
+            for i in range(int(shape.get("gpus", 8)))
+        ],
+        ib_ports=[
+            pb.IbPort(device=f"mlx5_{i}", port=1, rate="400 Gb/sec (4X NDR)")
+            for i in range(int(shape.get("ib_ports", 8)))
+        ],
+    )
+
+
+def _target(node: str, raw: dict[str, Any]) -> Target:
+    if "port" in raw:
+        device, _, port = str(raw["port"]).partition("/")
+        return Target.ib_port(device, int(port or 1))
+    if "gpu" in raw:
+        uuid = _uuid(node, int(raw["gpu"]))
+        return Target.nvlink(uuid, int(raw["link"])) if "link" in raw else Target.gpu(uuid)
+    return Target.node()
+
+
+class _Run:
+    """One test: a fleet, an evaluator on a fake clock, and what happened."""
+
+    def __init__(self, rule_paths: list[Path], nodes: dict[str, dict[str, int]]) -> None:
+        self.clock = FakeClock()
+        self.start = self.clock.monotonic()
+        self.fleet = FleetModel()
+        for name, shape in nodes.items():
+            self.fleet.on_hello(_hello(name, shape or {}), self.clock.monotonic(), self.clock.now())
+        self.evaluator = Evaluator(
+            rules=load_rules(rule_paths),
+            fleet=self.fleet,
+            catalog=load_catalog(),
+            clock=self.clock,
+        )
+        self.fleet.observer = self.evaluator
+        self.actions: list[str] = []
+
+    def advance_to(self, at: float) -> None:
+        while self.clock.monotonic() - self.start < at:
+            self.clock.advance(1.0)
+            self._tick()
+
+    def _tick(self) -> None:
+        for outcome in self.evaluator.tick():
+            incident = outcome.transition.incident
+            if incident.phase != Phase.FIRING:
+                continue
+            if outcome.verdict.suppressed_by or outcome.verdict.silenced_by:
+                continue
+            self.actions += [f"{a.name}@{incident.target}" for a in outcome.transition.actions]
+
+    def apply(self, step: dict[str, Any]) -> None:
+        if "event" in step:
+            raw = step["event"]
+            node = str(raw["node"])
+            kind = EventKind(str(raw["kind"]))
+            if kind == EventKind.NODE_UNREACHABLE:
+                self.fleet.mark_unreachable(node)
+            self.fleet.apply_event(node, kind, _target(node, raw), int(raw.get("xid", 0)))
+        elif "sample" in step:
+            raw = step["sample"]
+            node = str(raw["node"])
+            value: SampleValue = raw["value"]
+            target = _target(node, raw)
+            signal = str(raw["signal"])
+            if not known(_SCOPES[target.kind], signal):
+                msg = f"unknown signal {signal!r} for a {target.kind} (a typo would test nothing)"
+                raise RuleTestError(msg)
+            sample = sample_to_pb(target, signal, value)
+            self.fleet.apply_report(node, pb.Report(samples=[sample]))
+        else:
+            msg = f"a step needs an event or a sample: {step}"
+            raise RuleTestError(msg)
+        self._tick()
+
+    def firing(self) -> list[str]:
+        return sorted(
+            f"{i.rule}@{i.target}"
+            for i in self.evaluator.engine.open_incidents()
+            if i.phase == Phase.FIRING
+        )
+
+
+def run_test(test: dict[str, Any], rule_paths: list[Path]) -> TestResult:
+    """Play one test; its failures say what was expected and what came."""
+    result = TestResult(str(test.get("name", "unnamed")))
+    run = _Run(rule_paths, dict(test.get("nodes") or {}))
+    steps = test.get("steps", [])
+    timeline = [(parse_duration(s.get("at", 0)), 0, i, s) for i, s in enumerate(steps)]
+    timeline += [(parse_duration(e["at"]), 1, i, e) for i, e in enumerate(test.get("expect", []))]
+    for at, is_expectation, _, item in sorted(timeline, key=lambda t: (t[0], t[1], t[2])):
+        run.advance_to(at)
+        if not is_expectation:
+            run.apply(item)
+            continue
+        where = f"at {item['at']}"
+        if "firing" in item:
+            want = sorted(map(str, item["firing"] or []))
+            if run.firing() != want:
+                result.failures.append(f"{where}: firing {run.firing()}, expected {want}")
+        if "actions" in item:
+            want = sorted(map(str, item["actions"] or []))
+            if sorted(run.actions) != want:
+                result.failures.append(f"{where}: actions {sorted(run.actions)}, expected {want}")
+            run.actions.clear()
+    return result
+
+
+def run_file(path: Path) -> list[TestResult]:
+    """Run every test of a rule test file."""
+    try:
+        data = yaml.safe_load(path.read_text("utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        msg = f"{path}: cannot read the rule tests: {exc}"
+        raise RuleTestError(msg) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("tests"), list):
+        msg = f"{path}: expected 'rule_files' and a list of 'tests'"
+        raise RuleTestError(msg)
+    rule_paths = [
+        path.parent / str(f) for f in data.get("rule_files", ["builtin"]) if str(f) != "builtin"
+    ]
+    results = []
+    for test in data["tests"]:
+        try:
+            results.append(run_test(test, rule_paths))
+        except (KeyError, ValueError, TypeError, RuleTestError) as exc:
+            name = test.get("name", "unnamed") if isinstance(test, dict) else "unnamed"
+            results.append(TestResult(str(name), [f"malformed test: {type(exc).__name__}: {exc}"]))
+    return results

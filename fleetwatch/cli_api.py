@@ -1,0 +1,178 @@
+"""``fleetwatch incidents``, ``actions`` and ``silence``: the collector's JSON API for people."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Final, TextIO
+
+DEFAULT_API: Final = "http://127.0.0.1:9470"
+TIMEOUT_S: Final = 10.0
+EVIDENCE_WIDTH: Final = 72
+
+
+class ApiCallError(Exception):
+    """The collector could not be reached or refused the request; the message says which."""
+
+
+def call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:  # noqa: ANN401 - JSON
+    """One request to the collector's API; the decoded JSON answer."""
+    url = api.rstrip("/") + path
+    if not url.startswith(("http://", "https://")):
+        msg = f"the API address must start with http:// or https://, not {api!r}"
+        raise ApiCallError(msg)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - scheme checked above
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error", exc.reason)
+        except (ValueError, AttributeError):
+            detail = exc.reason
+        msg = f"{method} {url}: {exc.code} {detail}"
+        raise ApiCallError(msg) from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        msg = f"cannot reach the collector at {api}: {reason}"
+        raise ApiCallError(msg) from exc
+
+
+def span(seconds: float) -> str:
+    """``2d3h``, ``4h10m``, ``5m7s`` or ``12s``: the two largest units."""
+    whole = round(seconds)
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for i, (name, size) in enumerate(units[:-1]):
+        if whole >= size:
+            small_name, small_size = units[i + 1]
+            rest = (whole % size) // small_size
+            return f"{whole // size}{name}{rest}{small_name}" if rest else f"{whole // size}{name}"
+    return f"{whole}s"
+
+
+def _when(ms: int | None, now: float) -> str:
+    if not ms:
+        return "-"
+    ago = now - ms / 1000
+    return f"in {span(-ago)}" if ago < 0 else f"{span(ago)} ago"
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _incident_note(row: dict[str, Any]) -> str:
+    if row.get("suppressed_by"):
+        return f"suppressed by {row['suppressed_by']}"
+    if row.get("silenced_by"):
+        return f"silenced ({row['silenced_by']})"
+    return "escalated" if row.get("escalated") else ""
+
+
+def incidents(api: str, *, show_all: bool, limit: int, as_json: bool, out: TextIO) -> int:
+    """List open incidents (or all recent ones), newest first."""
+    query = urllib.parse.urlencode({"open": "0" if show_all else "1", "limit": limit})
+    data = call(api, "GET", f"/api/v1/incidents?{query}")
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    rows: list[dict[str, Any]] = data.get("incidents", [])
+    if not rows:
+        print("no incidents" if show_all else "no open incidents", file=out)
+        return 0
+    now = time.time()
+    table = [["PHASE", "SEVERITY", "RULE", "TARGET", "SINCE", "NOTE", "EVIDENCE"]]
+    for r in rows:
+        since = r.get("resolved_ms") if r["phase"] == "resolved" else r.get("fired_ms")
+        table.append(
+            [
+                r["phase"],
+                r["severity"],
+                r["rule"],
+                r["target"],
+                _when(since or r.get("started_ms"), now),
+                _incident_note(r),
+                str(r.get("evidence", ""))[:EVIDENCE_WIDTH],
+            ]
+        )
+    _table(table, out)
+    return 0
+
+
+def actions(api: str, *, node: str | None, limit: int, as_json: bool, out: TextIO) -> int:
+    """List actions and their outcomes, newest first."""
+    params: dict[str, str | int] = {"limit": limit}
+    if node:
+        params["node"] = node
+    data = call(api, "GET", f"/api/v1/actions?{urllib.parse.urlencode(params)}")
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    rows: list[dict[str, Any]] = data.get("actions", [])
+    if not rows:
+        print("no actions", file=out)
+        return 0
+    now = time.time()
+    table = [["WHEN", "ACTION", "NODE", "TARGET", "STATE", "DETAIL"]]
+    table += [
+        [
+            _when(r.get("created_ms"), now),
+            r["action"],
+            r["node"],
+            r["target"],
+            r["state"],
+            str(r.get("detail", ""))[:EVIDENCE_WIDTH],
+        ]
+        for r in rows
+    ]
+    _table(table, out)
+    return 0
+
+
+def silences(api: str, *, as_json: bool, out: TextIO) -> int:
+    """List silences that are not over yet (including those still to start)."""
+    data = call(api, "GET", "/api/v1/silences")
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    rows: list[dict[str, Any]] = data.get("silences", [])
+    if not rows:
+        print("no silences", file=out)
+        return 0
+    now = time.time()
+    table = [["ID", "NODE", "RULE", "STARTS", "ENDS", "REASON"]]
+    table += [
+        [
+            str(r["id"]),
+            r["node"],
+            r["rule"],
+            _when(r["starts_ms"], now),
+            _when(r["ends_ms"], now),
+            r.get("reason", ""),
+        ]
+        for r in rows
+    ]
+    _table(table, out)
+    return 0
+
+
+def add_silence(api: str, body: dict[str, Any], out: TextIO) -> int:
+    """Add a silence (a maintenance window when it starts later); print its id."""
+    answer = call(api, "POST", "/api/v1/silences", body)
+    print(f"silence {answer['id']} added", file=out)
+    return 0
+
+
+def remove_silence(api: str, silence_id: int, out: TextIO) -> int:
+    """End a silence now."""
+    call(api, "DELETE", f"/api/v1/silences/{silence_id}")
+    print(f"silence {silence_id} removed", file=out)
+    return 0

@@ -1,0 +1,81 @@
+"""A collector with actions wired to a real signed-webhook receiver, and simulated nodes."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+from agent.sim.cluster import SimCluster
+from collector.actions.config import ActionsConfig, WebhookConfig
+from collector.actions.dispatcher import SafetyConfig
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.testing import wait_until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from collector.config import CollectorConfig
+    from fleetwatch.webhook_receiver import WebhookReceiver
+
+SECRET = b"test-secret"
+NODES = [f"node-{i}" for i in range(1, 5)]
+
+
+def actions(receiver: WebhookReceiver, tmp_path: Path, **safety: Any) -> ActionsConfig:
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET + b"\n")
+    hook = WebhookConfig(url=f"{receiver.url}/hooks", secret_file=secret_file, max_attempts=2)
+    return ActionsConfig(
+        safety=SafetyConfig(**safety),
+        drain_webhook=hook,
+        notify={"default": hook},
+    )
+
+
+async def start(
+    make_config: Callable[..., CollectorConfig],
+    tmp_path: Path,
+    acts: ActionsConfig,
+) -> tuple[CollectorService, SimCluster]:
+    service = CollectorService(make_config(actions=acts, rules_interval=0.1), SystemClock())
+    await service.start()
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.05,
+        heartbeat_interval=0.2,
+    )
+    cluster.start()
+    await wait_until(
+        lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+        what="agents connected",
+    )
+    return service, cluster
+
+
+def kinds(receiver: WebhookReceiver) -> list[tuple[str, str]]:
+    return sorted(
+        (d.body["kind"], d.body["payload"].get("node", "")) for d in receiver.deliveries()
+    )
+
+
+def api(service: CollectorService, method: str, path: str, body: object = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{service.http_port}{path}",
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())

@@ -1,0 +1,80 @@
+"""`fleetwatch incidents`, `actions` and `silence` against a real collector's API."""
+
+import asyncio
+
+import pytest
+
+from fleetwatch.cli import main
+from fleetwatch.testing import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+async def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+class TestCliTools:
+    async def test_incidents_and_actions_show_a_drained_node(self, running, capsys):
+        """After an Xid 79, `fleetwatch incidents` lists the firing gpu_lost incident with its
+        evidence and `fleetwatch actions --node` the drain that ran and its outcome."""
+        service, cluster = running
+        api = f"--api=http://127.0.0.1:{service.http_port}"
+        code, out, _ = await cli(capsys, "incidents", api)
+        assert (code, out.strip()) == (0, "no open incidents")
+        cluster.nodes["node-2"].xid(3, 79)
+        await wait_until(lambda: "node-2" in service.dispatcher.drained, what="drain")
+        code, out, _ = await cli(capsys, "incidents", api)
+        assert code == 0
+        lines = out.splitlines()
+        assert lines[0].split()[:4] == ["PHASE", "SEVERITY", "RULE", "TARGET"]
+        gpu_lost = [line for line in lines if " gpu_lost " in line]
+        assert gpu_lost
+        assert gpu_lost[0].split()[:4] == ["firing", "critical", "gpu_lost", "node-2/gpu/3"]
+        code, out, _ = await cli(capsys, "actions", api, "--node", "node-2")
+        assert code == 0
+        drains = [line.split() for line in out.splitlines() if " drain_node " in line]
+        assert drains
+        assert "succeeded" in drains[0]
+        code, out, _ = await cli(capsys, "actions", api, "--node", "node-1")
+        assert out.strip() == "no actions"
+
+    async def test_silence_add_list_remove(self, running, capsys):
+        """A maintenance window added from the CLI is listed with its reason and can be ended."""
+        service, _ = running
+        api = f"--api=http://127.0.0.1:{service.http_port}"
+        code, out, _ = await cli(
+            capsys,
+            "silence",
+            api,
+            "add",
+            "--node=node-4",
+            "--duration=2h",
+            "--starts-in=1h",
+            "--reason=cable swap",
+        )
+        assert code == 0
+        silence_id = int(out.split()[1])
+        code, out, _ = await cli(capsys, "silence", api, "list")
+        row = next(line for line in out.splitlines() if line.startswith(str(silence_id)))
+        assert row.split()[1:3] == ["node-4", "*"]
+        assert "in 1h" in row
+        assert row.endswith("cable swap")
+        code, out, _ = await cli(capsys, "silence", api, "remove", str(silence_id))
+        assert (code, out.strip()) == (0, f"silence {silence_id} removed")
+        code, out, _ = await cli(capsys, "silence", api, "list")
+        assert out.strip() == "no silences"
+
+    async def test_bad_silence_and_missing_silence_are_errors(self, running, capsys):
+        """The API's refusal reaches the user as a one-line error and exit status 2."""
+        service, _ = running
+        api = f"--api=http://127.0.0.1:{service.http_port}"
+        code, _, err = await cli(capsys, "silence", api, "add", "--duration=soon")
+        assert code == 2
+        assert "400" in err
+        assert "duration" in err
+        code, _, err = await cli(capsys, "silence", api, "remove", "999")
+        assert code == 2
+        assert "no silence 999" in err
