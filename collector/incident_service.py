@@ -18,9 +18,9 @@ from rules.engine import Incident, Phase
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine
 
-    from collector.incidents import Evaluator, Outcome
+    from collector.incidents import Evaluator, Outcome, Verdict
     from collector.journal import Journal
     from fleetwatch.clock import Clock
     from rules.model import ActionSpec, Rule
@@ -39,6 +39,10 @@ class ActionSink(Protocol):
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Undo what should be undone now that the incident resolved (e.g. resume a node)."""
+        ...
+
+    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+        """After each tick: run what waited (drains held back by the cap), if it may run now."""
         ...
 
 
@@ -134,11 +138,19 @@ class IncidentService:
         outcomes = self.evaluator.tick()
         for outcome in outcomes:
             await self._record(outcome)
+        if self.sink is not None:
+            await self.sink.settle(self._firing)
         return outcomes
 
-    async def _record(self, outcome: Outcome) -> None:
-        incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
-        row = IncidentRow(
+    def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
+        for incident in self.evaluator.engine.open_incidents():
+            if incident.id == incident_id and incident.phase == Phase.FIRING:
+                rule = self.evaluator.engine.rules[incident.rule]
+                return self._row(incident, rule, self.evaluator.verdict(incident, rule)), rule
+        return None
+
+    def _row(self, incident: Incident, rule: Rule, verdict: Verdict) -> IncidentRow:
+        return IncidentRow(
             id=incident.id,
             rule=incident.rule,
             node=incident.node,
@@ -155,6 +167,10 @@ class IncidentService:
             suppressed_by=verdict.suppressed_by,
             silenced_by=verdict.silenced_by,
         )
+
+    async def _record(self, outcome: Outcome) -> None:
+        incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
+        row = self._row(incident, rule, verdict)
         await self._journal.do(lambda s: s.incidents.upsert_incident(row))
         event = f"incident_{incident.phase.value}"
         if incident.phase == Phase.FIRING:

@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.incidents")
 
 FLEET_KEY: Final = "fleet"
+NO_DRAINS: Final = {
+    "drained_nodes": 0,
+    "drains_waiting": 0,
+    "drain_cap": 0,
+    "drain_breaker_open": False,
+}
 EVENT_WINDOW_S: Final = 24 * 3600.0
 
 
@@ -167,6 +173,8 @@ class Evaluator:
         self.evaluations = 0
         self.errors: dict[str, int] = {}
         self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
+        # More ``fleet`` variables from elsewhere: the dispatcher's drain counts.
+        self.fleet_extras: Callable[[], dict[str, Any]] = lambda: dict(NO_DRAINS)
 
     # ---- what happened --------------------------------------------------------------------
 
@@ -250,9 +258,10 @@ class Evaluator:
             now=now,
             evidence=self._evidence(rule, data) if holds else "",
         )
-        return [Outcome(t, rule, self._verdict(t.incident, rule)) for t in transitions]
+        return [Outcome(t, rule, self.verdict(t.incident, rule)) for t in transitions]
 
-    def _verdict(self, incident: Incident, rule: Rule) -> Verdict:
+    def verdict(self, incident: Incident, rule: Rule) -> Verdict:
+        """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""
         verdict = Verdict(silenced_by=self.silencer(incident, rule))
         if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.FLEET):
             return verdict
@@ -294,6 +303,7 @@ class Evaluator:
             "gpus": sum(len(n.gpus) for n in nodes.values()),
             "ib_ports": len(ports),
             "ib_ports_up": sum(p.up for p in ports),
+            **self.fleet_extras(),
         }
 
     @staticmethod

@@ -106,6 +106,7 @@ class CollectorService:
         self.fleet.observer = self.evaluator
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
+        self.evaluator.fleet_extras = self.dispatcher.status
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,

@@ -10,6 +10,7 @@ The idea of ``promtool test rules``, run through the collector's own evaluator:
           - {at: 0s, event: {node: node-01, kind: gpu_lost, gpu: 3, xid: 79}}
           - {at: 2s, sample: {node: node-01, gpu: 3, signal: gpu_present, value: 0}}
           - {at: 1m, sample: {node: node-01, port: mlx5_0/1, signal: ib_state, value: DOWN}}
+          - {at: 2m, fleet: {drains_waiting: 1}}   # what the dispatcher reports (drain cap)
         expect:
           - at: 5s
             firing: [gpu_lost@node-01/gpu/3]
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from collector.fleet import FleetModel
-from collector.incidents import Evaluator
+from collector.incidents import NO_DRAINS, Evaluator
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_to_pb
 from fleetwatch.testing import FakeClock
@@ -119,6 +120,8 @@ class _Run:
             clock=self.clock,
         )
         self.fleet.observer = self.evaluator
+        self.extras = dict(NO_DRAINS)
+        self.evaluator.fleet_extras = lambda: self.extras
         self.actions: list[str] = []
 
     def advance_to(self, at: float) -> None:
@@ -154,8 +157,10 @@ class _Run:
                 raise RuleTestError(msg)
             sample = sample_to_pb(target, signal, value)
             self.fleet.apply_report(node, pb.Report(samples=[sample]))
+        elif "fleet" in step:
+            self.extras.update({str(k): v for k, v in dict(step["fleet"]).items()})
         else:
-            msg = f"a step needs an event or a sample: {step}"
+            msg = f"a step needs an event, a sample or fleet variables: {step}"
             raise RuleTestError(msg)
         self._tick()
 

@@ -261,6 +261,13 @@ class IncidentStore:
             (state, detail[:2000], finished_ms, action_id),
         )
 
+    def reopen_action(self, action_id: int, state: str) -> None:
+        """An action that waited (deferred) is about to run after all."""
+        self._conn.execute(
+            "UPDATE actions SET state = ?, detail = '', finished_ms = NULL WHERE id = ?",
+            (state, action_id),
+        )
+
     def actions(self, *, node: str | None = None, limit: int = 100) -> list[ActionRow]:
         """Actions, newest first."""
         sql = f"SELECT {_ACTION_COLUMNS} FROM actions"  # noqa: S608 - constant

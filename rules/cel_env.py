@@ -8,7 +8,8 @@ Variables a condition sees (maps; a signal a target did not report is absent, so
 ``gpu``    index, uuid, model, pci_bus_id, present, nvlink_count, nvlinks_down, signals
 ``link``   index, up, signals                      (nvlink rules)
 ``port``   device, port, state, phys_state, up, rate, signals     (ib_port rules)
-``fleet``  nodes, nodes_reachable, gpus, ib_ports, ib_ports_up
+``fleet``  nodes, nodes_reachable, gpus, ib_ports, ib_ports_up, drained_nodes, drains_waiting,
+           drain_cap, drain_breaker_open (from the action dispatcher)
 
 Functions, about the target being evaluated (windows are durations such as ``"10m"``):
 

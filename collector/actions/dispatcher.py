@@ -7,9 +7,15 @@ restart or a replayed transition cannot drain or reset twice. Before a drain or 
 * suppressed or silenced incidents, and dry-run (global or the rule's), run nothing;
 * a node gets at most one action of a kind per ``node_cooldown_s``;
 * drains stop at ``max_drained_nodes`` or ``max_drained_share`` of the fleet drained by
-  fleetwatch at once; further ones wait (journaled as deferred, and logged as a fleet problem);
+  fleetwatch at once;
 * a circuit breaker opens when more than ``breaker_max_drains`` drains start within
   ``breaker_window_s``, and closes after ``breaker_cooldown_s`` without drain attempts.
+
+A drain held back by the cap or the breaker waits (journaled as ``deferred``): it runs when room
+comes back while its incident still fires, and is dropped when the incident resolves. Waiting
+drains survive a restart (they are read back from the journal). :meth:`Dispatcher.status` feeds
+the ``fleet`` variables of the rules, so the built-in ``drain_cap_reached`` rule raises a
+fleet-level incident while drains wait.
 """
 
 from __future__ import annotations
@@ -18,18 +24,21 @@ import asyncio
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from collector.store_incidents import ActionRow
+from rules.model import ActionSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from collector.fleet import FleetModel
     from collector.journal import Journal
     from collector.store_incidents import IncidentRow
     from fleetwatch.clock import Clock
-    from rules.model import ActionSpec, Rule
+    from rules.model import Rule
 
 log = structlog.get_logger("collector.actions")
 
@@ -87,6 +96,15 @@ class SafetyConfig:
     breaker_cooldown_s: float = 3600.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A drain held back by the cap or the breaker, journaled as action ``action_id``."""
+
+    action_id: int
+    incident_id: str
+    spec: ActionSpec
+
+
 class Dispatcher:
     """The action sink of the incident service."""
 
@@ -114,6 +132,7 @@ class Dispatcher:
         self._drain_starts: deque[float] = deque()
         self.breaker_open_until: float | None = None
         self.deferred = 0
+        self.waiting: dict[int, _Waiting] = {}  # by action id, oldest first
 
     async def start(self) -> None:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
@@ -123,10 +142,29 @@ class Dispatcher:
                 self.drained[row.node] = row.incident_id
             elif row.action == "resume_node" and row.state == "succeeded":
                 self.drained.pop(row.node, None)
+        for row in reversed(rows):
+            if row.action.endswith("drain_node") and row.state == "deferred":
+                self.waiting[row.id] = _Waiting(
+                    row.id, row.incident_id, ActionSpec("drain_node", dict(row.params))
+                )
         for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
             await self._finish(row.id, "failed", "collector restarted before the outcome was known")
-        if self.drained:
-            log.info("drained_nodes_known", nodes=sorted(self.drained))
+        if self.drained or self.waiting:
+            log.info("drains_known", drained=sorted(self.drained), waiting=len(self.waiting))
+
+    def status(self) -> dict[str, Any]:
+        """The drain counts rules see as ``fleet.*`` variables.
+
+        ``drained_nodes``, ``drains_waiting``, ``drain_cap`` and ``drain_breaker_open``.
+        """
+        mono = self._clock.monotonic()
+        return {
+            "drained_nodes": len(self.drained),
+            "drains_waiting": len(self.waiting),
+            "drain_cap": self._cap(len(self._fleet.view())),
+            "drain_breaker_open": self.breaker_open_until is not None
+            and mono < self.breaker_open_until,
+        }
 
     def _now_ms(self) -> int:
         return int(self._clock.now() * 1000)
@@ -134,6 +172,9 @@ class Dispatcher:
     async def _finish(self, action_id: int, state: str, detail: str) -> None:
         now = self._now_ms()
         await self._journal.do(lambda s: s.incidents.finish_action(action_id, state, detail, now))
+
+    async def _reopen(self, action_id: int) -> None:
+        await self._journal.do(lambda s: s.incidents.reopen_action(action_id, "running"))
 
     async def _journal_action(
         self,
@@ -184,17 +225,19 @@ class Dispatcher:
             return self._drain_refusal(mono)
         return "planned", ""
 
+    def _cap(self, fleet_size: int) -> int:
+        return min(
+            self.safety.max_drained_nodes,
+            max(1, math.floor(fleet_size * self.safety.max_drained_share)),
+        )
+
     def _drain_refusal(self, mono: float) -> tuple[str, str]:
         if self.breaker_open_until is not None:
             if mono < self.breaker_open_until:
                 return "deferred", "circuit breaker open: drains came too fast"
             self.breaker_open_until = None
         fleet_size = len(self._fleet.view())
-        cap = min(
-            self.safety.max_drained_nodes,
-            max(1, math.floor(fleet_size * self.safety.max_drained_share)),
-        )
-        if len(self.drained) >= cap:
+        if len(self.drained) >= self._cap(fleet_size):
             return (
                 "deferred",
                 f"drain cap reached: {len(self.drained)} of {fleet_size} nodes drained",
@@ -247,25 +290,56 @@ class Dispatcher:
             if state != "planned":
                 if state == "deferred":
                     self.deferred += 1
+                    self.waiting[action_id] = _Waiting(action_id, incident.id, spec)
                 log.warning("action_not_run", action=spec.name, incident=incident.id, why=why)
                 continue
-            self._last_action[incident.node, spec.name] = self._clock.monotonic()
-            if spec.name == "drain_node":
-                self._drain_starts.append(self._clock.monotonic())
-            outcome = await self._run(incident, rule, spec)
-            if spec.name == "drain_node" and outcome.ok:
-                self.drained[incident.node] = incident.id
-            failed_reset |= spec.name == "reset_gpu" and not outcome.ok
-            await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
-            log.info(
-                "action_done",
-                action=spec.name,
-                incident=incident.id,
-                node=incident.node,
-                ok=outcome.ok,
-                detail=outcome.detail,
-            )
+            ok = await self._run_journaled(action_id, incident, rule, spec)
+            failed_reset |= spec.name == "reset_gpu" and not ok
         return failed_reset
+
+    async def _run_journaled(
+        self, action_id: int, incident: IncidentRow, rule: Rule, spec: ActionSpec
+    ) -> bool:
+        self._last_action[incident.node, spec.name] = self._clock.monotonic()
+        if spec.name == "drain_node":
+            self._drain_starts.append(self._clock.monotonic())
+        outcome = await self._run(incident, rule, spec)
+        if spec.name == "drain_node" and outcome.ok:
+            self.drained[incident.node] = incident.id
+        await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+        log.info(
+            "action_done",
+            action=spec.name,
+            incident=incident.id,
+            node=incident.node,
+            ok=outcome.ok,
+            detail=outcome.detail,
+        )
+        return outcome.ok
+
+    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+        """Run waiting drains, oldest first, while there is room.
+
+        Drains whose incident no longer fires are dropped. ``firing`` finds a firing incident
+        (with its rule) by id.
+        """
+        for action_id, wait in list(self.waiting.items()):
+            found = firing(wait.incident_id)
+            if found is None:
+                del self.waiting[action_id]
+                why = "the incident stopped firing while the drain waited"
+                await self._finish(action_id, "skipped", why)
+                continue
+            incident, rule = found
+            state, why = self._refusal(incident, rule, wait.spec)
+            if state == "deferred":
+                return  # still no room: later ones wait behind this one
+            del self.waiting[action_id]
+            if state != "planned":
+                await self._finish(action_id, state, why)
+                continue
+            await self._reopen(action_id)
+            await self._run_journaled(action_id, incident, rule, wait.spec)
 
     async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
         try:
@@ -305,8 +379,6 @@ class Dispatcher:
         )
         if not wants_resume or self.drained.get(incident.node) != incident.id:
             return
-        from rules.model import ActionSpec  # noqa: PLC0415
-
         spec = ActionSpec("resume_node")
         action_id, new = await self._journal_action(incident, spec, "running", "", "resume_node")
         if not new:

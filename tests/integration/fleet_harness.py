@@ -40,11 +40,18 @@ async def start(
     make_config: Callable[..., CollectorConfig],
     tmp_path: Path,
     acts: ActionsConfig,
+    *,
+    nodes: list[str] | None = None,
+    rules: tuple[Path, ...] = (),
 ) -> tuple[CollectorService, SimCluster]:
-    service = CollectorService(make_config(actions=acts, rules_interval=0.1), SystemClock())
+    """A collector acting through ``acts`` (built-in rules unless ``rules``), and its nodes."""
+    nodes = nodes or NODES
+    service = CollectorService(
+        make_config(actions=acts, rules_interval=0.1, rules=rules), SystemClock()
+    )
     await service.start()
     cluster = SimCluster(
-        NODES,
+        nodes,
         tmp_path / "nodes",
         SystemClock(),
         f"127.0.0.1:{service.grpc_port}",
@@ -53,7 +60,7 @@ async def start(
     )
     cluster.start()
     await wait_until(
-        lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+        lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(nodes),
         what="agents connected",
     )
     return service, cluster

@@ -1,13 +1,27 @@
 """Rules and actions end to end: simulated faults, a real collector, real signed webhooks."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
-from tests.integration.fleet_harness import NODES, actions, api, kinds, start
+from tests.integration.fleet_harness import actions, api, kinds, start
 
 pytestmark = pytest.mark.integration
+
+BUILTIN_RULES = Path(__file__).parents[2] / "rules" / "default.yaml"
+STORM_RULES = """\
+version: 1
+rules:
+  - name: ib_port_lost
+    scope: ib_port
+    when: 'port.state != "" && port.state != "ACTIVE"'
+    severity: critical
+    actions: [{drain_node: {resume_on_resolve: true}}]
+"""
 
 
 class TestFaultToAction:
@@ -62,25 +76,79 @@ class TestFaultToAction:
 
 class TestSafety:
     async def test_storm_drains_no_more_than_the_cap(self, collector_config, receiver, tmp_path):
-        """IB ports down on every node at once: the drain cap holds and the rest wait."""
-        acts = actions(receiver, tmp_path, max_drained_nodes=1, max_drained_share=0.5)
-        service, cluster = await start(collector_config, tmp_path, acts)
+        """IB ports down on 40% of the nodes at once: the cap (20% of 10 nodes) drains two,
+        the other two wait, and a fleet-level incident says so. When a drained node comes back
+        a waiting drain runs; a waiting drain whose fault cleared is dropped."""
+        rules = tmp_path / "storm.yaml"
+        rules.write_text(STORM_RULES)
+        acts = actions(receiver, tmp_path, max_drained_nodes=10, max_drained_share=0.2)
+        nodes = [f"node-{i:02d}" for i in range(1, 11)]
+        service, cluster = await start(
+            collector_config, tmp_path, acts, nodes=nodes, rules=(BUILTIN_RULES, rules)
+        )
         try:
-            for node in cluster.nodes.values():
-                node.xid(1, 79)
+            storm = nodes[:4]
+            for name in storm:
+                cluster.nodes[name].ib_port_down(0)
+            await wait_until(lambda: len(service.dispatcher.waiting) == 2, what="waiting drains")
             await wait_until(
-                lambda: service.dispatcher.deferred >= len(NODES) - 1, what="deferrals"
+                lambda: ("notification", "fleet") in kinds(receiver), what="fleet incident"
             )
-            await asyncio.sleep(0.3)
-            drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
-            assert len(drains) == 1
+            drained = set(service.dispatcher.drained)
+            assert len(drained) == 2
+            assert drained < set(storm)
+            assert sorted(n for k, n in kinds(receiver) if k == "drain_request") == sorted(drained)
             rows = await service.journal.do(lambda s: s.incidents.actions(limit=1000))
             deferred = [r for r in rows if r.action == "drain_node" and r.state == "deferred"]
-            assert len(deferred) == len(NODES) - 1
-            assert all("drain cap reached" in r.detail for r in deferred)
+            assert len(deferred) == 2
+            assert all("drain cap reached: 2 of 10 nodes drained" in r.detail for r in deferred)
+            fleet = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
+            assert [i.rule for i in fleet if i.node == "fleet"] == ["drain_cap_reached"]
+
+            waiting = set(storm) - drained
+            cluster.nodes[min(drained)].ib_port_up(0)  # fixed: resumed, room for one
+            await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="a drain ran")
+            (ran,) = waiting & set(service.dispatcher.drained)
+            (dropped,) = waiting - {ran}
+            cluster.nodes[dropped].ib_port_up(0)  # its fault cleared while it waited
+            await wait_until(lambda: not service.dispatcher.waiting, what="waiting dropped")
+            rows = await service.journal.do(lambda s: s.incidents.actions(limit=1000))
+            states = {(r.node, r.action, r.state) for r in rows}
+            assert (ran, "drain_node", "succeeded") in states
+            assert (dropped, "drain_node", "skipped") in states
+            assert dropped not in service.dispatcher.drained
+            await wait_until(
+                lambda: all(i.node != "fleet" for i in service.evaluator.engine.open_incidents()),
+                what="fleet incident resolved",
+            )
         finally:
             await cluster.stop()
             await service.stop(grace=None)
+
+    async def test_waiting_drains_survive_a_restart(self, collector_config, receiver, tmp_path):
+        """A drain waiting behind the cap is read back from the journal by the next collector,
+        and what already ran is known as drained (it does not run twice)."""
+        rules = tmp_path / "storm.yaml"
+        rules.write_text(STORM_RULES)
+        acts = actions(receiver, tmp_path, max_drained_nodes=1, max_drained_share=1.0)
+        service, cluster = await start(collector_config, tmp_path, acts, rules=(rules,))
+        try:
+            for name in ("node-1", "node-2"):
+                cluster.nodes[name].ib_port_down(0)
+            await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="a waiting drain")
+            before = (dict(service.dispatcher.drained), set(service.dispatcher.waiting))
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
+        again = CollectorService(
+            collector_config(actions=acts, rules=(rules,), rules_interval=3600), SystemClock()
+        )
+        await again.start()
+        try:
+            assert (dict(again.dispatcher.drained), set(again.dispatcher.waiting)) == before
+            assert again.dispatcher.status()["drains_waiting"] == 1
+        finally:
+            await again.stop(grace=None)
 
     async def test_dry_run_journals_and_does_nothing(self, collector_config, receiver, tmp_path):
         """In dry-run mode the journal says what would have run, and no webhook is sent."""
