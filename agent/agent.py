@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.exceptions import SourceError
+from agent.wakeup import MIN_EVENT_GAP_S, Wakeup
 from fleetwatch import PROTOCOL_VERSION, __version__
 from fleetwatch.clock import unix_ms
 from fleetwatch.model import Target
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from agent.intervals import Intervals
     from agent.link import CollectorLink
     from agent.outbox import Outbox
-    from agent.sampler import NodeInventory, PendingEvent, Sampler
+    from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent")
@@ -84,6 +85,7 @@ class Agent:
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
         self.polls = 0
+        self.event_polls = 0
 
     async def start(self) -> None:
         """Discover the hardware, retrying with backoff while NVML cannot start."""
@@ -120,8 +122,15 @@ class Agent:
 
     def poll_once(self) -> None:
         """Run one poll: events to the outbox, samples to the link."""
-        result = self.sampler.poll()
+        self._take(self.sampler.poll())
         self.polls += 1
+
+    def poll_events(self) -> None:
+        """Read only the event sources (a source woke us): events go out at once."""
+        self._take(self.sampler.poll_events())
+        self.event_polls += 1
+
+    def _take(self, result: PollResult) -> None:
         for event in result.events:
             self._accept(event)
             log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
@@ -129,17 +138,30 @@ class Agent:
         result.samples[node, "agent_outbox_pending"] = len(self.outbox)
         result.samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
         self.live.update(result.samples)
+        if result.events:
+            self.live.changed.set()  # the sender sends what the outbox holds when woken
 
     async def run(self) -> None:
-        """Start, then poll forever while the link streams in the background."""
+        """Start, then poll on the interval, and read event sources as soon as they wake us."""
         await self.start()
+        wakeup = Wakeup(asyncio.get_running_loop())
+        self.sampler.watch(wakeup)
         self.poll_once()
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
+        next_poll = self.clock.monotonic() + self.intervals.poll
         try:
             while True:
-                await self.clock.sleep(self.intervals.poll)
-                self.poll_once()
+                woke = await wakeup.wait(next_poll - self.clock.monotonic(), self.clock)
+                if woke:
+                    self.poll_events()
+                    wakeup.rearm()
+                if self.clock.monotonic() >= next_poll:
+                    self.poll_once()
+                    next_poll = self.clock.monotonic() + self.intervals.poll
+                elif woke:
+                    await self.clock.sleep(MIN_EVENT_GAP_S)  # merge a burst into one read
         finally:
+            wakeup.close()
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agent.sources.kmsg import KmsgSource
     from agent.sources.kmsg_cursor import KmsgCursor
     from agent.sources.nvml import GpuIdentity
+    from agent.wakeup import Waker
     from fleetwatch.clock import Clock
     from rules.xid_catalog import XidCatalog
 
@@ -84,6 +85,10 @@ class KernelLogPoller:
         self._clock = clock
         self._cursor = cursor
         self._last_seq = cursor.load() if cursor is not None else None
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the poll loop when new records arrive."""
+        self._kmsg.watch(waker)
 
     @property
     def overruns(self) -> int:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.poll_kernel_log import GpuLost
     from agent.sources.nvml import GpuIdentity
     from agent.sources.udev import UdevEvent, UdevSource
+    from agent.wakeup import Waker
 
 log = structlog.get_logger("agent.udev")
 
@@ -33,6 +34,10 @@ class UdevPoller:
     def __init__(self, udev: UdevSource) -> None:
         """Keep the source."""
         self._udev = udev
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the poll loop when uevents arrive."""
+        self._udev.watch(waker)
 
     def poll(
         self,

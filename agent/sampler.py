@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from agent.sources.pci_sysfs import PciSysfsReader
     from agent.sources.sysfs import IbPortInfo, SysfsReader
     from agent.sources.udev import UdevSource
+    from agent.wakeup import Waker
     from fleetwatch.clock import Clock
     from rules.xid_catalog import XidCatalog
 
@@ -130,16 +131,35 @@ class Sampler:
             self._nvml_events.stop()
         self._sysfs.close()
 
-    def poll(self) -> PollResult:
-        """Read every source once."""
+    def watch(self, waker: Waker) -> None:
+        """Have the event sources (kernel log, NVML events, udev) wake the poll loop."""
+        if self._kernel_log is not None:
+            self._kernel_log.watch(waker)
+        if self._nvml_events is not None:
+            self._nvml_events.watch(waker)
+        if self._udev is not None:
+            self._udev.watch(waker)
+
+    def poll_events(self) -> PollResult:
+        """Read only the event sources: what a wake-up from :meth:`watch` asks for."""
         result = PollResult()
-        now_ms = unix_ms(self._clock)
+        self._read_events(result, unix_ms(self._clock))
+        return result
+
+    def _read_events(self, result: PollResult, now_ms: int) -> None:
         errors = self.source_errors
         if self._kernel_log is not None:
             self._kernel_log.poll(self._by_bus, self._gpu_lost, result, now_ms, errors)
         self._poll_nvml_events(result, now_ms)
         if self._udev is not None:
             self._udev.poll(self._by_bus, self._gpu_lost, result, now_ms, errors)
+
+    def poll(self) -> PollResult:
+        """Read every source once."""
+        result = PollResult()
+        now_ms = unix_ms(self._clock)
+        errors = self.source_errors
+        self._read_events(result, now_ms)
         for gpu in self.inventory.gpus:
             self._poll_gpu(gpu, result, now_ms)
         # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.

@@ -8,7 +8,7 @@ again, and silences are loaded before the first evaluation.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import structlog
 
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from rules.model import ActionSpec, Rule
 
 log = structlog.get_logger("collector.incidents")
+
+# Least time between two ticks: events arriving closer together are evaluated together.
+EVENT_GAP_S: Final = 0.005
 
 
 class ActionSink(Protocol):
@@ -66,8 +69,14 @@ class IncidentService:
         self.interval_s = interval_s
         self._silences: list[SilenceRow] = []
         self._task: asyncio.Task[None] | None = None
+        self._event = asyncio.Event()
+        # Actions run beside the evaluation, so a slow webhook delays no other incident; an
+        # incident's own steps (fire, then resolve) still run in order, chained by its id.
+        self._acting: dict[str, asyncio.Task[None]] = {}
+        self._settling: asyncio.Task[None] | None = None
         self.ticks = 0
         evaluator.silencer = self._silenced_by
+        evaluator.on_event = self._event.set
 
     def _wall_ms(self, mono: float | None) -> int | None:
         """A monotonic time of this process as Unix milliseconds."""
@@ -118,19 +127,72 @@ class IncidentService:
         now_ms = int(self._clock.now() * 1000)
         self._silences = await self._journal.do(lambda s: s.incidents.silences(active_at_ms=now_ms))
 
-    async def stop(self) -> None:
-        """Stop ticking."""
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop ticking; give running actions ``grace`` seconds to finish, then cancel them.
+
+        An action cancelled here stays journaled as running, and the next start settles it.
+        """
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        pending = [t for t in (*self._acting.values(), self._settling) if t is not None]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait until no action is running (for tests and orderly shutdown)."""
+        while pending := [t for t in (*self._acting.values(), self._settling) if t is not None]:
+            await asyncio.gather(*pending, return_exceptions=True)
+            if all(t.done() for t in pending):
+                self._acting = {k: t for k, t in self._acting.items() if not t.done()}
+                if self._settling is not None and self._settling.done():
+                    self._settling = None
+
+    def _act(self, incident_id: str, step: Coroutine[object, object, None]) -> None:
+        """Run ``step`` after what this incident already has running."""
+        before = self._acting.get(incident_id)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            try:
+                await step
+            except Exception:
+                log.exception("incident_action_failed", incident=incident_id)
+            finally:
+                if self._acting.get(incident_id) is task:
+                    del self._acting[incident_id]
+
+        task = asyncio.create_task(run(), name=f"act-{incident_id}")
+        self._acting[incident_id] = task
 
     async def _run(self) -> None:
+        """Tick every ``interval_s``, and at once when an event arrives.
+
+        Events (an Xid, a GPU lost, a node unreachable) are what rules act on without waiting,
+        so an event wakes the loop; a burst of them within ``EVENT_GAP_S`` costs one tick.
+        """
         while True:
-            await self._clock.sleep(self.interval_s)
+            await self._wait_for_event(self.interval_s)
             try:
                 await self.tick()
             except Exception:
                 log.exception("incident_tick_failed")
+            await self._clock.sleep(EVENT_GAP_S)
+
+    async def _wait_for_event(self, seconds: float) -> None:
+        if not self._event.is_set():
+            waiter = asyncio.ensure_future(self._event.wait())
+            sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+            try:
+                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                sleeper.cancel()
+        self._event.clear()
 
     async def tick(self) -> list[Outcome]:
         """One evaluation round: journal each change, then hand firings to the sink."""
@@ -138,8 +200,8 @@ class IncidentService:
         outcomes = self.evaluator.tick()
         for outcome in outcomes:
             await self._record(outcome)
-        if self.sink is not None:
-            await self.sink.settle(self._firing)
+        if self.sink is not None and (self._settling is None or self._settling.done()):
+            self._settling = asyncio.create_task(self.sink.settle(self._firing), name="settle")
         return outcomes
 
     def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
@@ -184,11 +246,11 @@ class IncidentService:
                 silenced_by=verdict.silenced_by,
             )
             if self.sink is not None:
-                await self.sink.fire(row, rule, outcome.transition.actions)
+                self._act(row.id, self.sink.fire(row, rule, outcome.transition.actions))
         elif incident.phase == Phase.RESOLVED:
             log.info(event, rule=rule.name, target=incident.target)
             if self.sink is not None:
-                await self.sink.resolve(row, rule)
+                self._act(row.id, self.sink.resolve(row, rule))
 
 
 class SilenceBook:

@@ -173,6 +173,8 @@ class Evaluator:
         self.evaluations = 0
         self.errors: dict[str, int] = {}
         self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
+        # Called when an event arrives, so the incident service evaluates at once.
+        self.on_event: Callable[[], None] = lambda: None
         # More ``fleet`` variables from elsewhere: the dispatcher's drain counts.
         self.fleet_extras: Callable[[], dict[str, Any]] = lambda: dict(NO_DRAINS)
 
@@ -203,6 +205,7 @@ class Evaluator:
         for k in keys:
             self.history.add_event(k, past)
             self._dirty.add((node, k))
+        self.on_event()
 
     def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
         """A sample changed: keep it if a rule windows over it, and mark its target."""

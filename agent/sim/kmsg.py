@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from agent.sources.kmsg import KmsgRecord, parse_record
 
 if TYPE_CHECKING:
+    from agent.wakeup import Waker
     from fleetwatch.clock import Clock
 
 LOG_KERN = 0
@@ -22,7 +23,7 @@ LEVEL_WARNING = 4
 class SimKmsg:
     """A kernel ring buffer with one reader position."""
 
-    __slots__ = ("_boot_mono", "_buffer", "_clock", "_next_read", "_seq")
+    __slots__ = ("_boot_mono", "_buffer", "_clock", "_next_read", "_seq", "_waker")
 
     def __init__(self, clock: Clock, capacity: int = 10_000) -> None:
         """Start the sequence where a booted kernel would be: well past zero."""
@@ -31,6 +32,7 @@ class SimKmsg:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=capacity)
         self._seq = 1200
         self._next_read = self._seq
+        self._waker: Waker | None = None
 
     def write(self, text: str, level: int = LEVEL_WARNING, facility: int = LOG_KERN) -> None:
         """Log ``text`` the way ``printk`` would."""
@@ -38,6 +40,8 @@ class SimKmsg:
         prio = (facility << 3) | level
         self._buffer.append((self._seq, f"{prio},{self._seq},{ts_us},-;{text}\n".encode()))
         self._seq += 1
+        if self._waker is not None:
+            self._waker.notify()
 
     def read(self) -> list[KmsgRecord]:
         """Return every record this reader has not read yet."""
@@ -49,6 +53,10 @@ class SimKmsg:
         """Act as a freshly opened reader: the next read starts at the oldest record kept."""
         self._next_read = self._buffer[0][0] if self._buffer else self._seq
         return len(self._buffer)
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the reader on each new record, as poll(2) on /dev/kmsg would."""
+        self._waker = waker
 
     def close(self) -> None:
         """Nothing to release."""

@@ -10,9 +10,12 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.exceptions import SourceError
+
+if TYPE_CHECKING:
+    from agent.wakeup import Waker
 
 READ_SIZE = 16 * 1024  # must be at least 8 KiB or the kernel answers EINVAL
 MAX_RECORDS_PER_READ = 10_000
@@ -54,6 +57,10 @@ class KmsgSource(Protocol):
 
     def read(self) -> list[KmsgRecord]:
         """Return the records that arrived since the last call (never blocks)."""
+        ...
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the poll loop through ``waker`` when new records arrive."""
         ...
 
     def close(self) -> None:
@@ -107,6 +114,11 @@ class DevKmsgReader:
             except ValueError:
                 self.malformed += 1
         return records
+
+    def watch(self, waker: Waker) -> None:
+        """The device is readable when records are waiting (poll(2) on /dev/kmsg)."""
+        if self._fd is not None:
+            waker.watch_fd(self._fd)
 
     def close(self) -> None:
         """Close the device."""

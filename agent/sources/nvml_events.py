@@ -17,6 +17,7 @@ import structlog
 
 if TYPE_CHECKING:
     from agent.sources.nvml_api import NvmlLibrary
+    from agent.wakeup import Waker
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent.nvml_events")
@@ -64,6 +65,11 @@ class NvmlEventWatcher:
         self.errors = 0
         self.dropped = 0
         self.waits = 0
+        self._waker: Waker | None = None
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the poll loop through ``waker`` (thread-safe) when an Xid event arrives."""
+        self._waker = waker
 
     @property
     def running(self) -> bool:
@@ -126,6 +132,9 @@ class NvmlEventWatcher:
                 self._queue.put_nowait(NvmlXid(uuid, int(data.eventData), self._clock.monotonic()))
             except queue.Full:
                 self.dropped += 1
+            waker = self._waker
+            if waker is not None:
+                waker.notify()
 
     def drain(self) -> list[NvmlXid]:
         """Return what arrived since the last call, oldest first."""

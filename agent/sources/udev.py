@@ -7,9 +7,12 @@ says nothing) inside a container without udevd.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.exceptions import SourceError
+
+if TYPE_CHECKING:
+    from agent.wakeup import Waker
 
 SUBSYSTEMS = ("pci", "infiniband")
 MAX_EVENTS_PER_POLL = 10_000
@@ -30,6 +33,10 @@ class UdevSource(Protocol):
 
     def poll(self) -> list[UdevEvent]:
         """Return the uevents that arrived since the last call (never blocks)."""
+        ...
+
+    def watch(self, waker: Waker) -> None:
+        """Wake the poll loop through ``waker`` when uevents arrive."""
         ...
 
     def close(self) -> None:
@@ -73,6 +80,10 @@ class PyudevSource:
                 ),
             )
         return events
+
+    def watch(self, waker: Waker) -> None:
+        """The netlink socket is readable when uevents are waiting."""
+        waker.watch_fd(int(self._monitor.fileno()))
 
     def close(self) -> None:
         """Nothing to release beyond the monitor's socket, closed with the object."""

@@ -133,6 +133,7 @@ class Dispatcher:
         self.breaker_open_until: float | None = None
         self.deferred = 0
         self.waiting: dict[int, _Waiting] = {}  # by action id, oldest first
+        self.draining: set[str] = set()  # nodes whose drain is running now
 
     async def start(self) -> None:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
@@ -209,6 +210,11 @@ class Dispatcher:
                 and incident.node in self.drained
                 and f"{incident.node} is already drained by {self.drained[incident.node]}"
             )
+            or (
+                spec.name == "drain_node"
+                and incident.node in self.draining
+                and f"{incident.node} is being drained for another incident"
+            )
         )
         if why:
             return "skipped", why
@@ -237,10 +243,12 @@ class Dispatcher:
                 return "deferred", "circuit breaker open: drains came too fast"
             self.breaker_open_until = None
         fleet_size = len(self._fleet.view())
-        if len(self.drained) >= self._cap(fleet_size):
+        cap = self._cap(fleet_size)
+        taken = len(self.drained) + len(self.draining)
+        if taken >= cap:
             return (
                 "deferred",
-                f"drain cap reached: {len(self.drained)} of {fleet_size} nodes drained",
+                f"drain cap reached: {taken} of {fleet_size} nodes drained or draining (cap {cap})",
             )
         while self._drain_starts and mono - self._drain_starts[0] > self.safety.breaker_window_s:
             self._drain_starts.popleft()
@@ -278,13 +286,20 @@ class Dispatcher:
         failed_reset = False
         for spec in actions:
             state, why = self._refusal(incident, rule, spec)
-            action_id, new = await self._journal_action(
-                incident,
-                spec,
-                state,
-                why,
-                f"{prefix}{spec.name}" if prefix else None,
-            )
+            reserved = state == "planned" and spec.name == "drain_node"
+            if reserved:  # hold the place under the cap before anything awaits
+                self.draining.add(incident.node)
+            try:
+                action_id, new = await self._journal_action(
+                    incident,
+                    spec,
+                    state,
+                    why,
+                    f"{prefix}{spec.name}" if prefix else None,
+                )
+            finally:
+                if reserved:
+                    self.draining.discard(incident.node)
             if not new:
                 continue  # this action of this incident was decided before: never twice
             if state != "planned":
@@ -301,10 +316,16 @@ class Dispatcher:
         self, action_id: int, incident: IncidentRow, rule: Rule, spec: ActionSpec
     ) -> bool:
         self._last_action[incident.node, spec.name] = self._clock.monotonic()
-        if spec.name == "drain_node":
+        draining = spec.name == "drain_node"
+        if draining:
             self._drain_starts.append(self._clock.monotonic())
-        outcome = await self._run(incident, rule, spec)
-        if spec.name == "drain_node" and outcome.ok:
+            self.draining.add(incident.node)  # counts toward the cap while it runs
+        try:
+            outcome = await self._run(incident, rule, spec)
+        finally:
+            if draining:
+                self.draining.discard(incident.node)
+        if draining and outcome.ok:
             self.drained[incident.node] = incident.id
         await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
         log.info(
@@ -338,7 +359,11 @@ class Dispatcher:
             if state != "planned":
                 await self._finish(action_id, state, why)
                 continue
-            await self._reopen(action_id)
+            self.draining.add(incident.node)  # hold the place under the cap across the await
+            try:
+                await self._reopen(action_id)
+            finally:
+                self.draining.discard(incident.node)
             await self._run_journaled(action_id, incident, rule, wait.spec)
 
     async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
