@@ -1,4 +1,9 @@
-"""Run the demo: a collector, N simulated nodes with real agents, a fault scenario, a live view."""
+"""Run the demo: a collector, N simulated nodes with real agents, a fault scenario, a live view.
+
+The collector runs the built-in rules (on demo timing, see :mod:`fleetwatch.demo.wiring`) and
+acts for real: drains and notifications go as signed webhooks to a local receiver, GPU resets go
+down the agent's stream to the simulated node, which resets its GPU.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +17,35 @@ from agent.sim.cluster import SimCluster
 from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from collector.config import CollectorConfig
 from collector.main import CollectorService
-from fleetwatch.demo.view import event_line, events_by_kind, fleet_line, node_table
+from fleetwatch.demo.feed import IncidentFeed
+from fleetwatch.demo.view import (
+    action_table,
+    count_by,
+    event_line,
+    events_by_kind,
+    fleet_line,
+    incident_table,
+    node_table,
+)
+from fleetwatch.demo.wiring import (
+    RULE_TIME_DIVISOR,
+    actions_note,
+    demo_actions,
+    demo_rules,
+    write_secret,
+)
+from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
 if TYPE_CHECKING:
     from collector.fleet import NodeState
+    from collector.store_incidents import ActionRow, IncidentRow
     from collector.store_sqlite import EventRow
     from fleetwatch.clock import Clock
 
 STATUS_EVERY_S = 2.0
 TICK_S = 0.25
 DRAIN_TIMEOUT_S = 5.0
+RULES_INTERVAL_S = 0.25
 
 
 @dataclass(slots=True)
@@ -43,16 +67,23 @@ class DemoResult:
 
     faults: list[Fault] = field(default_factory=list)
     events: list[EventRow] = field(default_factory=list)
+    incidents: list[IncidentRow] = field(default_factory=list)
+    actions: list[ActionRow] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
     unacked: int = 0
+    started_unix: float = 0.0
 
 
 async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
     """Play the scenario and print as it goes; return what happened."""
     scenario = load_scenario(opts.scenario)
+    stretch = 1.0
     if opts.duration is not None:
         if opts.duration <= 0:
             msg = "the demo needs a positive duration"
             raise ValueError(msg)
+        stretch = opts.duration / scenario.duration_s
         scenario = scenario.scaled(opts.duration)
     names = list(scenario.nodes)
     if opts.nodes is not None:
@@ -62,63 +93,81 @@ async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
         names += [f"node-{i:02d}" for i in range(len(names) + 1, opts.nodes + 1)]
     with tempfile.TemporaryDirectory(prefix="fleetwatch-demo-") as tmp:
         workdir = opts.workdir or Path(tmp)
-        return await _run(opts, scenario, names, workdir=workdir, clock=clock, out=out)
+        workdir.mkdir(parents=True, exist_ok=True)
+        secret, secret_file = write_secret(workdir)
+        with WebhookReceiver(clock=clock, secret=secret) as receiver:
+            rules = demo_rules(workdir, RULE_TIME_DIVISOR / stretch)
+            cfg = CollectorConfig(
+                listen="127.0.0.1:0",
+                http=f"127.0.0.1:{opts.http_port}",
+                journal=workdir / "journal.db",
+                heartbeat_interval=opts.heartbeat_interval,
+                missed_heartbeats=3,
+                rules=(rules.path,),
+                rules_interval=RULES_INTERVAL_S,
+                actions=demo_actions(receiver.url, secret_file),
+            )
+            notes = [*rules.describe(), *actions_note(receiver.url)]
+            result = await _run(opts, scenario, names, cfg, notes, clock=clock, out=out)
+            result.deliveries = receiver.deliveries()
+    _summary(result, out)
+    return result
 
 
 async def _run(  # noqa: PLR0913 - the demo's whole set-up
     opts: DemoOptions,
     scenario: Scenario,
     names: list[str],
+    cfg: CollectorConfig,
+    notes: list[str],
     *,
-    workdir: Path,
     clock: Clock,
     out: TextIO,
 ) -> DemoResult:
-    cfg = CollectorConfig(
-        listen="127.0.0.1:0",
-        http=f"127.0.0.1:{opts.http_port}",
-        journal=workdir / "journal.db",
-        heartbeat_interval=opts.heartbeat_interval,
-        missed_heartbeats=3,
-    )
+    result = DemoResult(faults=list(scenario.faults))
     collector = CollectorService(cfg, clock)
+    # The feed takes the dispatcher's place as the incident service's sink and hands every
+    # firing on to it: the dispatcher acts as it always does, the feed prints what it did.
+    feed = IncidentFeed(
+        collector.incidents.sink, collector.journal, collector.evaluator.engine, clock, out
+    )
+    collector.incidents.sink = feed
     await collector.start()
     cluster = SimCluster(
         names,
-        workdir / "nodes",
+        cfg.journal.parent / "nodes",
         clock,
         f"127.0.0.1:{collector.grpc_port}",
         poll_interval=opts.poll_interval,
         heartbeat_interval=opts.heartbeat_interval,
         ib_traffic_bytes_per_s=20e9,  # a training job keeps the fabric busy
     )
-    base = f"http://127.0.0.1:{collector.http_port}"
-    print(
-        f"fleetwatch demo: {len(names)} simulated nodes (8 GPUs, 18 NVLinks each, 8 IB ports), "
-        f"scenario {scenario.name!r}, {scenario.duration_s:g} s\n"
-        f"  metrics  {base}/metrics\n  nodes    {base}/api/v1/nodes\n"
-        f"  events   {base}/api/v1/events\n  journal  {cfg.journal}",
-        file=out,
-    )
-    result = DemoResult(faults=list(scenario.faults))
+    _header(scenario, names, cfg, collector.http_port, notes=notes, out=out)
     pending = scenario.timeline()
+    result.started_unix = clock.now()
+    feed.begin()
     cluster.start()
-    start = clock.monotonic()
     last_status = -STATUS_EVERY_S
     last_id = 0
     try:
-        while (elapsed := clock.monotonic() - start) < scenario.duration_s:
+        while (elapsed := feed.elapsed()) < scenario.duration_s:
+            # What happened since the last round first (events, then the incidents they led
+            # to), so that the lines stay in time order; then this round's faults.
+            rows = collector.reader.events(after_id=last_id, limit=1000)
+            nodes = collector.fleet.snapshot()
+            for row in rows:
+                print(event_line(row, nodes.get(row.node)), file=out)
+                last_id = row.id
+            await feed.poll()
+            feed.flush()
+            if elapsed - last_status >= STATUS_EVERY_S:
+                print(fleet_line(elapsed, nodes, firing=feed.firing()), file=out)
+                last_status = elapsed
             while pending and pending[0].at_s <= elapsed:
                 fault = pending.pop(0)
                 print(f"[{elapsed:5.1f}s] inject: {fault.describe()}", file=out)
                 await cluster.inject(fault)
-            nodes = collector.fleet.snapshot()
-            for row in collector.reader.events(after_id=last_id, limit=1000):
-                print(event_line(row, nodes.get(row.node)), file=out)
-                last_id = row.id
-            if elapsed - last_status >= STATUS_EVERY_S:
-                print(fleet_line(elapsed, nodes), file=out)
-                last_status = elapsed
+            out.flush()  # live through a pipe too (`make demo | tee demo.log`)
             await clock.sleep(TICK_S)
         drain_until = clock.monotonic() + DRAIN_TIMEOUT_S
         while cluster.unacked() and clock.monotonic() < drain_until:
@@ -126,22 +175,71 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         result.unacked = cluster.unacked()
     finally:
         await cluster.stop()
-        nodes = collector.fleet.snapshot()
+        await collector.incidents.stop()  # no rule runs while the journal is read
+        await feed.poll()
+        feed.flush()
+        result.nodes = collector.fleet.snapshot()
         result.events = collector.reader.events(limit=100_000)
+        result.incidents = await collector.journal.do(
+            lambda s: s.incidents.incidents(limit=100_000)
+        )
+        result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
         await collector.stop(grace=None)
-    _summary(result, nodes, out)
     return result
 
 
-def _summary(result: DemoResult, nodes: dict[str, NodeState], out: TextIO) -> None:
+def _header(  # noqa: PLR0913 - what the header shows
+    scenario: Scenario,
+    names: list[str],
+    cfg: CollectorConfig,
+    http_port: int,
+    *,
+    notes: list[str],
+    out: TextIO,
+) -> None:
+    base = f"http://127.0.0.1:{http_port}"
+    lines = [
+        (
+            f"fleetwatch demo: {len(names)} simulated nodes (8 GPUs, 18 NVLinks each, "
+            f"8 IB ports), scenario {scenario.name!r}, {scenario.duration_s:g} s"
+        ),
+        f"  metrics    {base}/metrics",
+        f"  nodes      {base}/api/v1/nodes",
+        f"  events     {base}/api/v1/events",
+        f"  journal    {cfg.journal}",
+        *notes,
+        f"  watch      fleetwatch incidents --api {base}",
+        f"             fleetwatch actions --api {base}",
+    ]
+    print("\n".join(lines), file=out)
+
+
+def _summary(result: DemoResult, out: TextIO) -> None:
     print("\n=== summary ===", file=out)
     print(f"faults injected: {len(result.faults)}", file=out)
     for fault in result.faults:
         print(f"  t={fault.at_s:>5.1f}s  {fault.describe()}", file=out)
     print(f"events journaled: {len(result.events)} ({events_by_kind(result.events)})", file=out)
     print(f"events still unacknowledged in agent outboxes: {result.unacked}", file=out)
+    t0 = result.started_unix
+    print(
+        f"incidents: {len(result.incidents)} ({count_by(r.phase for r in result.incidents)})",
+        file=out,
+    )
+    if result.incidents:
+        for line in incident_table(result.incidents, t0):
+            print(line, file=out)
+    print(
+        f"actions taken: {len(result.actions)} ({count_by(r.state for r in result.actions)})",
+        file=out,
+    )
+    if result.actions:
+        for line in action_table(result.actions, t0):
+            print(line, file=out)
+    kinds = count_by(str(d.body.get("kind", "?")) for d in result.deliveries)
+    print(f"webhooks received (signature checked): {len(result.deliveries)} ({kinds})", file=out)
     print("final fleet health:", file=out)
-    for line in node_table(nodes):
+    for line in node_table(result.nodes):
         print(line, file=out)
 
 

@@ -1,12 +1,16 @@
-"""Text rendering for the demo: a fleet status line, event lines and the final summary."""
+"""Text rendering for the demo: fleet status, events, incidents, actions and the summary."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     from collector.fleet import NodeState
+    from collector.store_incidents import ActionRow, IncidentRow
     from collector.store_sqlite import EventRow
 
 
@@ -34,8 +38,8 @@ def event_line(row: EventRow, node: NodeState | None) -> str:
     return f"  event #{row.id:<3} {row.node:<8} {row.kind:<16} {where}{xid}{detail}"
 
 
-def fleet_line(elapsed_s: float, nodes: dict[str, NodeState]) -> str:
-    """One line of fleet health."""
+def fleet_line(elapsed_s: float, nodes: dict[str, NodeState], *, firing: int = 0) -> str:
+    """One line of fleet health, with how many incidents fire."""
     reachable = sum(1 for n in nodes.values() if n.reachable)
     gpus = [g for n in nodes.values() for g in n.gpus.values()]
     ports = [p for n in nodes.values() for p in n.ports.values()]
@@ -44,7 +48,8 @@ def fleet_line(elapsed_s: float, nodes: dict[str, NodeState]) -> str:
         f"[{elapsed_s:5.1f}s] nodes up {reachable}/{len(nodes)} | "
         f"GPUs present {sum(g.present for g in gpus)}/{len(gpus)} | "
         f"NVLinks down {sum(g.nvlinks_down for g in gpus)} | "
-        f"IB ports up {sum(p.up for p in ports)}/{len(ports)} | events {events}"
+        f"IB ports up {sum(p.up for p in ports)}/{len(ports)} | events {events} | "
+        f"incidents firing {firing}"
     )
 
 
@@ -114,5 +119,116 @@ def node_table(nodes: dict[str, NodeState]) -> list[str]:
 
 def events_by_kind(rows: list[EventRow]) -> str:
     """``gpu_lost 1, ib_port_down 2, ...`` in first-seen order."""
-    counts = Counter(row.kind for row in rows)
-    return ", ".join(f"{kind} {count}" for kind, count in counts.items()) or "none"
+    return count_by(row.kind for row in rows)
+
+
+# ---- incidents and actions --------------------------------------------------------------------
+
+FINAL_STATES: Final = frozenset({"succeeded", "failed", "skipped", "deferred", "dry_run"})
+_DELIVERED: Final = re.compile(r"[\w .-]+: delivered \(HTTP (\d+)\)")
+DETAIL_WIDTH: Final = 70
+
+
+def short_detail(detail: str) -> str:
+    """An action's outcome in a few words: ``webhook 200`` for a delivered webhook."""
+    delivered = _DELIVERED.fullmatch(detail)
+    return f"webhook {delivered[1]}" if delivered else detail
+
+
+def _brief(row: ActionRow) -> str:
+    detail = short_detail(row.detail)
+    return f"{row.action} {row.state}" + (f" ({detail})" if detail else "")
+
+
+def _note(row: IncidentRow) -> str:
+    if row.suppressed_by:
+        return f" [suppressed by {row.suppressed_by}]"
+    if row.silenced_by:
+        return f" [silenced by {row.silenced_by}]"
+    return " [escalated]" if row.escalated else ""
+
+
+def incident_line(
+    elapsed_s: float, word: str, row: IncidentRow, actions: Sequence[ActionRow]
+) -> str:
+    """``[ 4.3s] FIRING   critical gpu_lost node-01/gpu/3 → drain_node succeeded (webhook 200)``."""
+    done = f" → {', '.join(_brief(a) for a in actions)}" if actions else ""
+    return (
+        f"[{elapsed_s:5.1f}s] {word:<8} {row.severity:<8} {row.rule} {row.target}{_note(row)}{done}"
+    )
+
+
+def action_line(elapsed_s: float, row: ActionRow) -> str:
+    """An action that changed after its incident fired (a drain that waited, then ran)."""
+    rule = row.incident_id.split(":", 1)[0]
+    return f"[{elapsed_s:5.1f}s] ACTION   {_brief(row)} for {rule} {row.target}"
+
+
+def dropped_line(elapsed_s: float, row: IncidentRow, for_s: float) -> str:
+    """A pending incident whose condition cleared before its ``for`` was up: no action."""
+    return (
+        f"[{elapsed_s:5.1f}s] dropped  {row.severity:<8} {row.rule} {row.target} "
+        f"(cleared before its for: {for_s:g}s was up; nothing done)"
+    )
+
+
+def _at(ms: int | None, t0: float) -> str:
+    return "-" if ms is None else f"{ms / 1000 - t0:.1f}s"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _cut(text: str, width: int = DETAIL_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def incident_table(rows: Sequence[IncidentRow], t0: float) -> list[str]:
+    """Incidents oldest first; times are seconds into the demo (``t0``: its start, Unix s)."""
+    head = ["started", "fired", "ended", "state", "severity", "rule", "target", "evidence"]
+    return _columns(
+        [head]
+        + [
+            [
+                _at(row.started_ms, t0),
+                _at(row.fired_ms, t0),
+                _at(row.resolved_ms, t0),
+                row.phase + _note(row),
+                row.severity,
+                row.rule,
+                row.target,
+                _cut(row.evidence, 60),
+            ]
+            for row in sorted(rows, key=lambda r: (r.started_ms, r.id))
+        ],
+    )
+
+
+def action_table(rows: Sequence[ActionRow], t0: float) -> list[str]:
+    """Actions in the order they were decided, with their outcome."""
+    head = ["decided", "ended", "action", "target", "state", "outcome", "rule"]
+    return _columns(
+        [head]
+        + [
+            [
+                _at(row.created_ms, t0),
+                _at(row.finished_ms, t0),
+                row.action,
+                row.target,
+                row.state,
+                _cut(row.detail),
+                row.incident_id.split(":", 1)[0],
+            ]
+            for row in sorted(rows, key=lambda r: r.id)
+        ],
+    )
+
+
+def count_by(values: Iterable[str]) -> str:
+    """``succeeded 5, deferred 1`` in first-seen order."""
+    return ", ".join(f"{k} {n}" for k, n in Counter(values).items()) or "none"

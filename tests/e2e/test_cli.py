@@ -19,7 +19,9 @@ FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
 
 
 def test_demo_runs_and_summarises(tmp_path: Path):
-    """`fleetwatch demo` injects its faults, journals what it saw and prints a summary."""
+    """`fleetwatch demo` injects its faults, journals what it saw, fires incidents whose actions
+    really run (a drain through the signed webhook, a GPU reset through the agent), shows them
+    live and prints a summary with tables of incidents and actions."""
     done = subprocess.run(
         [*FLEETWATCH, "demo", "--nodes", "4", "--duration", "12", "--workdir", str(tmp_path)],
         capture_output=True,
@@ -39,6 +41,16 @@ def test_demo_runs_and_summarises(tmp_path: Path):
     assert "gpu_lost 1" in journaled[2]
     assert "ib_port_down 2" in journaled[2]
     assert "node_unreachable 1" in journaled[2]
+    # live, as they happen
+    assert re.search(
+        r"\] FIRING +critical gpu_lost node-01/gpu/3 → drain_node succeeded \(webhook 200\)", out
+    )
+    assert re.search(r"FIRING +critical nvlink_down node-02/gpu/5 → reset_gpu succeeded", out)
+    # the summary's tables, read from the collector's journal
+    assert re.search(r"firing +critical +gpu_lost +node-01/gpu/3", out)
+    assert re.search(r"drain_node +node-01/gpu/3 +succeeded +drain webhook: delivered", out)
+    assert re.search(r"webhooks received \(signature checked\): \d+ \(drain_request 1", out)
+    assert "fleetwatch incidents --api http://127.0.0.1:" in out
 
 
 def test_bad_arguments_are_one_clear_line(tmp_path: Path):
