@@ -67,37 +67,42 @@ class CommandRunner:
         self._busy: set[str] = set()
 
     async def run(self, command: pb.Command) -> pb.CommandResult:
-        """Run one command; every refusal says why."""
-        ok, detail = await self._run(command)
+        """Run one command; every refusal says why, and whether asking later may help."""
+        ok, detail, later = await self._run(command)
         log.info("command_done", id=command.command_id, kind=command.kind, ok=ok, detail=detail)
-        return pb.CommandResult(command_id=command.command_id, ok=ok, detail=detail)
+        return pb.CommandResult(
+            command_id=command.command_id, ok=ok, detail=detail, retry_later=later
+        )
 
-    def _refusal(self, command: pb.Command) -> tuple[GpuIdentity | None, str]:
+    def _refusal(self, command: pb.Command) -> tuple[GpuIdentity | None, str, bool]:
         if command.kind != pb.COMMAND_KIND_RESET_GPU:
-            return None, f"command kind {command.kind} is not supported by this agent"
+            return None, f"command kind {command.kind} is not supported by this agent", False
         gpu = next((g for g in self._sampler.inventory.gpus if g.uuid == command.gpu_uuid), None)
         if gpu is None:
-            return None, f"no GPU {command.gpu_uuid[:80]!r} on this node"
+            return None, f"no GPU {command.gpu_uuid[:80]!r} on this node", False
         if self._reset is None:
-            return None, "GPU resets are turned off on this agent"
+            return None, "GPU resets are turned off on this agent", False
         if gpu.uuid in self._busy:
-            return None, f"a reset of GPU {gpu.index} is already running"
-        return gpu, ""
+            return None, f"a reset of GPU {gpu.index} is already running", True
+        return gpu, "", False
 
-    async def _run(self, command: pb.Command) -> tuple[bool, str]:
-        gpu, why = self._refusal(command)
+    async def _run(self, command: pb.Command) -> tuple[bool, str, bool]:
+        """(ok, detail, retry_later)."""
+        gpu, why, later = self._refusal(command)
         if gpu is None or self._reset is None:
-            return False, why
+            return False, why, later
         if not command.force:
             try:
                 pids = self._sampler.compute_processes(gpu)
             except SourceError as exc:
-                return False, f"cannot tell whether GPU {gpu.index} is idle: {exc}"
+                return False, f"cannot tell whether GPU {gpu.index} is idle: {exc}", True
             if pids:
                 shown = ", ".join(map(str, pids[:5]))
-                return False, f"GPU {gpu.index} is busy: {len(pids)} compute processes ({shown})"
+                busy = f"GPU {gpu.index} is busy: {len(pids)} compute processes ({shown})"
+                return False, busy, True
         self._busy.add(gpu.uuid)
         try:
-            return await asyncio.to_thread(self._reset, gpu)
+            ok, detail = await asyncio.to_thread(self._reset, gpu)
         finally:
             self._busy.discard(gpu.uuid)
+        return ok, detail, False

@@ -54,4 +54,6 @@ class CommandBroker:
             return ActionOutcome(ok=False, detail=f"no answer from {node} in {self._timeout_s:g} s")
         except ConnectionError as exc:
             return ActionOutcome(ok=False, detail=f"{node}: {exc}")
-        return ActionOutcome(ok=result.ok, detail=f"{node} agent: {result.detail}")
+        return ActionOutcome(
+            ok=result.ok, detail=f"{node} agent: {result.detail}", retry=result.retry_later
+        )

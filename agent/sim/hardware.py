@@ -77,6 +77,7 @@ class SimGpu:
     slowdown: float = 1.0  # step-time factor a simulated training job reads (1.0: healthy)
     processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
     resets: int = 0
+    reset_fails: bool = False  # the driver cannot reset it (nvidia-smi answers an error)
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
 
@@ -293,6 +294,8 @@ class SimNode:
             return False, f"GPU {gpu} is lost: a reset cannot reach it (reboot the node)"
         if g.processes:
             return False, f"GPU {gpu} is in use by {len(g.processes)} processes"
+        if g.reset_fails:
+            return False, f"Unable to reset GPU {g.nvml_bus_id}: Unknown Error"
         g.resets += 1
         g.ecc_sbe_volatile = g.ecc_dbe_volatile = 0
         g.remap_pending = False

@@ -7,7 +7,8 @@ max_drained_share = 0.1         # ... and at most this share of the fleet
 node_cooldown = 300             # seconds between two actions of a kind on one node
 breaker_window = 600            # more than breaker_max_drains drains in this window ...
 breaker_max_drains = 5          # ... open the circuit breaker ...
-breaker_cooldown = 3600         # ... until this long without drain attempts
+breaker_cooldown = 3600         # ... for this long
+reset_retry = 60                # seconds between asks to reset a GPU that is busy
 
 [collector.actions.slurm]       # drain through scontrol (on a host with Slurm's client)
 enabled = true
@@ -45,6 +46,7 @@ SAFETY_KEYS: Final = {
     "breaker_window": "breaker_window_s",
     "breaker_max_drains": "breaker_max_drains",
     "breaker_cooldown": "breaker_cooldown_s",
+    "reset_retry": "reset_retry_s",
 }
 
 

@@ -5,11 +5,17 @@ it runs and its outcome after, and a key already in the journal never runs again
 restart or a replayed transition cannot drain or reset twice. Before a drain or a reset runs:
 
 * suppressed or silenced incidents, and dry-run (global or the rule's), run nothing;
-* a node gets at most one action of a kind per ``node_cooldown_s``;
+* a node gets at most one drain per ``node_cooldown_s``, a GPU at most one reset;
 * drains stop at ``max_drained_nodes`` or ``max_drained_share`` of the fleet drained by
   fleetwatch at once;
 * a circuit breaker opens when more than ``breaker_max_drains`` drains start within
-  ``breaker_window_s``, and closes after ``breaker_cooldown_s`` without drain attempts.
+  ``breaker_window_s``, and closes ``breaker_cooldown_s`` after it opened.
+
+A reset the agent refuses for now (compute processes on the GPU) waits, journaled as
+``deferred``, and is asked again every ``reset_retry_s`` while its incident fires: the GPU is
+reset once it is idle. ``reset_gpu: {drain_first: true}`` drains the node first, so no new job
+lands there and the reset runs when the running ones are gone. A reset that ran and failed
+escalates at once.
 
 A drain held back by the cap or the breaker waits (journaled as ``deferred``): it runs when room
 comes back while its incident still fires, and is dropped when the incident resolves. Waiting
@@ -51,6 +57,7 @@ class ActionOutcome:
 
     ok: bool
     detail: str
+    retry: bool = False  # not done, not failed: ask again later (a busy GPU)
 
 
 class Drainer(Protocol):
@@ -94,6 +101,7 @@ class SafetyConfig:
     breaker_window_s: float = 600.0
     breaker_max_drains: int = 5
     breaker_cooldown_s: float = 3600.0
+    reset_retry_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,7 @@ class _Waiting:
     action_id: int
     incident_id: str
     spec: ActionSpec
+    next_try: float = 0.0  # monotonic; resets wait for their GPU to be idle
 
 
 class Dispatcher:
@@ -144,9 +153,10 @@ class Dispatcher:
             elif row.action == "resume_node" and row.state == "succeeded":
                 self.drained.pop(row.node, None)
         for row in reversed(rows):
-            if row.action.endswith("drain_node") and row.state == "deferred":
+            kind = row.action.removeprefix("escalated_")
+            if kind in ("drain_node", "reset_gpu") and row.state == "deferred":
                 self.waiting[row.id] = _Waiting(
-                    row.id, row.incident_id, ActionSpec("drain_node", dict(row.params))
+                    row.id, row.incident_id, ActionSpec(kind, dict(row.params))
                 )
         for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
             await self._finish(row.id, "failed", "collector restarted before the outcome was known")
@@ -221,11 +231,12 @@ class Dispatcher:
         if self.safety.dry_run or rule.dry_run:
             return "dry_run", "dry run: nothing was done"
         mono = self._clock.monotonic()
-        last = self._last_action.get((incident.node, spec.name))
+        where = _cooldown_key(incident, spec)
+        last = self._last_action.get((where, spec.name))
         if spec.name != "notify" and last is not None and mono - last < self.safety.node_cooldown_s:
             return (
                 "skipped",
-                f"cooldown: {spec.name} ran on {incident.node} {mono - last:.0f} s ago",
+                f"cooldown: {spec.name} ran on {where} {mono - last:.0f} s ago",
             )
         if spec.name == "drain_node":
             return self._drain_refusal(mono)
@@ -269,11 +280,15 @@ class Dispatcher:
         A GPU reset that fails escalates at once: the rule's escalation actions run for this
         incident (a reset that cannot help is no reason to wait for the fault to come back).
         """
-        failed_reset = await self._fire(incident, rule, actions)
+        failed_reset = await self._fire(incident, rule, _expand(actions))
+        if failed_reset:
+            await self._escalate(incident, rule)
+
+    async def _escalate(self, incident: IncidentRow, rule: Rule) -> None:
         esc = rule.escalation
-        if failed_reset and esc is not None and not incident.escalated:
+        if esc is not None and not incident.escalated:
             log.warning("reset_failed_escalating", incident=incident.id, rule=rule.name)
-            await self._fire(incident, rule, esc.actions, prefix="escalated_")
+            await self._fire(incident, rule, _expand(esc.actions), prefix="escalated_")
 
     async def _fire(
         self,
@@ -308,14 +323,18 @@ class Dispatcher:
                     self.waiting[action_id] = _Waiting(action_id, incident.id, spec)
                 log.warning("action_not_run", action=spec.name, incident=incident.id, why=why)
                 continue
-            ok = await self._run_journaled(action_id, incident, rule, spec)
-            failed_reset |= spec.name == "reset_gpu" and not ok
+            outcome = await self._run_journaled(action_id, incident, rule, spec)
+            failed_reset |= spec.name == "reset_gpu" and not outcome.ok and not outcome.retry
         return failed_reset
 
     async def _run_journaled(
         self, action_id: int, incident: IncidentRow, rule: Rule, spec: ActionSpec
-    ) -> bool:
-        self._last_action[incident.node, spec.name] = self._clock.monotonic()
+    ) -> ActionOutcome:
+        """Run an action journaled as ``action_id``; record its outcome.
+
+        A reset the agent refuses for now (a busy GPU) is journaled as deferred and waits:
+        :meth:`settle` asks again every ``reset_retry_s`` while the incident fires.
+        """
         draining = spec.name == "drain_node"
         if draining:
             self._drain_starts.append(self._clock.monotonic())
@@ -327,6 +346,13 @@ class Dispatcher:
                 self.draining.discard(incident.node)
         if draining and outcome.ok:
             self.drained[incident.node] = incident.id
+        if not outcome.retry:  # a refusal for now is not an action that ran
+            self._last_action[_cooldown_key(incident, spec), spec.name] = self._clock.monotonic()
+        if outcome.retry:
+            retry_at = self._clock.monotonic() + self.safety.reset_retry_s
+            self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at)
+            await self._finish(action_id, "deferred", f"waiting: {outcome.detail}")
+            return outcome
         await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
         log.info(
             "action_done",
@@ -336,35 +362,48 @@ class Dispatcher:
             ok=outcome.ok,
             detail=outcome.detail,
         )
-        return outcome.ok
+        return outcome
 
     async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
-        """Run waiting drains, oldest first, while there is room.
+        """Run what waits, if it may run now.
 
-        Drains whose incident no longer fires are dropped. ``firing`` finds a firing incident
+        Drains wait for room under the cap, oldest first (a later drain never jumps the queue);
+        resets wait for their GPU to be idle, asked again every ``reset_retry_s``. What waits
+        for an incident that no longer fires is dropped. ``firing`` finds a firing incident
         (with its rule) by id.
         """
+        drains_blocked = False
         for action_id, wait in list(self.waiting.items()):
             found = firing(wait.incident_id)
             if found is None:
                 del self.waiting[action_id]
-                why = "the incident stopped firing while the drain waited"
+                why = f"the incident stopped firing while the {wait.spec.name} waited"
                 await self._finish(action_id, "skipped", why)
                 continue
             incident, rule = found
-            state, why = self._refusal(incident, rule, wait.spec)
-            if state == "deferred":
-                return  # still no room: later ones wait behind this one
-            del self.waiting[action_id]
-            if state != "planned":
-                await self._finish(action_id, state, why)
-                continue
-            self.draining.add(incident.node)  # hold the place under the cap across the await
-            try:
+            if wait.spec.name == "drain_node":
+                if drains_blocked:
+                    continue
+                state, why = self._refusal(incident, rule, wait.spec)
+                if state == "deferred":
+                    drains_blocked = True  # still no room: later drains wait behind this one
+                    continue
+                del self.waiting[action_id]
+                if state != "planned":
+                    await self._finish(action_id, state, why)
+                    continue
+                self.draining.add(incident.node)  # hold the place under the cap across the await
+                try:
+                    await self._reopen(action_id)
+                finally:
+                    self.draining.discard(incident.node)
+                await self._run_journaled(action_id, incident, rule, wait.spec)
+            elif self._clock.monotonic() >= wait.next_try:
+                del self.waiting[action_id]
                 await self._reopen(action_id)
-            finally:
-                self.draining.discard(incident.node)
-            await self._run_journaled(action_id, incident, rule, wait.spec)
+                outcome = await self._run_journaled(action_id, incident, rule, wait.spec)
+                if not outcome.ok and not outcome.retry:
+                    await self._escalate(incident, rule)
 
     async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
         try:
@@ -382,8 +421,9 @@ class Dispatcher:
             payload = _incident_payload(incident, rule)
             return await self._notifier.notify(str(spec.params["channel"]), payload, key)
         if spec.name == "reset_gpu" and self._resetter is not None:
-            force = bool(spec.params.get("drain_first", False))
-            return await self._resetter.reset(incident.node, incident.target, force=force)
+            # Never forced from a rule: with drain_first the drain ran before (see _expand)
+            # and the reset waits until the jobs have left the GPU.
+            return await self._resetter.reset(incident.node, incident.target, force=False)
         return ActionOutcome(ok=False, detail=f"{spec.name}: no actuator is configured")
 
     @staticmethod
@@ -413,6 +453,24 @@ class Dispatcher:
         if outcome.ok:
             self.drained.pop(incident.node, None)
         await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+
+
+def _cooldown_key(incident: IncidentRow, spec: ActionSpec) -> str:
+    """Cooldowns are per node, except resets: per GPU (``node/gpu/N``)."""
+    if spec.name == "reset_gpu" and "/gpu/" in incident.target:
+        node, _, rest = incident.target.partition("/gpu/")
+        return f"{node}/gpu/{rest.split('/', 1)[0]}"
+    return incident.node
+
+
+def _expand(actions: tuple[ActionSpec, ...]) -> tuple[ActionSpec, ...]:
+    """``reset_gpu: {drain_first: true}`` is a drain (no new jobs), then a reset once idle."""
+    out: list[ActionSpec] = []
+    for spec in actions:
+        if spec.name == "reset_gpu" and spec.params.get("drain_first"):
+            out.append(ActionSpec("drain_node"))
+        out.append(spec)
+    return tuple(out)
 
 
 def _incident_payload(incident: IncidentRow, rule: Rule) -> dict[str, object]:

@@ -45,13 +45,16 @@ class TestCommandRunner:
         """A GPU not in this node's inventory is never reset."""
         result = await runner(node).run(reset("GPU-not-here"))
         assert not result.ok
+        assert not result.retry_later  # asking again would not help
         assert "no GPU 'GPU-not-here' on this node" in result.detail
 
     async def test_busy_gpu_is_refused_unless_forced(self, node: SimNode):
-        """Compute processes block a reset; force (after a drain) goes ahead to the driver."""
+        """Compute processes block a reset for now (the collector asks again later); force goes
+        ahead to the driver."""
         node.gpus[0].processes = [11]
         refused = await runner(node).run(reset(node.gpus[0].uuid))
         assert "busy: 1 compute processes (11)" in refused.detail
+        assert (refused.ok, refused.retry_later) == (False, True)
         forced = await runner(node).run(reset(node.gpus[0].uuid, force=True))
         assert not forced.ok  # the simulated driver refuses too: the GPU is still in use
         assert "in use by 1 processes" in forced.detail

@@ -175,14 +175,16 @@ class Event(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., xid: _Optional[int] = ..., xid_class: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("command_id", "ok", "detail")
+    __slots__ = ("command_id", "ok", "detail", "retry_later")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    RETRY_LATER_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     ok: bool
     detail: str
-    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    retry_later: bool
+    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ...) -> None: ...
 
 class CollectorMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command", "config")
