@@ -32,6 +32,7 @@ class CollectorConfig:
     poll_interval: float = 0.0  # 0: agents keep their own
     rules: tuple[Path, ...] = ()  # rule files; none: the built-in rules/default.yaml
     rules_interval: float = 1.0  # seconds between rule evaluations
+    xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
 
     def __post_init__(self) -> None:
@@ -54,8 +55,9 @@ class CollectorConfig:
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
-    if "journal" in values:
-        values["journal"] = Path(values["journal"])
+    for key in ("journal", "xid_catalog"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
     if "actions" in values:
         values["actions"] = parse_actions(values["actions"])
     if "rules" in values:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.incidents")
 
 FLEET_KEY: Final = "fleet"
+ERROR_LOG_EVERY: Final = 1000  # a rule that fails on every target logs once, then now and then
 NO_DRAINS: Final = {
     "drained_nodes": 0,
     "drains_waiting": 0,
@@ -252,7 +253,11 @@ class Evaluator:
         context: TargetContext = _Context(self, key, now)
         holds, error = self.env.evaluate(self._compiled[rule.name], data, context)
         if error is not None and not error.startswith("NOT_FOUND"):
-            self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
+            count = self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
+            if count == 1 or count % ERROR_LOG_EVERY == 0:
+                log.warning(
+                    "rule_evaluation_failed", rule=rule.name, target=key, error=error, count=count
+                )
         transitions = self.engine.observe(
             rule.name,
             node,

@@ -15,6 +15,7 @@ from collector.actions.slurm import SlurmNodes
 from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
+from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
 from collector.http_api import ApiServer
 from collector.incident_service import IncidentService, SilenceBook
@@ -100,13 +101,14 @@ class CollectorService:
         self.evaluator = Evaluator(
             rules=self.ruleset,
             fleet=self.fleet,
-            catalog=load_catalog(),
+            catalog=load_catalog(cfg.xid_catalog),
             clock=clock,
         )
         self.fleet.observer = self.evaluator
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
         self.evaluator.fleet_extras = self.dispatcher.status
+        self.registry.register(RulesCollector(self.evaluator, self.dispatcher))
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,

@@ -2,7 +2,7 @@
 
 The idea of ``promtool test rules``, run through the collector's own evaluator:
 
-    rule_files: [builtin]            # "builtin" or paths relative to this file
+    rule_files: [builtin]            # "builtin" and/or paths relative to this file
     tests:
       - name: an Xid 79 drains the node
         nodes: {node-01: {gpus: 8, nvlinks: 18, ib_ports: 8}}
@@ -53,6 +53,9 @@ _SCOPES: Final = {
     TargetKind.NVLINK: Scope.NVLINK,
     TargetKind.IB_PORT: Scope.IB_PORT,
 }
+
+
+BUILTIN_RULES: Final = "builtin"  # in rule_files: the built-in rules (rules/default.yaml)
 
 
 class RuleTestError(RulesError):
@@ -107,14 +110,20 @@ def _target(node: str, raw: dict[str, Any]) -> Target:
 class _Run:
     """One test: a fleet, an evaluator on a fake clock, and what happened."""
 
-    def __init__(self, rule_paths: list[Path], nodes: dict[str, dict[str, int]]) -> None:
+    def __init__(
+        self,
+        rule_paths: list[Path],
+        nodes: dict[str, dict[str, int]],
+        *,
+        builtin: bool,
+    ) -> None:
         self.clock = FakeClock()
         self.start = self.clock.monotonic()
         self.fleet = FleetModel()
         for name, shape in nodes.items():
             self.fleet.on_hello(_hello(name, shape or {}), self.clock.monotonic(), self.clock.now())
         self.evaluator = Evaluator(
-            rules=load_rules(rule_paths),
+            rules=load_rules(rule_paths, builtin=builtin),
             fleet=self.fleet,
             catalog=load_catalog(),
             clock=self.clock,
@@ -172,10 +181,18 @@ class _Run:
         )
 
 
-def run_test(test: dict[str, Any], rule_paths: list[Path]) -> TestResult:
-    """Play one test; its failures say what was expected and what came."""
+def run_test(
+    test: dict[str, Any],
+    rule_paths: list[Path],
+    *,
+    builtin: bool = False,
+) -> TestResult:
+    """Play one test against the rule files (and the built-in rules when ``builtin``).
+
+    Its failures say what was expected and what came. No paths at all means the built-in rules.
+    """
     result = TestResult(str(test.get("name", "unnamed")))
-    run = _Run(rule_paths, dict(test.get("nodes") or {}))
+    run = _Run(rule_paths, dict(test.get("nodes") or {}), builtin=builtin)
     steps = test.get("steps", [])
     timeline = [(parse_duration(s.get("at", 0)), 0, i, s) for i, s in enumerate(steps)]
     timeline += [(parse_duration(e["at"]), 1, i, e) for i, e in enumerate(test.get("expect", []))]
@@ -207,13 +224,16 @@ def run_file(path: Path) -> list[TestResult]:
     if not isinstance(data, dict) or not isinstance(data.get("tests"), list):
         msg = f"{path}: expected 'rule_files' and a list of 'tests'"
         raise RuleTestError(msg)
-    rule_paths = [
-        path.parent / str(f) for f in data.get("rule_files", ["builtin"]) if str(f) != "builtin"
-    ]
+    rule_files = data.get("rule_files", [BUILTIN_RULES])
+    if not isinstance(rule_files, list) or not rule_files:
+        msg = f"{path}: rule_files must list rule files ({BUILTIN_RULES!r} for the built-in rules)"
+        raise RuleTestError(msg)
+    builtin = BUILTIN_RULES in rule_files
+    rule_paths = [path.parent / str(f) for f in rule_files if f != BUILTIN_RULES]
     results = []
     for test in data["tests"]:
         try:
-            results.append(run_test(test, rule_paths))
+            results.append(run_test(test, rule_paths, builtin=builtin))
         except (KeyError, ValueError, TypeError, RuleTestError) as exc:
             name = test.get("name", "unnamed") if isinstance(test, dict) else "unnamed"
             results.append(TestResult(str(name), [f"malformed test: {type(exc).__name__}: {exc}"]))

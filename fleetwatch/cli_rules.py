@@ -20,7 +20,8 @@ def check(paths: list[Path], out: TextIO, err: TextIO) -> int:
         print(exc, file=err)
         return 1
     where = ", ".join(map(str, paths)) or "built-in rules"
-    print(f"{where}: {len(rules.rules)} rules, no problems", file=out)
+    count = len(rules.rules)
+    print(f"{where}: {count} rule{'' if count == 1 else 's'}, no problems", file=out)
     return 0
 
 

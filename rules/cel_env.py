@@ -20,6 +20,8 @@ Functions, about the target being evaluated (windows are durations such as ``"10
 ``share_of_ports(signal, above)`` share of the fleet's IB ports whose signal is above a value
 
 Conditions are type-checked against these at load time; nothing is ever ``eval``'d in Python.
+The variables are maps of any type to CEL, so :func:`field_problems` checks their fields
+(against ``VARIABLE_FIELDS``) and the kinds ``events()`` counts (against ``EventKind``) itself.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from cel_expr_python import cel
 
+from fleetwatch.model import EventKind
 from rules.durations import parse_duration
 from rules.model import Scope
 
@@ -42,6 +45,59 @@ SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.IB_PORT: ("node", "port", "fleet"),
     Scope.FLEET: ("fleet",),
 }
+# The fields of each variable: the keys of the maps the collector builds (collector.incidents).
+# A unit test builds those maps and compares, so neither side can change alone.
+VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "node": frozenset(
+        {
+            "name",
+            "reachable",
+            "connected",
+            "gpus",
+            "gpus_lost",
+            "nvlinks_down",
+            "ib_ports",
+            "ib_ports_down",
+            "signals",
+        },
+    ),
+    "gpu": frozenset(
+        {
+            "index",
+            "uuid",
+            "model",
+            "pci_bus_id",
+            "present",
+            "nvlink_count",
+            "nvlinks_down",
+            "signals",
+        },
+    ),
+    "link": frozenset({"index", "up", "signals"}),
+    "port": frozenset({"device", "port", "state", "phys_state", "up", "rate", "signals"}),
+    "fleet": frozenset(
+        {
+            "nodes",
+            "nodes_reachable",
+            "gpus",
+            "ib_ports",
+            "ib_ports_up",
+            "drained_nodes",
+            "drains_waiting",
+            "drain_cap",
+            "drain_breaker_open",
+        },
+    ),
+}
+# Patterns over a condition whose string literals were replaced by "N" (see _without_strings).
+_RAW_PREFIX: Final = re.compile(r"(?<![\w.])[bB]?[rR][bB]?$")
+_FIELD: Final = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\.\s*\??\s*([A-Za-z_]\w*)(?!\w|\s*\()")
+_INDEX: Final = re.compile(r'(?<![\w.])([A-Za-z_]\w*)\s*\[\s*[rRbB]*"(\d+)"\s*\]')
+_EVENTS: Final = re.compile(r'(?<![\w.])events\s*\(\s*[rRbB]*"(\d+)"')
+_BOUND: Final = re.compile(
+    r"(?:\.\s*(?:all|exists|exists_one|map|filter)|(?<![\w.])cel\s*\.\s*bind)\s*\(\s*(\w+)\s*,",
+)
+_EVENT_KINDS: Final = tuple(sorted(k.value for k in EventKind))
 _SIGNAL_REFS: Final = (
     re.compile(r"signals\.([A-Za-z_][A-Za-z0-9_]*)"),
     re.compile(r"""signals\[\s*["']([^"']+)["']\s*\]"""),
@@ -76,6 +132,50 @@ class ConditionError(ValueError):
 def signal_references(condition: str) -> set[str]:
     """The signal names a condition mentions (for checking them against the catalog)."""
     return {m for pattern in _SIGNAL_REFS for m in pattern.findall(condition)}
+
+
+def _without_strings(condition: str) -> tuple[str, list[str]]:
+    """The condition with its N-th string literal replaced by ``"N"``, and the literals."""
+    code: list[str] = []
+    literals: list[str] = []
+    pos, end = 0, len(condition)
+    while pos < end:
+        char = condition[pos]
+        if char not in "'\"":
+            code.append(char)
+            pos += 1
+            continue
+        raw = _RAW_PREFIX.search(condition, 0, pos) is not None
+        quote = char * 3 if condition.startswith(char * 3, pos) else char
+        start = pos = pos + len(quote)
+        while pos < end and not condition.startswith(quote, pos):
+            pos += 2 if condition[pos] == "\\" and not raw else 1
+        code.append(f'"{len(literals)}"')
+        literals.append(condition[start:pos])
+        pos += len(quote)
+    return "".join(code), literals
+
+
+def field_problems(scope: Scope, condition: str) -> list[str]:
+    """Fields of the scope's variables and event kinds a condition names that do not exist.
+
+    CEL cannot catch these (the variables are untyped maps): a misspelt field is simply absent
+    at run time, and a misspelt kind is never counted. Text inside string literals is skipped.
+    """
+    code, literals = _without_strings(condition)
+    variables = set(SCOPE_VARIABLES[scope]) - set(_BOUND.findall(code))
+    references = _FIELD.findall(code)
+    references += [(var, literals[int(n)]) for var, n in _INDEX.findall(code)]
+    problems: list[str] = []
+    for var, name in references:
+        if var in variables and name not in VARIABLE_FIELDS[var]:
+            fields = ", ".join(sorted(VARIABLE_FIELDS[var]))
+            problems.append(f"unknown field {var}.{name}; {var} has {fields}")
+    for n in _EVENTS.findall(code):
+        kind = literals[int(n)]
+        if kind not in _EVENT_KINDS:
+            problems.append(f"unknown event kind {kind!r}; known: {', '.join(_EVENT_KINDS)}")
+    return list(dict.fromkeys(problems))
 
 
 class RuleEnvironment:

@@ -23,11 +23,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import yaml
 
-from rules.cel_env import ConditionError, RuleEnvironment, signal_references
+from rules.cel_env import ConditionError, RuleEnvironment, field_problems, signal_references
 from rules.durations import parse_duration
 from rules.exceptions import RulesError
 from rules.model import ACTIONS, ActionSpec, Escalation, Rule, RuleSet, Scope, Severity
@@ -55,6 +55,10 @@ RULE_KEYS: Final = frozenset(
 )
 ESCALATE_KEYS: Final = frozenset({"after", "within", "actions"})
 BUILTIN: Final = ("rules", "default.yaml")
+BUILTIN_SOURCE: Final = "builtin/default.yaml"
+# What a value of each type is called in problems (rule files are written by people).
+_KINDS: Final[dict[type, str]] = {bool: "true or false", str: "a string", int: "a whole number"}
+_Choice = TypeVar("_Choice", Scope, Severity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +96,31 @@ class _Checker:
     def problem(self, line: int, rule: str, message: str) -> None:
         self.problems.append(RuleProblem(self.source, line, rule, message))
 
-    def actions(self, raw: object, line: int, rule: str) -> tuple[ActionSpec, ...]:
+    def typed(self, value: object, kind: type, what: str, line: int, rule: str) -> None:
+        """A problem unless ``value`` is a ``kind`` (true or false is not a number)."""
+        if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+            return
+        expected = _KINDS.get(kind, f"a {kind.__name__}")
+        self.problem(line, rule, f"{what} must be {expected}, not {value!r}")
+
+    def choice(
+        self, kind: type[_Choice], what: str, value: object, line: int, rule: str
+    ) -> _Choice | None:
+        """``value`` as one of ``kind``'s members, or None (and a problem naming them all)."""
+        allowed = [member.value for member in kind]
+        if isinstance(value, str) and value in allowed:
+            return kind(value)
+        got = "" if value is None else f", not {value!r}"
+        self.problem(line, rule, f"{what} must be one of {', '.join(allowed)}{got}")
+        return None
+
+    def actions(self, raw: object, what: str, line: int, rule: str) -> tuple[ActionSpec, ...]:
         if not isinstance(raw, list):
-            self.problem(line, rule, "actions must be a list")
+            self.problem(line, rule, f"{what} must be a list")
             return ()
         specs: list[ActionSpec] = []
         for item in raw:
-            name, params = (item, {}) if isinstance(item, str) else _single_pair(item)
+            name, params = _single_pair(item)
             if name not in ACTIONS:
                 known_actions = ", ".join(sorted(ACTIONS))
                 self.problem(line, rule, f"unknown action {name!r}; known: {known_actions}")
@@ -107,17 +129,14 @@ class _Checker:
                 self.problem(line, rule, f"parameters of {name} must be a mapping")
                 continue
             schema = ACTIONS[name]
-            unknown = sorted(set(params) - set(schema))
+            unknown = sorted(map(str, set(params) - set(schema)))
             if unknown:
                 self.problem(line, rule, f"{name} has no parameter {', '.join(unknown)}")
                 continue
-            checked: dict[str, Any] = {}
-            for key, (kind, default) in schema.items():
-                value = params.get(key, default)
-                if not isinstance(value, kind):
-                    self.problem(line, rule, f"{name}.{key} must be a {kind.__name__}")
-                checked[key] = value
-            specs.append(ActionSpec(str(name), checked))
+            checked = {key: params.get(key, default) for key, (_, default) in schema.items()}
+            for key, (kind, _) in schema.items():
+                self.typed(checked[key], kind, f"{name}.{key}", line, rule)
+            specs.append(ActionSpec(name, checked))
         return tuple(specs)
 
     def rule(self, raw: object, line: int, lines: dict[str, int]) -> Rule | None:
@@ -128,29 +147,33 @@ class _Checker:
         if not isinstance(name, str) or not RULE_NAME.fullmatch(name):
             self.problem(line, str(name or ""), "name must be snake_case, 1-64 characters")
             return None
-        for key in sorted(set(raw) - RULE_KEYS):
-            self.problem(lines.get(key, line), name, f"unknown field {key!r}")
-        try:
-            scope = Scope(str(raw.get("scope")))
-            severity = Severity(str(raw.get("severity", "warning")))
-        except ValueError as exc:
-            self.problem(line, name, f"{exc}; scope is one of {', '.join(Scope)}")
-            return None
-        when = raw.get("when")
-        if not isinstance(when, str) or not when.strip():
-            self.problem(lines.get("when", line), name, "when must be a CEL condition")
-            return None
-        self.condition(scope, when, lines.get("when", line), name)
+
+        def at(key: str) -> int:
+            return lines.get(key, line)
+
+        for key in sorted(set(raw) - RULE_KEYS, key=str):
+            self.problem(at(key), name, f"unknown field {key!r}")
+        scope = self.choice(Scope, "scope", raw.get("scope"), at("scope"), name)
+        severity = self.choice(
+            Severity, "severity", raw.get("severity", "warning"), at("severity"), name
+        )
+        when = self.condition(scope, raw.get("when"), at("when"), name)
         timing: dict[str, float] = {}
         for key in ("for", "keep_firing_for"):
             try:
                 timing[key] = parse_duration(raw.get(key, 0))
             except ValueError as exc:
-                self.problem(lines.get(key, line), name, f"{key}: {exc}")
-        labels = raw.get("labels", {})
-        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-            self.problem(lines.get("labels", line), name, "labels must map names to strings")
-            labels = {}
+                self.problem(at(key), name, f"{key}: {exc}")
+        texts = {key: raw.get(key, "") for key in ("description", "runbook")}
+        for key, value in texts.items():
+            self.typed(value, str, key, at(key), name)
+        labels = self.labels(raw.get("labels", {}), at("labels"), name)
+        dry_run = raw.get("dry_run", False)
+        self.typed(dry_run, bool, "dry_run", at("dry_run"), name)
+        actions = self.actions(raw.get("actions", []), "actions", at("actions"), name)
+        escalation = self.escalation(raw.get("escalate"), at("escalate"), name)
+        if scope is None or severity is None or when is None:
+            return None
         return Rule(
             name=name,
             scope=scope,
@@ -158,49 +181,79 @@ class _Checker:
             severity=severity,
             for_s=timing.get("for", 0.0),
             keep_firing_for_s=timing.get("keep_firing_for", 0.0),
-            description=str(raw.get("description", "")),
-            runbook=str(raw.get("runbook", "")),
-            labels={str(k): str(v) for k, v in labels.items()},
-            actions=self.actions(raw.get("actions", []), lines.get("actions", line), name),
-            escalation=self.escalation(raw.get("escalate"), lines.get("escalate", line), name),
-            dry_run=raw.get("dry_run", False) is True,
+            description=str(texts["description"]),
+            runbook=str(texts["runbook"]),
+            labels=labels,
+            actions=actions,
+            escalation=escalation,
+            dry_run=dry_run is True,
             source=self.source,
             line=line,
         )
 
-    def condition(self, scope: Scope, when: str, line: int, name: str) -> None:
+    def labels(self, raw: object, line: int, rule: str) -> dict[str, str]:
+        if isinstance(raw, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+        ):
+            return dict(raw)
+        self.problem(line, rule, f"labels must map names to strings, not {raw!r}")
+        return {}
+
+    def condition(self, scope: Scope | None, when: object, line: int, name: str) -> str | None:
+        """The condition, checked against the scope's variables (when the scope is known)."""
+        if not isinstance(when, str) or not when.strip():
+            self.problem(line, name, "when must be a CEL condition")
+            return None
+        if scope is None:
+            return when
         try:
             self.env.compile(scope, when)
         except ConditionError as exc:
             self.problem(line, name, f"bad condition: {exc}")
-            return
+            return when
         for signal in sorted(signal_references(when)):
             if not known(scope, signal):
                 self.problem(line, name, f"unknown signal {signal!r} for a {scope} rule")
+        for message in field_problems(scope, when):
+            self.problem(line, name, message)
+        return when
 
     def escalation(self, raw: object, line: int, name: str) -> Escalation | None:
         if raw is None:
             return None
         if not isinstance(raw, dict) or set(raw) - ESCALATE_KEYS:
-            self.problem(line, name, "escalate takes after, within and actions")
+            extra = sorted(map(str, set(raw) - ESCALATE_KEYS)) if isinstance(raw, dict) else []
+            got = f" (not {', '.join(extra)})" if extra else ""
+            self.problem(line, name, f"escalate takes after, within and actions{got}")
             return None
+        before = len(self.problems)
         after = raw.get("after")
         if not isinstance(after, int) or isinstance(after, bool) or after < 2:  # noqa: PLR2004
-            self.problem(line, name, "escalate.after must be a count of 2 or more")
-            return None
+            self.problem(line, name, f"escalate.after must be a count of 2 or more, not {after!r}")
+        within = 0.0
         try:
             within = parse_duration(raw.get("within"))
         except ValueError as exc:
             self.problem(line, name, f"escalate.within: {exc}")
+        else:
+            if within <= 0:
+                self.problem(line, name, "escalate.within must be longer than 0s")
+        actions: tuple[ActionSpec, ...] = ()
+        if raw.get("actions"):
+            actions = self.actions(raw["actions"], "escalate.actions", line, name)
+        else:
+            self.problem(line, name, "escalate.actions must list what an escalated firing runs")
+        if len(self.problems) > before or not isinstance(after, int):
             return None
-        return Escalation(after, within, self.actions(raw.get("actions", []), line, name))
+        return Escalation(after, within, actions)
 
 
 def _single_pair(item: object) -> tuple[object, object]:
+    """An action as (name, parameters): ``name`` or ``{name: {parameters}}``."""
     if isinstance(item, dict) and len(item) == 1:
         ((name, params),) = item.items()
         return name, {} if params is None else params
-    return item, {}
+    return (item if isinstance(item, str) else repr(item)), {}
 
 
 def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
@@ -265,14 +318,27 @@ def parse_rules(text: str, source: str, env: RuleEnvironment | None = None) -> R
     return RuleSet(tuple(rules))
 
 
-def load_rules(paths: list[Path] | None = None, env: RuleEnvironment | None = None) -> RuleSet:
-    """Load rule files (the built-in ``rules/default.yaml`` when none are given)."""
+def _builtin_text() -> str:
+    return resources.files(BUILTIN[0]).joinpath(BUILTIN[1]).read_text("utf-8")
+
+
+def load_rules(
+    paths: list[Path] | None = None,
+    env: RuleEnvironment | None = None,
+    *,
+    builtin: bool = False,
+) -> RuleSet:
+    """Load rule files, and the built-in ``rules/default.yaml`` with them when ``builtin``.
+
+    With no paths, the built-in rules alone. A name defined twice, across files too, is a problem.
+    """
     env = env or RuleEnvironment()
     if not paths:
-        text = resources.files(BUILTIN[0]).joinpath(BUILTIN[1]).read_text("utf-8")
-        return parse_rules(text, "builtin/default.yaml", env)
+        return parse_rules(_builtin_text(), BUILTIN_SOURCE, env)
     rules: list[Rule] = []
     problems: list[RuleProblem] = []
+    if builtin:
+        rules.extend(parse_rules(_builtin_text(), BUILTIN_SOURCE, env).rules)
     for path in paths:
         try:
             text = path.read_text("utf-8")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from collector.actions.dispatcher import SafetyConfig
 from collector.actions.webhook import WebhookSender
 from collector.exceptions import ConfigError
+from fleetwatch.config_file import check_number
 
 if TYPE_CHECKING:
     from fleetwatch.clock import Clock
@@ -48,6 +49,21 @@ SAFETY_KEYS: Final = {
     "breaker_cooldown": "breaker_cooldown_s",
     "reset_retry": "reset_retry_s",
 }
+
+
+def _check_safety(values: dict[str, Any]) -> None:
+    """Each safety key has the type it needs: a quoted "false" must not mean anything."""
+    names = {v: k for k, v in SAFETY_KEYS.items()}
+    for attr, value in values.items():
+        key = f"actions.{names[attr]}"
+        if attr == "dry_run":
+            if not isinstance(value, bool):
+                msg = f"collector config: {key} must be true or false, got {value!r}"
+                raise ConfigError(msg)
+        elif attr in ("max_drained_nodes", "breaker_max_drains"):
+            check_number(value, key, ConfigError, inclusive=True, integer=True)
+        else:
+            check_number(value, key, ConfigError, inclusive=attr == "max_drained_share")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +144,8 @@ def parse_actions(raw: object) -> ActionsConfig:
     if table:
         msg = f"collector config: actions has no key(s) {', '.join(sorted(table))}"
         raise ConfigError(msg)
-    try:
-        safety = SafetyConfig(**safety_values)
-    except TypeError as exc:
-        msg = f"collector config: actions: {exc}"
-        raise ConfigError(msg) from exc
+    _check_safety(safety_values)
+    safety = SafetyConfig(**safety_values)
     if safety.max_drained_nodes < 0 or not 0 <= safety.max_drained_share <= 1:
         msg = "collector config: actions.max_drained_nodes >= 0, max_drained_share in 0..1"
         raise ConfigError(msg)

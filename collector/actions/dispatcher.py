@@ -349,6 +349,7 @@ class Dispatcher:
         if not outcome.retry:  # a refusal for now is not an action that ran
             self._last_action[_cooldown_key(incident, spec), spec.name] = self._clock.monotonic()
         if outcome.retry:
+            self.deferred += 1
             retry_at = self._clock.monotonic() + self.safety.reset_retry_s
             self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at)
             await self._finish(action_id, "deferred", f"waiting: {outcome.detail}")

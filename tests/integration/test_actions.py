@@ -1,6 +1,7 @@
 """Rules and actions end to end: simulated faults, a real collector, real signed webhooks."""
 
 import asyncio
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,12 @@ class TestFaultToAction:
         assert "already drained" in skipped[0].detail
 
 
+def scrape(service: CollectorService) -> str:
+    url = f"http://127.0.0.1:{service.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
 class TestSafety:
     async def test_storm_drains_no_more_than_the_cap(self, collector_config, receiver, tmp_path):
         """IB ports down on 40% of the nodes at once: the cap (20% of 10 nodes) drains two,
@@ -104,6 +111,13 @@ class TestSafety:
             assert all("drain cap reached: 2 of 10 nodes" in r.detail for r in deferred)
             fleet = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
             assert [i.rule for i in fleet if i.node == "fleet"] == ["drain_cap_reached"]
+            metrics = await asyncio.to_thread(scrape, service)
+            assert "fleetwatch_drains_waiting 2.0" in metrics
+            assert "fleetwatch_drained_nodes 2.0" in metrics
+            assert (
+                'fleetwatch_incidents_open{phase="firing",rule="drain_cap_reached",'
+                'severity="critical"} 1.0'
+            ) in metrics
 
             waiting = set(storm) - drained
             cluster.nodes[min(drained)].ib_port_up(0)  # fixed: resumed, room for one

@@ -55,6 +55,48 @@ class TestCollectorConfig:
         with pytest.raises(CollectorConfigError, match="cannot read"):
             load_collector_config(tmp_path / "nope.toml", {})
 
+    @pytest.mark.parametrize(
+        ("line", "message"),
+        [
+            ('dry_run = "false"', "actions.dry_run must be true or false"),
+            ('max_drained_nodes = "4"', "actions.max_drained_nodes must be"),
+            ("max_drained_nodes = 2.5", "actions.max_drained_nodes must be an integer"),
+            ("node_cooldown = -5", "actions.node_cooldown"),
+            ("reset_retry = 0", "actions.reset_retry"),
+        ],
+    )
+    def test_safety_values_are_typed(self, tmp_path: Path, line, message):
+        """A quoted "false" must not turn dry-run on or off by accident: it is refused."""
+        path = tmp_path / "collector.toml"
+        path.write_text(f"[collector.actions]\n{line}\n")
+        with pytest.raises(CollectorConfigError, match=message):
+            load_collector_config(path, {})
+
+    def test_xid_catalog_path(self, tmp_path: Path):
+        """The collector reads the Xid catalog the config names (the agent's may differ)."""
+        path = tmp_path / "collector.toml"
+        path.write_text('[collector]\nxid_catalog = "/etc/fleetwatch/xids.yaml"\n')
+        cfg = load_collector_config(path, {})
+        assert cfg.xid_catalog == Path("/etc/fleetwatch/xids.yaml")
+
+    async def test_rules_use_the_configured_catalog(self, tmp_path: Path, collector_config):
+        """A site that treats Xid 13 as a reset case gets that from its catalog file."""
+        from collector.main import CollectorService  # noqa: PLC0415
+        from fleetwatch.clock import SystemClock  # noqa: PLC0415
+
+        catalog = tmp_path / "xids.yaml"
+        catalog.write_text(
+            "version: 1\nxids:\n"
+            "  13: {name: Graphics engine exception, class: engine, action: RESET_GPU, "
+            "fatal: true}\n"
+        )
+        service = CollectorService(collector_config(xid_catalog=catalog), SystemClock())
+        await service.start()
+        try:
+            assert service.evaluator.catalog.class_of(13) == "engine"
+        finally:
+            await service.stop(grace=None)
+
 
 class TestBackoff:
     def test_grows_within_cap_and_resets(self):

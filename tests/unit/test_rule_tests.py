@@ -98,6 +98,26 @@ class TestRunner:
         (result,) = run_file(path)
         assert "unknown signal 'temprature' for a gpu" in result.failures[0]
 
+    def test_builtin_and_extra_rule_files_load_together(self, tmp_path):
+        """`rule_files: [builtin, hot.yaml]` runs the built-in rules and the extra file's."""
+        path = write_tests(
+            tmp_path,
+            "      - at: 11s\n        firing: [hot_gpu@n1/gpu/0, xid_application_error@n1/gpu/0]\n",
+            steps="      - {at: 0s, event: {node: n1, kind: xid, gpu: 0, xid: 13}}\n"
+            "      - {at: 0s, sample: {node: n1, gpu: 0, signal: temperature_celsius,"
+            " value: 95}}\n",
+        )
+        path.write_text(path.read_text().replace("[hot.yaml]", "[builtin, hot.yaml]"))
+        assert [r.failures for r in run_file(path)] == [[]]
+
+    @pytest.mark.parametrize("rule_files", ["builtin", "[]", "{a: b}"])
+    def test_rule_files_must_be_a_list(self, tmp_path, rule_files: str):
+        """A bare name or an empty list is refused rather than read letter by letter."""
+        path = write_tests(tmp_path, "      - {at: 5s, firing: []}\n")
+        path.write_text(path.read_text().replace("[hot.yaml]", rule_files))
+        with pytest.raises(RuleTestError, match="rule_files must list rule files"):
+            run_file(path)
+
     def test_not_a_test_file(self, tmp_path):
         path = tmp_path / "x.yaml"
         path.write_text("just: words\n")
@@ -119,6 +139,13 @@ class TestCli:
         (tmp_path / "hot.yaml").write_text(RULES.replace("[notify]", "[explode]"))
         assert main(["rules", "test", str(path)]) == 1
         assert "unknown action 'explode'" in capsys.readouterr().err
+
+    def test_rules_check_counts_one_rule_in_the_singular(self, tmp_path, capsys):
+        """One rule is "1 rule", not "1 rules"."""
+        path = tmp_path / "hot.yaml"
+        path.write_text(RULES)
+        assert main(["rules", "check", str(path)]) == 0
+        assert f"{path}: 1 rule, no problems\n" == capsys.readouterr().out
 
     def test_rules_check(self, tmp_path, capsys):
         """`rules check` names file, line and rule of each problem and exits 1."""

@@ -2,8 +2,16 @@ from pathlib import Path
 
 import pytest
 
+from collector.fleet import FleetModel
+from collector.incidents import NO_DRAINS, Evaluator, _Sweep
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.testing import FakeClock
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.cel_env import SCOPE_VARIABLES, VARIABLE_FIELDS
 from rules.loader import RulesFileError, load_rules, parse_rules
-from rules.model import Scope, Severity
+from rules.model import RuleSet, Scope, Severity
+from rules.xid_catalog import load_catalog
 
 GOOD = """\
 version: 1
@@ -65,7 +73,7 @@ class TestLoader:
             ("[notify, {", "[{notify: {volume: 11}}, {", "notify has no parameter volume"),
             ("for: 2m", "for: soon", "r.yaml:6: rule hot_gpu: for: 'soon' is not a duration"),
             ("after: 3", "after: 1", "escalate.after must be a count"),
-            ("drain_first: true", "drain_first: 3", "reset_gpu.drain_first must be a bool"),
+            ("drain_first: true", "drain_first: 3", "reset_gpu.drain_first must be true or false"),
         ],
     )
     def test_bad_fields_name_file_line_and_rule(self, old: str, new: str, expected: str):
@@ -106,3 +114,173 @@ class TestLoader:
         assert "empty" in problems("")[0]
         with pytest.raises(RulesFileError, match="cannot read"):
             load_rules([tmp_path / "missing.yaml"])
+
+
+def one_rule(scope: str, when: str, extra: str = "") -> str:
+    return f"version: 1\nrules:\n  - name: r\n    scope: {scope}\n    when: '{when}'\n" + "".join(
+        f"    {line}\n" for line in extra.splitlines()
+    )
+
+
+class TestTypedFields:
+    @pytest.mark.parametrize(
+        ("old", "new", "expected"),
+        [
+            (
+                "    labels:",
+                '    dry_run: "true"\n    labels:',
+                "dry_run must be true or false, not 'true'",
+            ),
+            (
+                "    labels:",
+                "    dry_run: 1\n    labels:",
+                "r.yaml:9: rule hot_gpu: dry_run must be",
+            ),
+            (
+                "severity: warning",
+                "severity: urgent",
+                "severity must be one of info, warning, critical",
+            ),
+            (
+                "severity: warning",
+                "severity: 2",
+                "severity must be one of info, warning, critical, not 2",
+            ),
+            (
+                "scope: gpu",
+                "scope: planet",
+                "scope must be one of node, gpu, nvlink, ib_port, fleet",
+            ),
+            ("for: 2m", "for: true", "for: True is not a duration"),
+            (
+                "keep_firing_for: 10m",
+                "keep_firing_for: -5",
+                "keep_firing_for: duration -5 is out of",
+            ),
+            ("{team: infra}", "{team: 1}", "labels must map names to strings"),
+            ("{team: infra}", "{1: infra}", "labels must map names to strings"),
+            ("{team: infra}", "[team]", "labels must map names to strings"),
+            ("    labels:", "    runbook: [a]\n    labels:", "runbook must be a string, not ['a']"),
+            (
+                "    labels:",
+                "    description: 5\n    labels:",
+                "description must be a string, not 5",
+            ),
+            ("[notify, {", "[{notify: {channel: 5}}, {", "notify.channel must be a string, not 5"),
+            (
+                "drain_first: true",
+                'drain_first: "true"',
+                "drain_first must be true or false, not 'true'",
+            ),
+            ("[notify, {", "[{notify: {}, drain_node: {}}, {", "unknown action \"{'notify'"),
+            ("[notify, {", "[[notify], {", "unknown action \"['notify']\""),
+            ("{drain_first: true}", "{drain_first: true, 1: 2}", "reset_gpu has no parameter 1"),
+        ],
+    )
+    def test_wrong_type_is_a_problem_naming_the_field(self, old: str, new: str, expected: str):
+        """A value of the wrong type or outside its set is refused, never taken as a default."""
+        text = GOOD.replace(old, new)
+        assert text != GOOD
+        assert any(expected in p for p in problems(text)), problems(text)
+
+    def test_bad_severity_message_names_severity_not_scope(self):
+        """A bad severity is reported as severity, with the allowed values."""
+        (problem,) = problems(GOOD.replace("severity: warning", "severity: urgent"))
+        expected = (
+            "r.yaml:8: rule hot_gpu: severity must be one of info, warning, critical, not 'urgent'"
+        )
+        assert expected == problem
+
+    def test_dry_run_true_is_kept(self):
+        """A real boolean dry_run is taken as written."""
+        rule = parse_rules(GOOD.replace("    labels:", "    dry_run: true\n    labels:"), "r.yaml")
+        assert rule.rules[0].dry_run is True
+
+
+class TestEscalation:
+    @pytest.mark.parametrize(
+        ("escalate", "expected"),
+        [
+            ("{after: 3, within: 1d}", "escalate.actions must list"),
+            ("{after: 3, within: 1d, actions: []}", "escalate.actions must list"),
+            ("{after: 3, within: 1d, actions: null}", "escalate.actions must list"),
+            ("{after: 3, within: 1d, actions: drain_node}", "escalate.actions must be a list"),
+            ("{after: 3, within: 1d, actions: [explode]}", "unknown action 'explode'"),
+            ("{after: 0, within: 1d, actions: [notify]}", "escalate.after must be a count"),
+            ('{after: "3", within: 1d, actions: [notify]}', "escalate.after must be a count"),
+            ("{after: true, within: 1d, actions: [notify]}", "escalate.after must be a count"),
+            ("{after: 3, within: 0s, actions: [notify]}", "escalate.within must be longer than 0s"),
+            ("{after: 3, actions: [notify]}", "escalate.within: None is not a duration"),
+            ("{after: 3, within: 1d, actions: [notify], then: x}", "(not then)"),
+        ],
+    )
+    def test_bad_escalation_is_a_problem(self, escalate: str, expected: str):
+        """An escalation that would do nothing, or whose counts make no sense, is refused."""
+        text = GOOD.replace("{after: 3, within: 1d, actions: [drain_node]}", escalate)
+        assert text != GOOD
+        found = problems(text)
+        assert any(expected in p for p in found), found
+        assert all(p.startswith("r.yaml:11: rule hot_gpu: ") for p in found), found
+
+
+class TestConditionFields:
+    @pytest.mark.parametrize(
+        ("scope", "when", "expected"),
+        [
+            ("gpu", "!gpu.presnt", "unknown field gpu.presnt; gpu has index, model,"),
+            ("gpu", 'gpu["presnt"] == false', "unknown field gpu.presnt"),
+            ("gpu", "has(gpu.presnt)", "unknown field gpu.presnt"),
+            ("ib_port", 'port.sate != "ACTIVE"', "unknown field port.sate; port has device,"),
+            ("ib_port", "!node.reachabel", "unknown field node.reachabel; node has connected,"),
+            ("nvlink", "!link.upp", "unknown field link.upp; link has index, signals, up"),
+            ("fleet", "fleet.drains_wating > 0", "unknown field fleet.drains_wating; fleet has"),
+            ("node", 'events("gpu_lots", "1h") > 0', "unknown event kind 'gpu_lots'; known:"),
+            ("gpu", 'events(r"xdi", "1h") > 0', "unknown event kind 'xdi'; known: gpu_lost,"),
+        ],
+    )
+    def test_unknown_field_or_event_kind(self, scope: str, when: str, expected: str):
+        """A misspelt field or event kind would be absent or zero at run time: it is refused."""
+        found = problems(one_rule(scope, when))
+        assert any(p.startswith("r.yaml:5: rule r: " + expected) for p in found), found
+
+    @pytest.mark.parametrize(
+        ("scope", "when"),
+        [
+            ("gpu", 'gpu.model == "gpu.presnt" && events("gpu_lost", "1h") >= 0'),
+            ("gpu", 'gpu.model.startsWith("H") && gpu.size() > 0'),
+            ("gpu", "[1].exists(gpu, gpu == 1)"),
+            ("ib_port", 'port.state == "node.reachabel" || port.signals.ib_state == "x"'),
+            ("fleet", "fleet.drain_breaker_open || fleet.nodes_reachable < fleet.nodes"),
+        ],
+    )
+    def test_known_fields_and_string_contents_pass(self, scope: str, when: str):
+        """Real fields, text inside strings, methods and macro variables are not taken as typos."""
+        (rule,) = parse_rules(one_rule(scope, when), "r.yaml").rules
+        assert when == rule.when
+
+    def test_field_lists_match_the_collector_maps(self):
+        """The fields checked are exactly the keys of the maps the collector hands to CEL."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        uuid = "GPU-00000000-0000-0000-0000-000000000000"
+        hello = pb.Hello(
+            node="n1",
+            boot_id="b",
+            protocol_version=PROTOCOL_VERSION,
+            gpus=[
+                pb.Gpu(index=0, uuid=uuid, pci_bus_id="0000:18:00.0", model="H100", nvlink_count=1)
+            ],
+            ib_ports=[pb.IbPort(device="mlx5_0", port=1, rate="400 Gb/sec (4X NDR)")],
+        )
+        fleet.on_hello(hello, clock.monotonic(), clock.now())
+        sample = sample_to_pb(Target.nvlink(uuid, 0), "nvlink_crc_errors", 0)
+        fleet.apply_report("n1", pb.Report(samples=[sample]))
+        evaluator = Evaluator(rules=RuleSet(), fleet=fleet, catalog=load_catalog(), clock=clock)
+        sweep = _Sweep(fleet=evaluator._fleet_map())
+        seen: dict[str, set[str]] = {}
+        for _node, _key, scope, data in evaluator._targets(sweep, None):
+            assert set(SCOPE_VARIABLES[scope]) == set(data)
+            for var, fields in data.items():
+                seen.setdefault(var, set()).update(fields)
+        assert set(NO_DRAINS) <= seen["fleet"]
+        assert {var: set(fields) for var, fields in VARIABLE_FIELDS.items()} == seen
