@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from collector.fleet import FleetModel, NodeState
-    from collector.http_incidents import SilenceWriter
+    from collector.http_incidents import DrainKeeper, SilenceWriter
     from collector.store_sqlite import EventRow, JournalReader
     from fleetwatch.clock import Clock
 
@@ -139,9 +139,9 @@ def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, h
 
 
 class ApiServer:
-    """Serves HTTP on a daemon thread; reads the model and the journal, writes only silences."""
+    """Serves HTTP on a daemon thread: reads; writes only silences and drain releases."""
 
-    def __init__(  # noqa: PLR0913 - what the API reads and the one thing it writes
+    def __init__(  # noqa: PLR0913 - what the API reads and the two things it writes
         self,
         *,
         host: str,
@@ -150,6 +150,7 @@ class ApiServer:
         journal: JournalReader,
         registry: CollectorRegistry,
         silences: SilenceWriter | None = None,
+        drains: DrainKeeper | None = None,
         clock: Clock | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`."""
@@ -157,6 +158,7 @@ class ApiServer:
         self._journal = journal
         self._registry = registry
         self._silences = silences
+        self._drains = drains
         self._clock = clock
         api = self
 
@@ -228,7 +230,14 @@ class ApiServer:
             return HTTPStatus.OK, node_detail(node)
         if path == "/api/v1/events":
             return HTTPStatus.OK, self._events(query)
+        if path == "/api/v1/drains":
+            return self._drains_json()
         return HTTPStatus.OK, incidents_api.get(path, query, self._journal)
+
+    def _drains_json(self) -> tuple[HTTPStatus, object]:
+        if self._drains is None:
+            return HTTPStatus.NOT_FOUND, {"error": "no actions are configured"}
+        return HTTPStatus.OK, self._drains.drains()
 
     def handle_change(self, req: BaseHTTPRequestHandler) -> None:
         """Route a POST or DELETE (silences)."""
@@ -239,6 +248,7 @@ class ApiServer:
                 path,
                 writer=self._silences,
                 now=self._clock.now() if self._clock is not None else 0.0,
+                drains=self._drains,
             )
             self._json(req, status, answer)
         except incidents_api.ApiError as exc:

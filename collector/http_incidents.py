@@ -6,6 +6,8 @@
     POST   /api/v1/silences                    {"node": "*", "rule": "*", "duration": "2h",
                                                 "starts_in": "0s", "reason": "..."} -> {"id": n}
     DELETE /api/v1/silences/<id>
+    GET    /api/v1/drains                      nodes fleetwatch holds drained, drains waiting
+    POST   /api/v1/drains/<node>/release       {"reason": "..."}: the node is back in service
 
 Changes are accepted from loopback clients only (a token arrives with the security work).
 """
@@ -16,6 +18,7 @@ import json
 from dataclasses import asdict
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, Protocol
+from urllib.parse import unquote
 
 from collector.store_incidents import SilenceRow
 from rules.durations import parse_duration
@@ -36,6 +39,18 @@ class ApiError(ValueError):
         """Keep the status with the message."""
         super().__init__(message)
         self.status = status
+
+
+class DrainKeeper(Protocol):
+    """Lists and releases fleetwatch's drains (thread-safe)."""
+
+    def drains(self) -> dict[str, Any]:
+        """What is drained and what waits."""
+        ...
+
+    def release(self, node: str, reason: str) -> bool:
+        """Stop holding ``node`` as drained; False when it was not."""
+        ...
 
 
 class SilenceWriter(Protocol):
@@ -85,8 +100,9 @@ def change(
     *,
     writer: SilenceWriter | None,
     now: float,
+    drains: DrainKeeper | None = None,
 ) -> tuple[HTTPStatus, object]:
-    """Answer a POST or DELETE on silences."""
+    """Answer a POST or DELETE on silences, or a release of a drain."""
     if writer is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this API is read-only")
     if str(req.client_address[0]) not in LOOPBACK:
@@ -96,6 +112,8 @@ def change(
     if length > MAX_BODY:
         raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
     body = req.rfile.read(length) if length > 0 else b""
+    if method == "POST" and path.startswith("/api/v1/drains/") and path.endswith("/release"):
+        return _release(path, body, drains)
     if method == "POST" and path == "/api/v1/silences":
         return HTTPStatus.CREATED, {"id": writer.add(silence_from_json(body, now))}
     if method == "DELETE" and path.startswith("/api/v1/silences/"):
@@ -107,6 +125,21 @@ def change(
             raise ApiError(HTTPStatus.NOT_FOUND, f"no silence {silence_id}")
         return HTTPStatus.OK, {"removed": silence_id}
     raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {path} is not supported")
+
+
+def _release(path: str, body: bytes, drains: DrainKeeper | None) -> tuple[HTTPStatus, object]:
+    if drains is None:
+        raise ApiError(HTTPStatus.NOT_FOUND, "no actions are configured")
+    node = unquote(path.removeprefix("/api/v1/drains/").removesuffix("/release"))
+    try:
+        data: Any = json.loads(body or b"{}")
+    except json.JSONDecodeError as exc:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or set(data) - {"reason"}:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "a release takes only a reason")
+    if not drains.release(node, str(data.get("reason", ""))[:500]):
+        raise ApiError(HTTPStatus.NOT_FOUND, f"fleetwatch holds no drain of {node!r}")
+    return HTTPStatus.OK, {"released": node}
 
 
 def silence_from_json(body: bytes, now: float) -> SilenceRow:

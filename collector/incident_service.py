@@ -8,7 +8,7 @@ again, and silences are loaded before the first evaluation.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import structlog
 
@@ -20,6 +20,7 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
+    from collector.actions.dispatcher import Dispatcher
     from collector.incidents import Evaluator, Outcome, Verdict
     from collector.journal import Journal
     from fleetwatch.clock import Clock
@@ -293,3 +294,35 @@ class SilenceBook:
             return removed
 
         return self._call(remove())
+
+
+class DrainDesk:
+    """Lists and releases fleetwatch's drains for the HTTP thread, on the event loop."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        self._dispatcher = dispatcher
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Remember the loop the dispatcher runs on."""
+        self._loop = loop
+
+    def _call(self, coro: Coroutine[object, object, T]) -> T:
+        if self._loop is None:
+            coro.close()
+            msg = "the drain desk is not bound to a running collector"
+            raise RuntimeError(msg)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+    def drains(self) -> dict[str, Any]:
+        """What is drained and what waits."""
+
+        async def read() -> dict[str, Any]:
+            return self._dispatcher.drains()
+
+        return self._call(read())
+
+    def release(self, node: str, reason: str) -> bool:
+        """Stop holding ``node`` as drained."""
+        return self._call(self._dispatcher.release(node, reason))

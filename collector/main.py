@@ -18,7 +18,7 @@ from collector.exporter import FleetCollector
 from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
 from collector.http_api import ApiServer
-from collector.incident_service import IncidentService, SilenceBook
+from collector.incident_service import DrainDesk, IncidentService, SilenceBook
 from collector.incidents import Evaluator
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
@@ -117,6 +117,7 @@ class CollectorService:
             interval_s=cfg.rules_interval,
         )
         self.silences = SilenceBook(self.journal, self.incidents)
+        self.drains = DrainDesk(self.dispatcher)
         host, port = split_host_port(cfg.http, "http")
         self.http = ApiServer(
             host=host,
@@ -125,6 +126,7 @@ class CollectorService:
             journal=self.reader,
             registry=self.registry,
             silences=self.silences,
+            drains=self.drains,
             clock=clock,
         )
         self.liveness = LivenessMonitor(
@@ -157,6 +159,7 @@ class CollectorService:
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""
         self.silences.bind(asyncio.get_running_loop())
+        self.drains.bind(asyncio.get_running_loop())
         await self._restore_nodes()
         await self.dispatcher.start()
         await self.incidents.start()

@@ -1,7 +1,7 @@
 """The ``fleetwatch`` command: the daemons, the demo, and tools for people.
 
 Daemons: ``agent``, ``collector``. Tools: ``rules check|test``, ``incidents``, ``actions``,
-``silence add|list|remove``.
+``drains [release NODE]``, ``silence add|list|remove``.
 """
 
 from __future__ import annotations
@@ -102,6 +102,16 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     actions.add_argument("--node", help="only this node's")
     actions.add_argument("--limit", type=int, default=100)
     actions.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
+    drains.add_argument("--api", default=_default_api(), help=api_help)
+    drains.add_argument("--json", action="store_true", help="print the API's JSON")
+    drains_sub = drains.add_subparsers(dest="drains_command")
+    release = drains_sub.add_parser(
+        "release", help="a node resumed outside fleetwatch: stop counting it toward the cap"
+    )
+    release.add_argument("node")
+    release.add_argument("--reason", default="", help="journaled with the release")
 
     silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
     silence.add_argument("--api", default=_default_api(), help=api_help)
@@ -219,15 +229,22 @@ def _run_rules(args: argparse.Namespace) -> int:
 def _run_api_tool(args: argparse.Namespace) -> int:
     from fleetwatch import cli_api  # noqa: PLC0415
 
-    out = sys.stdout
+    out, api = sys.stdout, args.api
     if args.command == "incidents":
         return cli_api.incidents(
-            args.api, show_all=args.all, limit=args.limit, as_json=args.json, out=out
+            api, show_all=args.all, limit=args.limit, as_json=args.json, out=out
         )
     if args.command == "actions":
-        return cli_api.actions(
-            args.api, node=args.node, limit=args.limit, as_json=args.json, out=out
-        )
+        return cli_api.actions(api, node=args.node, limit=args.limit, as_json=args.json, out=out)
+    if args.command == "drains":
+        if args.drains_command == "release":
+            return cli_api.release(api, args.node, args.reason, out)
+        return cli_api.drains(api, as_json=args.json, out=out)
+    return _run_silence(cli_api, args)
+
+
+def _run_silence(cli_api: Any, args: argparse.Namespace) -> int:  # noqa: ANN401 - the module
+    out, api = sys.stdout, args.api
     if args.silence_command == "add":
         body = {
             "node": args.node,
@@ -236,10 +253,10 @@ def _run_api_tool(args: argparse.Namespace) -> int:
             "starts_in": args.starts_in,
             "reason": args.reason,
         }
-        return cli_api.add_silence(args.api, body, out)
+        return int(cli_api.add_silence(api, body, out))
     if args.silence_command == "remove":
-        return cli_api.remove_silence(args.api, args.id, out)
-    return cli_api.silences(args.api, as_json=args.json, out=out)
+        return int(cli_api.remove_silence(api, args.id, out))
+    return int(cli_api.silences(api, as_json=args.json, out=out))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "incidents": _run_api_tool,
         "actions": _run_api_tool,
         "silence": _run_api_tool,
+        "drains": _run_api_tool,
     }
     try:
         return runners[args.command](args)

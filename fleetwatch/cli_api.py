@@ -176,3 +176,26 @@ def remove_silence(api: str, silence_id: int, out: TextIO) -> int:
     call(api, "DELETE", f"/api/v1/silences/{silence_id}")
     print(f"silence {silence_id} removed", file=out)
     return 0
+
+
+def drains(api: str, *, as_json: bool, out: TextIO) -> int:
+    """List the nodes fleetwatch holds drained and the drains waiting behind the cap."""
+    data = call(api, "GET", "/api/v1/drains")
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    drained: dict[str, str] = data.get("drained", {})
+    cap = f"{len(drained)} of at most {data.get('drain_cap')} drained by fleetwatch"
+    breaker = "; circuit breaker OPEN" if data.get("drain_breaker_open") else ""
+    print(f"{cap}, {len(data.get('waiting', []))} drains waiting{breaker}", file=out)
+    if drained:
+        _table([["NODE", "INCIDENT"], *([n, i] for n, i in drained.items())], out)
+    return 0
+
+
+def release(api: str, node: str, reason: str, out: TextIO) -> int:
+    """Tell fleetwatch a node it drained is back in service (resumed by hand, repaired)."""
+    path = f"/api/v1/drains/{urllib.parse.quote(node, safe='')}/release"
+    call(api, "POST", path, {"reason": reason})
+    print(f"{node} released: it no longer counts toward the drain cap", file=out)
+    return 0

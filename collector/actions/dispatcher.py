@@ -150,7 +150,7 @@ class Dispatcher:
         for row in reversed(rows):  # oldest first
             if row.action.endswith("drain_node") and row.state == "succeeded":
                 self.drained[row.node] = row.incident_id
-            elif row.action == "resume_node" and row.state == "succeeded":
+            elif row.action in ("resume_node", "release_node") and row.state == "succeeded":
                 self.drained.pop(row.node, None)
         for row in reversed(rows):
             kind = row.action.removeprefix("escalated_")
@@ -241,6 +241,42 @@ class Dispatcher:
         if spec.name == "drain_node":
             return self._drain_refusal(mono)
         return "planned", ""
+
+    def drains(self) -> dict[str, Any]:
+        """Nodes fleetwatch holds drained (and by which incident), and the drains that wait."""
+        return {
+            "drained": dict(sorted(self.drained.items())),
+            "waiting": [
+                {"action_id": w.action_id, "incident": w.incident_id, "action": w.spec.name}
+                for w in self.waiting.values()
+            ],
+            **self.status(),
+        }
+
+    async def release(self, node: str, reason: str) -> bool:
+        """A person says ``node`` is back in service; it stops counting toward the drain cap.
+
+        For nodes resumed outside fleetwatch (by hand in Slurm, after a repair). Journaled;
+        False when fleetwatch held no drain of it.
+        """
+        incident = self.drained.pop(node, None)
+        if incident is None:
+            return False
+        row = ActionRow(
+            idempotency_key=f"release_node:{incident}:{self._now_ms()}",
+            incident_id=incident,
+            action="release_node",
+            node=node,
+            target=node,
+            state="succeeded",
+            created_ms=self._now_ms(),
+            params={},
+            detail=f"released by a person: {reason}" if reason else "released by a person",
+            finished_ms=self._now_ms(),
+        )
+        await self._journal.do(lambda s: s.incidents.add_action(row))
+        log.warning("drain_released", node=node, incident=incident, reason=reason)
+        return True
 
     def _cap(self, fleet_size: int) -> int:
         return min(

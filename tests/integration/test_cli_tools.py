@@ -6,6 +6,7 @@ import pytest
 
 from fleetwatch.cli import main
 from fleetwatch.testing import wait_until
+from tests.integration.fleet_harness import actions, start
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +79,33 @@ class TestCliTools:
         code, _, err = await cli(capsys, "silence", api, "remove", "999")
         assert code == 2
         assert "no silence 999" in err
+
+
+async def test_release_makes_room_for_a_waiting_drain(collector_config, receiver, tmp_path, capsys):
+    """A node drained by fleetwatch and resumed by hand holds its place under the cap until a
+    person releases it; then the drain that waited runs."""
+    acts = actions(receiver, tmp_path, max_drained_nodes=1, max_drained_share=1.0)
+    service, cluster = await start(collector_config, tmp_path, acts)
+    api = f"--api=http://127.0.0.1:{service.http_port}"
+    try:
+        cluster.nodes["node-1"].xid(0, 79)
+        await wait_until(lambda: "node-1" in service.dispatcher.drained, what="first drain")
+        cluster.nodes["node-2"].xid(0, 79)
+        await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="waiting drain")
+        code, out, _ = await cli(capsys, "drains", api)
+        assert code == 0
+        assert out.splitlines()[0] == "1 of at most 1 drained by fleetwatch, 1 drains waiting"
+        assert out.splitlines()[2].split()[0] == "node-1"
+        code, out, _ = await cli(capsys, "drains", api, "release", "node-1", "--reason=fixed")
+        assert (code, out.split()[:2]) == (0, ["node-1", "released:"])
+        await wait_until(lambda: "node-2" in service.dispatcher.drained, what="waiting drain ran")
+        rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
+        assert ("release_node", "succeeded", "released by a person: fixed") in {
+            (r.action, r.state, r.detail) for r in rows
+        }
+        code, _, err = await cli(capsys, "drains", api, "release", "node-3")
+        assert code == 2
+        assert "holds no drain of 'node-3'" in err
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)
