@@ -176,15 +176,20 @@ class IncidentService:
         Events (an Xid, a GPU lost, a node unreachable) are what rules act on without waiting,
         so an event wakes the loop; a burst of them within ``EVENT_GAP_S`` costs one tick.
         """
+        due = self._clock.monotonic() + self.interval_s
         while True:
-            await self._wait_for_event(self.interval_s)
+            urgent = await self._wait_for_event(due - self._clock.monotonic())
+            if not urgent or self._clock.monotonic() >= due:
+                urgent = False
+                due = self._clock.monotonic() + self.interval_s
             try:
-                await self.tick()
+                await self.tick(urgent=urgent)
             except Exception:
                 log.exception("incident_tick_failed")
             await self._clock.sleep(EVENT_GAP_S)
 
-    async def _wait_for_event(self, seconds: float) -> None:
+    async def _wait_for_event(self, seconds: float) -> bool:
+        """True when an event ended the wait."""
         if not self._event.is_set():
             waiter = asyncio.ensure_future(self._event.wait())
             sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
@@ -193,12 +198,14 @@ class IncidentService:
             finally:
                 waiter.cancel()
                 sleeper.cancel()
+        woke = self._event.is_set()
         self._event.clear()
+        return woke
 
-    async def tick(self) -> list[Outcome]:
+    async def tick(self, *, urgent: bool = False) -> list[Outcome]:
         """One evaluation round: journal each change, then hand firings to the sink."""
         self.ticks += 1
-        outcomes = self.evaluator.tick()
+        outcomes = self.evaluator.tick(urgent=urgent)
         for outcome in outcomes:
             await self._record(outcome)
         if self.sink is not None and (self._settling is None or self._settling.done()):

@@ -169,7 +169,9 @@ class Evaluator:
         }
         self._by_scope = {scope: rules.by_scope(scope) for scope in Scope}
         self._full_sweep_s = full_sweep_s
-        self._last_sweep = float("-inf")
+        self._last_tick: float | None = None
+        self._sweep_queue: list[str] = []  # nodes still to sweep in this round
+        self._sweep_credit = 0.0
         self._dirty: set[tuple[str, str]] = set()  # (node, target key)
         self.evaluations = 0
         self.errors: dict[str, int] = {}
@@ -223,18 +225,25 @@ class Evaluator:
 
     # ---- evaluation -----------------------------------------------------------------------
 
-    def tick(self) -> list[Outcome]:
-        """Evaluate what needs it; return the transitions with their verdicts."""
+    def tick(self, *, urgent: bool = False) -> list[Outcome]:
+        """Evaluate what needs it; return the transitions with their verdicts.
+
+        Every tick evaluates the targets whose data changed. A regular tick also evaluates the
+        open incidents' targets (for ``for`` and ``keep_firing_for``) and a slice of the fleet,
+        so every target is evaluated again within ``full_sweep_s`` (windows move on even when
+        nothing changes) without one tick doing the whole fleet and stalling the loop. An
+        ``urgent`` tick (an event arrived) evaluates only the changed targets, to act fast.
+        """
         now = self.clock.monotonic()
-        full = now - self._last_sweep >= self._full_sweep_s
-        if full:
-            self._last_sweep = now
         wanted = set(self._dirty)
         self._dirty.clear()
-        wanted |= {(i.node, i.target) for i in self.engine.open_incidents()}
+        whole: set[str] = set()
+        if not urgent:
+            wanted |= {(i.node, i.target) for i in self.engine.open_incidents()}
+            whole = self._sweep_slice(now)
         sweep = _Sweep(fleet=self._fleet_map())
         outcomes: list[Outcome] = []
-        for node, key, scope, data in self._targets(sweep, None if full else wanted):
+        for node, key, scope, data in self._targets(sweep, wanted, whole):
             for rule in self._by_scope[scope]:
                 outcomes += self._evaluate(rule, node, key, data, now)
         for rule in self._by_scope[Scope.FLEET]:
@@ -353,31 +362,57 @@ class Evaluator:
             "signals": port.signals,
         }
 
+    def _sweep_slice(self, now: float) -> set[str]:
+        """The nodes whose every target this tick evaluates.
+
+        The first tick takes them all; later ticks a share proportional to the time since the
+        last one, in turn.
+        """
+        nodes = self.fleet.view()
+        if self._last_tick is None:
+            self._last_tick = now
+            return set(nodes)
+        self._sweep_credit += len(nodes) * (now - self._last_tick) / self._full_sweep_s
+        self._last_tick = now
+        count = int(self._sweep_credit)
+        self._sweep_credit -= count
+        picked: set[str] = set()
+        while count > 0 and nodes:
+            if not self._sweep_queue:
+                self._sweep_queue = sorted(nodes, reverse=True)
+            name = self._sweep_queue.pop()
+            if name in nodes:
+                picked.add(name)
+                count -= 1
+        return picked
+
     def _targets(
         self,
         sweep: _Sweep,
-        wanted: set[tuple[str, str]] | None,
+        wanted: set[tuple[str, str]],
+        whole: set[str],
     ) -> Iterator[tuple[str, str, Scope, dict[str, Any]]]:
-        """(node, key, scope, data) of every target to evaluate (all when ``wanted`` is None)."""
+        """(node, key, scope, data) of the targets in ``wanted`` and all of ``whole``'s."""
         nodes = self.fleet.view()
-        names = nodes.keys() if wanted is None else {n for n, _ in wanted}
+        names = whole | {n for n, _ in wanted}
         for name in names:
             node = nodes.get(name)
             if node is None:
                 continue
+            every = name in whole
             node_data = sweep.nodes.setdefault(name, self._node_map(node))
             base = {"node": node_data, "fleet": sweep.fleet}
-            if wanted is None or (name, node_key(name)) in wanted:
+            if every or (name, node_key(name)) in wanted:
                 yield name, node_key(name), Scope.NODE, base
             for gpu in node.gpus.values():
                 key = gpu_key(name, gpu.index)
                 gpu_data = None
-                if wanted is None or (name, key) in wanted:
+                if every or (name, key) in wanted:
                     gpu_data = self._gpu_map(gpu)
                     yield name, key, Scope.GPU, {**base, "gpu": gpu_data}
                 for link, values in gpu.link_signals.items():
                     lkey = link_key(name, gpu.index, link)
-                    if wanted is not None and (name, lkey) not in wanted:
+                    if not every and (name, lkey) not in wanted:
                         continue
                     gpu_data = gpu_data or self._gpu_map(gpu)
                     link_data = {
@@ -388,5 +423,5 @@ class Evaluator:
                     yield name, lkey, Scope.NVLINK, {**base, "gpu": gpu_data, "link": link_data}
             for port in node.ports.values():
                 pkey = port_key(name, port.device, port.port)
-                if wanted is None or (name, pkey) in wanted:
+                if every or (name, pkey) in wanted:
                     yield name, pkey, Scope.IB_PORT, {**base, "port": self._port_map(port)}

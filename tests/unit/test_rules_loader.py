@@ -278,7 +278,7 @@ class TestConditionFields:
         evaluator = Evaluator(rules=RuleSet(), fleet=fleet, catalog=load_catalog(), clock=clock)
         sweep = _Sweep(fleet=evaluator._fleet_map())
         seen: dict[str, set[str]] = {}
-        for _node, _key, scope, data in evaluator._targets(sweep, None):
+        for _node, _key, scope, data in evaluator._targets(sweep, set(), {"n1"}):
             assert set(SCOPE_VARIABLES[scope]) == set(data)
             for var, fields in data.items():
                 seen.setdefault(var, set()).update(fields)

@@ -1,0 +1,70 @@
+"""The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
+
+from collector.fleet import FleetModel
+from collector.incidents import Evaluator
+from collector.rule_tests import _hello
+from fleetwatch.testing import FakeClock
+from rules.loader import parse_rules
+from rules.xid_catalog import load_catalog
+
+RULES = """\
+version: 1
+rules:
+  - name: any_node
+    scope: node
+    when: '!node.reachable'
+    severity: warning
+    actions: [notify]
+"""
+
+
+def fleet_of(count: int, clock: FakeClock) -> FleetModel:
+    fleet = FleetModel()
+    for i in range(count):
+        fleet.on_hello(_hello(f"n{i:02d}", {"gpus": 0, "ib_ports": 0}), clock.monotonic(), 0.0)
+    return fleet
+
+
+def test_sweep_is_spread_over_the_sweep_period():
+    """30 nodes, a 30 s sweep, a tick a second: the first tick sees all, then one node a tick,
+    and every node again within 30 s."""
+    clock = FakeClock()
+    fleet = fleet_of(30, clock)
+    ev = Evaluator(
+        rules=parse_rules(RULES, "t.yaml"),
+        fleet=fleet,
+        catalog=load_catalog(),
+        clock=clock,
+        full_sweep_s=30.0,
+    )
+    ev.tick()
+    assert ev.evaluations == 30
+    per_tick = []
+    for _ in range(30):
+        clock.advance(1.0)
+        before = ev.evaluations
+        ev.tick()
+        per_tick.append(ev.evaluations - before)
+    assert max(per_tick) <= 2
+    assert sum(per_tick) == 30
+
+
+def test_urgent_tick_evaluates_only_what_changed():
+    """An event's tick skips the sweep and the open incidents: only the event's target."""
+    clock = FakeClock()
+    fleet = fleet_of(30, clock)
+    ev = Evaluator(
+        rules=parse_rules(RULES, "t.yaml"),
+        fleet=fleet,
+        catalog=load_catalog(),
+        clock=clock,
+        full_sweep_s=1.0,
+    )
+    fleet.observer = ev
+    ev.tick()
+    clock.advance(5.0)
+    fleet.mark_unreachable("n07")
+    before = ev.evaluations
+    outcomes = ev.tick(urgent=True)
+    assert ev.evaluations - before == 1
+    assert {o.transition.incident.target for o in outcomes} == {"n07"}
