@@ -25,9 +25,9 @@ class AgentConfig:
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
-    state_dir: Path | None = Path("/var/lib/fleetwatch")
+    state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor; None: keep no state
     gpu_reset: bool = True  # carry out the collector's reset_gpu commands (when GPUs are idle)
-    nvidia_smi: str = "nvidia-smi"  # kmsg cursor; None: keep no state
+    nvidia_smi: str = "nvidia-smi"  # the program that resets a GPU (--gpu-reset -i BUS)
     xid_catalog: Path | None = None
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
@@ -42,6 +42,11 @@ class AgentConfig:
             "counter_interval",
         ):
             check_number(getattr(self, key), key, ConfigError)
+        for key in ("gpu_reset", "udev", "nvml_events"):
+            value = getattr(self, key, True)
+            if not isinstance(value, bool):
+                msg = f"agent config: {key} must be true or false, got {value!r}"
+                raise ConfigError(msg)
         if self.backoff_initial > self.backoff_max:
             msg = "agent config: backoff_initial must not exceed backoff_max"
             raise ConfigError(msg)

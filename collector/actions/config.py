@@ -51,15 +51,20 @@ SAFETY_KEYS: Final = {
 }
 
 
+def _boolean(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        msg = f"collector config: {key} must be true or false, got {value!r}"
+        raise ConfigError(msg)
+    return value
+
+
 def _check_safety(values: dict[str, Any]) -> None:
     """Each safety key has the type it needs: a quoted "false" must not mean anything."""
     names = {v: k for k, v in SAFETY_KEYS.items()}
     for attr, value in values.items():
         key = f"actions.{names[attr]}"
         if attr == "dry_run":
-            if not isinstance(value, bool):
-                msg = f"collector config: {key} must be true or false, got {value!r}"
-                raise ConfigError(msg)
+            _boolean(value, key)
         elif attr in ("max_drained_nodes", "breaker_max_drains"):
             check_number(value, key, ConfigError, inclusive=True, integer=True)
         else:
@@ -154,7 +159,7 @@ def parse_actions(raw: object) -> ActionsConfig:
         raise ConfigError(msg)
     conf = slurm_raw.get("slurm_conf")
     slurm = SlurmConfig(
-        enabled=bool(slurm_raw.get("enabled", False)),
+        enabled=_boolean(slurm_raw.get("enabled", False), "actions.slurm.enabled"),
         scontrol=str(slurm_raw.get("scontrol", "scontrol")),
         slurm_conf=Path(conf) if conf else None,
     )

@@ -112,6 +112,7 @@ class _Waiting:
     incident_id: str
     spec: ActionSpec
     next_try: float = 0.0  # monotonic; resets wait for their GPU to be idle
+    name: str = ""  # the journaled name when it differs (escalated_...)
 
 
 class Dispatcher:
@@ -143,6 +144,7 @@ class Dispatcher:
         self.deferred = 0
         self.waiting: dict[int, _Waiting] = {}  # by action id, oldest first
         self.draining: set[str] = set()  # nodes whose drain is running now
+        self.resetting: set[str] = set()  # GPUs (node/gpu/N) whose reset is running now
 
     async def start(self) -> None:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
@@ -156,7 +158,7 @@ class Dispatcher:
             kind = row.action.removeprefix("escalated_")
             if kind in ("drain_node", "reset_gpu") and row.state == "deferred":
                 self.waiting[row.id] = _Waiting(
-                    row.id, row.incident_id, ActionSpec(kind, dict(row.params))
+                    row.id, row.incident_id, ActionSpec(kind, dict(row.params)), name=row.action
                 )
         for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
             await self._finish(row.id, "failed", "collector restarted before the outcome was known")
@@ -171,7 +173,7 @@ class Dispatcher:
         mono = self._clock.monotonic()
         return {
             "drained_nodes": len(self.drained),
-            "drains_waiting": len(self.waiting),
+            "drains_waiting": sum(w.spec.name == "drain_node" for w in self.waiting.values()),
             "drain_cap": self._cap(len(self._fleet.view())),
             "drain_breaker_open": self.breaker_open_until is not None
             and mono < self.breaker_open_until,
@@ -224,6 +226,11 @@ class Dispatcher:
                 spec.name == "drain_node"
                 and incident.node in self.draining
                 and f"{incident.node} is being drained for another incident"
+            )
+            or (
+                spec.name == "reset_gpu"
+                and _cooldown_key(incident, spec) in self.resetting
+                and f"{_cooldown_key(incident, spec)} is being reset for another incident"
             )
         )
         if why:
@@ -337,34 +344,34 @@ class Dispatcher:
         failed_reset = False
         for spec in actions:
             state, why = self._refusal(incident, rule, spec)
-            reserved = state == "planned" and spec.name == "drain_node"
-            if reserved:  # hold the place under the cap before anything awaits
-                self.draining.add(incident.node)
+            busy = self._busy_set(spec) if state == "planned" else None
+            where = incident.node if spec.name == "drain_node" else _cooldown_key(incident, spec)
+            if busy is not None:  # hold the place (cap, GPU) before anything awaits
+                busy.add(where)
+            name = f"{prefix}{spec.name}"
             try:
-                action_id, new = await self._journal_action(
-                    incident,
-                    spec,
-                    state,
-                    why,
-                    f"{prefix}{spec.name}" if prefix else None,
-                )
+                action_id, new = await self._journal_action(incident, spec, state, why, name)
             finally:
-                if reserved:
-                    self.draining.discard(incident.node)
+                if busy is not None:
+                    busy.discard(where)
             if not new:
                 continue  # this action of this incident was decided before: never twice
             if state != "planned":
                 if state == "deferred":
                     self.deferred += 1
-                    self.waiting[action_id] = _Waiting(action_id, incident.id, spec)
-                log.warning("action_not_run", action=spec.name, incident=incident.id, why=why)
+                    self.waiting[action_id] = _Waiting(action_id, incident.id, spec, name=name)
+                log.warning("action_not_run", action=name, incident=incident.id, why=why)
                 continue
-            outcome = await self._run_journaled(action_id, incident, rule, spec)
+            outcome = await self._run_journaled(action_id, incident, rule, spec, name)
             failed_reset |= spec.name == "reset_gpu" and not outcome.ok and not outcome.retry
         return failed_reset
 
+    def _busy_set(self, spec: ActionSpec) -> set[str] | None:
+        """Where an action of this kind marks what it is working on, if anywhere."""
+        return {"drain_node": self.draining, "reset_gpu": self.resetting}.get(spec.name)
+
     async def _run_journaled(
-        self, action_id: int, incident: IncidentRow, rule: Rule, spec: ActionSpec
+        self, action_id: int, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str = ""
     ) -> ActionOutcome:
         """Run an action journaled as ``action_id``; record its outcome.
 
@@ -374,12 +381,15 @@ class Dispatcher:
         draining = spec.name == "drain_node"
         if draining:
             self._drain_starts.append(self._clock.monotonic())
-            self.draining.add(incident.node)  # counts toward the cap while it runs
+        busy = self._busy_set(spec)
+        where = incident.node if draining else _cooldown_key(incident, spec)
+        if busy is not None:
+            busy.add(where)  # a drain counts toward the cap while it runs
         try:
-            outcome = await self._run(incident, rule, spec)
+            outcome = await self._run(incident, rule, spec, name or spec.name)
         finally:
-            if draining:
-                self.draining.discard(incident.node)
+            if busy is not None:
+                busy.discard(where)
         if draining and outcome.ok:
             self.drained[incident.node] = incident.id
         if not outcome.retry:  # a refusal for now is not an action that ran
@@ -387,7 +397,7 @@ class Dispatcher:
         if outcome.retry:
             self.deferred += 1
             retry_at = self._clock.monotonic() + self.safety.reset_retry_s
-            self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at)
+            self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at, name)
             await self._finish(action_id, "deferred", f"waiting: {outcome.detail}")
             return outcome
         await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
@@ -434,28 +444,37 @@ class Dispatcher:
                     await self._reopen(action_id)
                 finally:
                     self.draining.discard(incident.node)
-                await self._run_journaled(action_id, incident, rule, wait.spec)
+                await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
             elif self._clock.monotonic() >= wait.next_try:
                 del self.waiting[action_id]
+                state, why = self._refusal(incident, rule, wait.spec)
+                if state != "planned":  # silenced, or the GPU was reset for another incident
+                    await self._finish(action_id, state, why)
+                    continue
                 await self._reopen(action_id)
-                outcome = await self._run_journaled(action_id, incident, rule, wait.spec)
+                outcome = await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
                 if not outcome.ok and not outcome.retry:
                     await self._escalate(incident, rule)
 
-    async def _run(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
+    async def _run(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
+    ) -> ActionOutcome:
         try:
-            return await self._actuate(incident, rule, spec)
+            return await self._actuate(incident, rule, spec, name)
         except Exception as exc:
             log.exception("action_failed", action=spec.name, incident=incident.id)
             return ActionOutcome(ok=False, detail=f"{type(exc).__name__}: {exc}")
 
-    async def _actuate(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> ActionOutcome:
-        key = f"{spec.name}:{incident.id}"
+    async def _actuate(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
+    ) -> ActionOutcome:
+        key = f"{name}:{incident.id}"  # escalated_notify is not the first notify again
         if spec.name == "drain_node":
             reason = f"{REASON_PREFIX} {rule.name}: {incident.evidence}"
             return await self._all(d.drain(incident.node, reason, key) for d in self._drainers)
         if spec.name == "notify" and self._notifier is not None:
             payload = _incident_payload(incident, rule)
+            payload["escalated"] = incident.escalated or name.startswith("escalated_")
             return await self._notifier.notify(str(spec.params["channel"]), payload, key)
         if spec.name == "reset_gpu" and self._resetter is not None:
             # Never forced from a rule: with drain_first the drain ran before (see _expand)

@@ -90,6 +90,7 @@ class TestResetGpu:
                 await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="waiting")
                 (waiting,) = await actions_of(service)
                 assert waiting[:2] == ("reset_gpu", "deferred")
+                assert service.dispatcher.status()["drains_waiting"] == 0  # a reset, not a drain
                 assert "GPU 5 is busy: 2 compute processes (4242, 4243)" in waiting[2]
                 await asyncio.sleep(0.5)  # asked again, still busy: still waiting
                 assert node.gpus[5].resets == 0

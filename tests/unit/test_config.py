@@ -24,6 +24,7 @@ class TestAgentConfig:
             ('[agent]\npoll_interval = "fast"\n', "poll_interval must be a number"),
             ("[agent]\nheartbeat_interval = -1\n", "heartbeat_interval"),
             ('[agent]\ncollector = "nohost"\n', "host:port"),
+            ('[agent]\ngpu_reset = "false"\n', "gpu_reset must be true or false"),
             ("[agent\n", "invalid TOML"),
         ],
     )
@@ -63,6 +64,7 @@ class TestCollectorConfig:
             ("max_drained_nodes = 2.5", "actions.max_drained_nodes must be an integer"),
             ("node_cooldown = -5", "actions.node_cooldown"),
             ("reset_retry = 0", "actions.reset_retry"),
+            ('[collector.actions.slurm]\nenabled = "false"', "actions.slurm.enabled must be"),
         ],
     )
     def test_safety_values_are_typed(self, tmp_path: Path, line, message):
