@@ -180,7 +180,7 @@ class CollectorService:
             self._liveness_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._liveness_task
-        await self.incidents.stop()
+        await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()

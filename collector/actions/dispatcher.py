@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.actions")
 
 REASON_PREFIX = "fleetwatch:"
+# Actions safe to send again with the same idempotency key after a crash cut them short.
+REPEATABLE = frozenset({"drain_node", "notify"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,16 @@ class Dispatcher:
                     row.id, row.incident_id, ActionSpec(kind, dict(row.params)), name=row.action
                 )
         for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
+            kind = row.action.removeprefix("escalated_")
+            if kind in REPEATABLE:
+                # Drains and notifications are idempotent at the receiver (same key, same
+                # reason): run them again once their incident fires, rather than lose them.
+                why = "collector restarted before the outcome was known: will run again"
+                await self._finish(row.id, "deferred", why)
+                spec = ActionSpec(kind, dict(row.params))
+                self.waiting[row.id] = _Waiting(row.id, row.incident_id, spec, name=row.action)
+                continue
+            # A reset may have run; running it twice is not safe. People decide.
             await self._finish(row.id, "failed", "collector restarted before the outcome was known")
         if self.drained or self.waiting:
             log.info("drains_known", drained=sorted(self.drained), waiting=len(self.waiting))
@@ -453,7 +465,7 @@ class Dispatcher:
                     continue
                 await self._reopen(action_id)
                 outcome = await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
-                if not outcome.ok and not outcome.retry:
+                if wait.spec.name == "reset_gpu" and not outcome.ok and not outcome.retry:
                     await self._escalate(incident, rule)
 
     async def _run(

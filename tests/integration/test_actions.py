@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from collector.actions.config import ActionsConfig, WebhookConfig
+from collector.actions.dispatcher import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
@@ -241,3 +243,40 @@ class TestSilencesApi:
         assert status == 400
         status, _ = await asyncio.to_thread(api, service, "DELETE", "/api/v1/silences/999")
         assert status == 404
+
+
+class TestRestart:
+    async def test_a_drain_cut_short_by_a_restart_runs_after_it(
+        self, collector_config, receiver, tmp_path
+    ):
+        """A drain still retrying its webhook when the collector stops is run again, with the
+        same idempotency key, by the next collector: it is not lost, and it is sent once."""
+        dead = WebhookConfig(url="http://127.0.0.1:9/drain", max_attempts=50)
+        acts = ActionsConfig(safety=SafetyConfig(), drain_webhook=dead)
+        service, cluster = await start(collector_config, tmp_path, acts)
+        try:
+            cluster.nodes["node-3"].xid(2, 79)
+            await wait_until(
+                lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
+                what="incident",
+            )
+            await asyncio.sleep(0.3)  # the drain is retrying against a closed port
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
+        again = CollectorService(
+            collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1),
+            SystemClock(),
+        )
+        await again.start()
+        try:
+            await wait_until(
+                lambda: ("drain_request", "node-3") in kinds(receiver), what="drain after restart"
+            )
+            rows = await again.journal.do(lambda s: s.incidents.actions(node="node-3"))
+            drains = [r for r in rows if r.action == "drain_node"]
+            assert [r.state for r in drains] == ["succeeded"]
+            (delivery,) = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
+            assert delivery.idempotency_key == "drain_node:" + drains[0].incident_id
+        finally:
+            await again.stop(grace=None)
