@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import grpc
 import structlog
 
-from fleetwatch.clock import unix_ms
+from fleetwatch.clock import unix_ms, wait_for_event
 from fleetwatch.model import sample_to_pb
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -207,19 +207,8 @@ class CollectorLink:
                 last_write = self._clock.monotonic()
                 first_report = False
             wait = self.intervals.heartbeat - (self._clock.monotonic() - last_write)
-            await self._wait_for_change(max(wait, 0.0))
-
-    async def _wait_for_change(self, seconds: float) -> None:
-        """Return when a poll changed something or ``seconds`` (clock time) have passed."""
-        if self._live.changed.is_set():
-            return
-        waiter = asyncio.create_task(self._live.changed.wait())
-        sleeper = asyncio.create_task(self._clock.sleep(seconds))
-        try:
-            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            sleeper.cancel()
+            # until a poll changed something or the next heartbeat is due
+            await wait_for_event(self._live.changed, max(wait, 0.0), self._clock)
 
     async def _read_loop(self, call: Call, lock: asyncio.Lock) -> None:
         while True:

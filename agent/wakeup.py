@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Final, Protocol
 
+from fleetwatch.clock import wait_for_event
+
 if TYPE_CHECKING:
     from fleetwatch.clock import Clock
 
@@ -72,15 +74,7 @@ class Wakeup:
 
     async def wait(self, seconds: float, clock: Clock) -> bool:
         """Wait up to ``seconds`` of clock time; True when a source woke us first."""
-        if not self._ready.is_set():
-            waiter = asyncio.ensure_future(self._ready.wait())
-            sleeper = asyncio.ensure_future(clock.sleep(seconds))
-            try:
-                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                sleeper.cancel()
-        if not self._ready.is_set():
+        if not await wait_for_event(self._ready, seconds, clock):
             return False
         self._ready.clear()
         self.wakeups += 1

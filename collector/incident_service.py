@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 import structlog
 
 from collector.store_incidents import IncidentRow, SilenceRow
+from fleetwatch.clock import wait_for_event
 from rules.engine import Incident, Phase
 
 T = TypeVar("T")
@@ -190,15 +191,7 @@ class IncidentService:
 
     async def _wait_for_event(self, seconds: float) -> bool:
         """True when an event ended the wait."""
-        if not self._event.is_set():
-            waiter = asyncio.ensure_future(self._event.wait())
-            sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
-            try:
-                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                sleeper.cancel()
-        woke = self._event.is_set()
+        woke = await wait_for_event(self._event, seconds, self._clock)
         self._event.clear()
         return woke
 
@@ -261,25 +254,37 @@ class IncidentService:
                 self._act(row.id, self.sink.resolve(row, rule))
 
 
-class SilenceBook:
-    """Adds and removes silences for the HTTP thread, through the event loop's journal writer."""
+class _LoopBridge:
+    """Runs coroutines on the collector's event loop for the HTTP server's threads."""
 
-    def __init__(self, journal: Journal, service: IncidentService) -> None:
+    what = "this bridge"
+
+    def __init__(self) -> None:
         """Bind to the running loop with :meth:`bind` before use."""
-        self._journal = journal
-        self._service = service
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Remember the loop the journal and the incident service run on."""
+        """Remember the loop the journal, the incident service and the dispatcher run on."""
         self._loop = loop
 
     def _call(self, coro: Coroutine[object, object, T]) -> T:
         if self._loop is None:
             coro.close()
-            msg = "the silence book is not bound to a running collector"
+            msg = f"{self.what} is not bound to a running collector"
             raise RuntimeError(msg)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+
+class SilenceBook(_LoopBridge):
+    """Adds and removes silences for the HTTP thread, through the event loop's journal writer."""
+
+    what = "the silence book"
+
+    def __init__(self, journal: Journal, service: IncidentService) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        super().__init__()
+        self._journal = journal
+        self._service = service
 
     def add(self, row: SilenceRow) -> int:
         """Store a silence and apply it to the next evaluation."""
@@ -303,24 +308,15 @@ class SilenceBook:
         return self._call(remove())
 
 
-class DrainDesk:
+class DrainDesk(_LoopBridge):
     """Lists and releases fleetwatch's drains for the HTTP thread, on the event loop."""
+
+    what = "the drain desk"
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         """Bind to the running loop with :meth:`bind` before use."""
+        super().__init__()
         self._dispatcher = dispatcher
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Remember the loop the dispatcher runs on."""
-        self._loop = loop
-
-    def _call(self, coro: Coroutine[object, object, T]) -> T:
-        if self._loop is None:
-            coro.close()
-            msg = "the drain desk is not bound to a running collector"
-            raise RuntimeError(msg)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
 
     def drains(self) -> dict[str, Any]:
         """What is drained and what waits."""

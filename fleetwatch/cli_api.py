@@ -7,7 +7,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 DEFAULT_API: Final = "http://127.0.0.1:9470"
 TIMEOUT_S: Final = 10.0
@@ -77,34 +80,57 @@ def _incident_note(row: dict[str, Any]) -> str:
     return "escalated" if row.get("escalated") else ""
 
 
-def incidents(api: str, *, show_all: bool, limit: int, as_json: bool, out: TextIO) -> int:
-    """List open incidents (or all recent ones), newest first."""
-    query = urllib.parse.urlencode({"open": "0" if show_all else "1", "limit": limit})
-    data = call(api, "GET", f"/api/v1/incidents?{query}")
+def _listing(  # noqa: PLR0913 - what to fetch, and how to show it
+    api: str,
+    path: str,
+    key: str,
+    header: list[str],
+    row: Callable[[dict[str, Any], float], list[str]],
+    *,
+    empty: str,
+    as_json: bool,
+    out: TextIO,
+) -> int:
+    """GET ``path`` and print its ``key`` list as a table (or the JSON as it came)."""
+    data = call(api, "GET", path)
     if as_json:
         print(json.dumps(data, indent=2), file=out)
         return 0
-    rows: list[dict[str, Any]] = data.get("incidents", [])
+    rows: list[dict[str, Any]] = data.get(key, [])
     if not rows:
-        print("no incidents" if show_all else "no open incidents", file=out)
+        print(empty, file=out)
         return 0
     now = time.time()
-    table = [["PHASE", "SEVERITY", "RULE", "TARGET", "SINCE", "NOTE", "EVIDENCE"]]
-    for r in rows:
-        since = r.get("resolved_ms") if r["phase"] == "resolved" else r.get("fired_ms")
-        table.append(
-            [
-                r["phase"],
-                r["severity"],
-                r["rule"],
-                r["target"],
-                _when(since or r.get("started_ms"), now),
-                _incident_note(r),
-                str(r.get("evidence", ""))[:EVIDENCE_WIDTH],
-            ]
-        )
-    _table(table, out)
+    _table([header, *(row(r, now) for r in rows)], out)
     return 0
+
+
+def _incident_row(r: dict[str, Any], now: float) -> list[str]:
+    since = r.get("resolved_ms") if r["phase"] == "resolved" else r.get("fired_ms")
+    return [
+        r["phase"],
+        r["severity"],
+        r["rule"],
+        r["target"],
+        _when(since or r.get("started_ms"), now),
+        _incident_note(r),
+        str(r.get("evidence", ""))[:EVIDENCE_WIDTH],
+    ]
+
+
+def incidents(api: str, *, show_all: bool, limit: int, as_json: bool, out: TextIO) -> int:
+    """List open incidents (or all recent ones), newest first."""
+    query = urllib.parse.urlencode({"open": "0" if show_all else "1", "limit": limit})
+    return _listing(
+        api,
+        f"/api/v1/incidents?{query}",
+        "incidents",
+        ["PHASE", "SEVERITY", "RULE", "TARGET", "SINCE", "NOTE", "EVIDENCE"],
+        _incident_row,
+        empty="no incidents" if show_all else "no open incidents",
+        as_json=as_json,
+        out=out,
+    )
 
 
 def actions(api: str, *, node: str | None, limit: int, as_json: bool, out: TextIO) -> int:
@@ -112,56 +138,44 @@ def actions(api: str, *, node: str | None, limit: int, as_json: bool, out: TextI
     params: dict[str, str | int] = {"limit": limit}
     if node:
         params["node"] = node
-    data = call(api, "GET", f"/api/v1/actions?{urllib.parse.urlencode(params)}")
-    if as_json:
-        print(json.dumps(data, indent=2), file=out)
-        return 0
-    rows: list[dict[str, Any]] = data.get("actions", [])
-    if not rows:
-        print("no actions", file=out)
-        return 0
-    now = time.time()
-    table = [["WHEN", "ACTION", "NODE", "TARGET", "STATE", "DETAIL"]]
-    table += [
-        [
+    return _listing(
+        api,
+        f"/api/v1/actions?{urllib.parse.urlencode(params)}",
+        "actions",
+        ["WHEN", "ACTION", "NODE", "TARGET", "STATE", "DETAIL"],
+        lambda r, now: [
             _when(r.get("created_ms"), now),
             r["action"],
             r["node"],
             r["target"],
             r["state"],
             str(r.get("detail", ""))[:EVIDENCE_WIDTH],
-        ]
-        for r in rows
-    ]
-    _table(table, out)
-    return 0
+        ],
+        empty="no actions",
+        as_json=as_json,
+        out=out,
+    )
 
 
 def silences(api: str, *, as_json: bool, out: TextIO) -> int:
     """List silences that are not over yet (including those still to start)."""
-    data = call(api, "GET", "/api/v1/silences")
-    if as_json:
-        print(json.dumps(data, indent=2), file=out)
-        return 0
-    rows: list[dict[str, Any]] = data.get("silences", [])
-    if not rows:
-        print("no silences", file=out)
-        return 0
-    now = time.time()
-    table = [["ID", "NODE", "RULE", "STARTS", "ENDS", "REASON"]]
-    table += [
-        [
+    return _listing(
+        api,
+        "/api/v1/silences",
+        "silences",
+        ["ID", "NODE", "RULE", "STARTS", "ENDS", "REASON"],
+        lambda r, now: [
             str(r["id"]),
             r["node"],
             r["rule"],
             _when(r["starts_ms"], now),
             _when(r["ends_ms"], now),
             r.get("reason", ""),
-        ]
-        for r in rows
-    ]
-    _table(table, out)
-    return 0
+        ],
+        empty="no silences",
+        as_json=as_json,
+        out=out,
+    )
 
 
 def add_silence(api: str, body: dict[str, Any], out: TextIO) -> int:

@@ -45,6 +45,22 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
 
+async def wait_for_event(event: asyncio.Event, seconds: float, clock: Clock) -> bool:
+    """Wait until ``event`` is set or ``seconds`` of ``clock`` time pass; True when it is set.
+
+    The event is left as it is: the caller clears it when it has acted on it.
+    """
+    if not event.is_set():
+        waiter = asyncio.ensure_future(event.wait())
+        sleeper = asyncio.ensure_future(clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+    return event.is_set()
+
+
 def unix_ms(clock: Clock) -> int:
     """Return the clock's wall time in whole milliseconds."""
     return int(clock.now() * 1000)
