@@ -3,6 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The straggler test (tests/unit/test_torch_job.py) runs a real torch.distributed job
+# (tests/jobs/torch_job.py: 4 gloo ranks on the CPU), so the tests need torch, and mypy, which
+# checks that script, too. It is no dependency of fleetwatch: installed into the venv only when
+# missing, pinned to the version whose CPU build this machine has (plain `torch` would pull GBs of
+# CUDA packages).
+TORCH := $(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
 
 .PHONY: demo test lint typecheck rules unit proto clean
 
@@ -22,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
+	$(TORCH)
 	$(BIN)/mypy
 
 # The built-in rules must load cleanly and pass their own unit tests (docs/rules.md).
@@ -31,6 +38,7 @@ rules: $(STAMP)
 
 unit: $(STAMP)
 	sh scripts/ensure-test-deps.sh
+	$(TORCH)
 	$(BIN)/pytest
 
 # Regenerate the wire code after editing the .proto (a test checks this was done).

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.exceptions import SourceError
+from agent.job_socket import serve_job_socket
 from agent.wakeup import MIN_EVENT_GAP_S, Wakeup
 from fleetwatch import PROTOCOL_VERSION, __version__
 from fleetwatch.clock import unix_ms
@@ -18,9 +19,12 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import Inventory, WireError, validate_event, validate_hello
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agent.backoff import Backoff
     from agent.changes import LiveSamples
     from agent.intervals import Intervals
+    from agent.job_socket import JobQueue
     from agent.link import CollectorLink
     from agent.outbox import Outbox
     from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
@@ -71,8 +75,15 @@ class Agent:
         clock: Clock,
         intervals: Intervals,
         start_backoff: Backoff,
+        jobs: JobQueue | None = None,
+        job_socket: Path | None = None,
+        job_socket_mode: int = 0o666,
     ) -> None:
-        """Wire the parts together; nothing runs until :meth:`run`."""
+        """Wire the parts together; nothing runs until :meth:`run`.
+
+        ``jobs`` is where step reports from the job socket at ``job_socket`` wait for the link
+        (no socket: the agent takes no step reports).
+        """
         self.node = node
         self.boot_id = boot_id
         self.sampler = sampler
@@ -82,6 +93,9 @@ class Agent:
         self.clock = clock
         self.intervals = intervals
         self._start_backoff = start_backoff
+        self.jobs = jobs
+        self._job_socket = job_socket
+        self._job_socket_mode = job_socket_mode
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
         self.polls = 0
@@ -137,9 +151,29 @@ class Agent:
         node = Target.node()
         result.samples[node, "agent_outbox_pending"] = len(self.outbox)
         result.samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
+        if self.jobs is not None:
+            result.samples[node, "agent_job_reports"] = self.jobs.received
+            result.samples[node, "agent_job_reports_lost"] = self.jobs.lost
         self.live.update(result.samples)
         if result.events:
             self.live.changed.set()  # the sender sends what the outbox holds when woken
+
+    async def _open_job_socket(self) -> asyncio.DatagramTransport | None:
+        """Listen for step reports; a socket that cannot be bound is logged, not fatal."""
+        if self.jobs is None or self._job_socket is None:
+            return None
+        jobs = self.jobs
+        jobs.on_add = self.live.changed.set  # the sender forwards them when woken
+        try:
+            return await serve_job_socket(
+                self._job_socket,
+                self._job_socket_mode,
+                jobs,
+                lambda: self.sampler.inventory,
+            )
+        except OSError as exc:
+            log.error("job_socket_failed", path=str(self._job_socket), error=str(exc))
+            return None
 
     async def run(self) -> None:
         """Start, then poll on the interval, and read event sources as soon as they wake us."""
@@ -147,6 +181,7 @@ class Agent:
         wakeup = Wakeup(asyncio.get_running_loop())
         self.sampler.watch(wakeup)
         self.poll_once()
+        job_transport = await self._open_job_socket()
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
         next_poll = self.clock.monotonic() + self.intervals.poll
         try:
@@ -162,6 +197,8 @@ class Agent:
                     await self.clock.sleep(MIN_EVENT_GAP_S)  # merge a burst into one read
         finally:
             wakeup.close()
+            if job_transport is not None:
+                job_transport.close()
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task

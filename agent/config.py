@@ -29,6 +29,9 @@ class AgentConfig:
     gpu_reset: bool = True  # carry out the collector's reset_gpu commands (when GPUs are idle)
     nvidia_smi: str = "nvidia-smi"  # the program that resets a GPU (--gpu-reset -i BUS)
     xid_catalog: Path | None = None
+    # Training ranks send step reports here (fleetwatch.jobclient); None: take none.
+    job_socket: Path | None = Path("/run/fleetwatch/jobs.sock")
+    job_socket_mode: int = 0o666  # every local user's job may report
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
 
@@ -47,6 +50,10 @@ class AgentConfig:
             if not isinstance(value, bool):
                 msg = f"agent config: {key} must be true or false, got {value!r}"
                 raise ConfigError(msg)
+        mode: object = self.job_socket_mode  # TOML may give anything
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:  # noqa: PLR2004 - permission bits
+            msg = f"agent config: job_socket_mode must be permission bits like 0o660, got {mode!r}"
+            raise ConfigError(msg)
         if self.backoff_initial > self.backoff_max:
             msg = "agent config: backoff_initial must not exceed backoff_max"
             raise ConfigError(msg)
@@ -55,13 +62,15 @@ class AgentConfig:
             raise ConfigError(msg)
 
 
-_PATHS = {"sysfs_root", "proc_root", "xid_catalog", "state_dir"}
+_PATHS = {"sysfs_root", "proc_root", "xid_catalog", "state_dir", "job_socket"}
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "agent", overrides, AgentConfig, ConfigError)
     for key in _PATHS & values.keys():
-        if values[key] is not None:
+        if values[key] == "" and key == "job_socket":
+            values[key] = None  # "" turns the job socket off
+        elif values[key] is not None:
             values[key] = Path(values[key])
     return AgentConfig(**values)

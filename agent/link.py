@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agent.changes import LiveSamples
     from agent.commands import CommandRunner
     from agent.intervals import Intervals
+    from agent.job_socket import JobQueue
     from agent.outbox import Outbox
     from fleetwatch.clock import Clock
 
@@ -62,6 +63,7 @@ class CollectorLink:
         credentials: grpc.ChannelCredentials | None = None,
         welcome_timeout: float = WELCOME_TIMEOUT_S,
         commands: CommandRunner | None = None,
+        jobs: JobQueue | None = None,
     ) -> None:
         """Nothing connects until :meth:`run`."""
         self.target = target
@@ -74,6 +76,7 @@ class CollectorLink:
         self._credentials = credentials
         self._welcome_timeout = welcome_timeout
         self._commands = commands
+        self._jobs = jobs
         self._running: set[asyncio.Task[None]] = set()
         self.connected = False
         self.connections = 0
@@ -194,6 +197,7 @@ class CollectorLink:
                 await self._write(call, lock, pb.AgentMessage(event=event))
                 sent_seq = event.seq
                 last_write = self._clock.monotonic()
+            await self._send_job_steps(call, lock)
             # A new stream starts with every value; a failed write ends the stream, and the
             # next one starts with every value again, so nothing taken here is lost.
             changes = self._live.take_all() if first_report else self._live.take_changes()
@@ -209,6 +213,14 @@ class CollectorLink:
             wait = self.intervals.heartbeat - (self._clock.monotonic() - last_write)
             # until a poll changed something or the next heartbeat is due
             await wait_for_event(self._live.changed, max(wait, 0.0), self._clock)
+
+    async def _send_job_steps(self, call: Call, lock: asyncio.Lock) -> None:
+        """Forward the queued step reports (lost with the stream if a write fails)."""
+        if self._jobs is None:
+            return
+        while steps := self._jobs.take():
+            report = pb.JobReport(steps=steps, dropped=self._jobs.lost)
+            await self._write(call, lock, pb.AgentMessage(job_report=report))
 
     async def _read_loop(self, call: Call, lock: asyncio.Lock) -> None:
         while True:

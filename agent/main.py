@@ -15,6 +15,7 @@ from agent.changes import LiveSamples
 from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import SourceError
 from agent.intervals import Intervals
+from agent.job_socket import JobQueue
 from agent.link import CollectorLink
 from agent.outbox import Outbox
 from agent.sampler import Sampler
@@ -139,6 +140,7 @@ def build_agent(
     live = LiveSamples()
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
     commands = CommandRunner(sampler, hardware.gpu_reset)
+    jobs = JobQueue() if cfg.job_socket is not None else None
     link = CollectorLink(
         target=cfg.collector,
         hello=lambda: build_hello(cfg.node, hardware.boot_id, sampler.inventory, clock),
@@ -149,6 +151,7 @@ def build_agent(
         intervals=intervals,
         credentials=credentials,
         commands=commands,
+        jobs=jobs,
     )
     return Agent(
         node=cfg.node,
@@ -160,4 +163,7 @@ def build_agent(
         clock=clock,
         intervals=intervals,
         start_backoff=Backoff(cfg.backoff_initial, cfg.backoff_max),
+        jobs=jobs,
+        job_socket=cfg.job_socket,
+        job_socket_mode=cfg.job_socket_mode,
     )

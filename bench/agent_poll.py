@@ -78,7 +78,7 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
         udev=node.udev,
         boot_id=node.boot_id,
     )
-    defaults = AgentConfig(node="bench-node", state_dir=None)
+    defaults = AgentConfig(node="bench-node", state_dir=None, job_socket=None)
     agent = build_agent(defaults, hardware, clock, fd_budget=fd_budget_for_process())
     await agent.start()
     tree = SimSysfsTree(sysfs_root)

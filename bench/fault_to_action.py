@@ -592,7 +592,7 @@ def collect_round(run: Run, faults: list[PlannedFault], timeout_s: float) -> Non
 
 
 def measure(args: argparse.Namespace, run: Run) -> dict[str, Any]:  # noqa: PLR0915
-    agent_defaults = AgentConfig(node="bench", state_dir=None)
+    agent_defaults = AgentConfig(node="bench", state_dir=None, job_socket=None)
     poll = args.poll_interval or agent_defaults.poll_interval
     heartbeat = args.heartbeat_interval or agent_defaults.heartbeat_interval
     names = node_names(args.nodes)

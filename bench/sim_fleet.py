@@ -202,7 +202,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    defaults = AgentConfig(node="bench", state_dir=None)
+    defaults = AgentConfig(node="bench", state_dir=None, job_socket=None)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--collector", required=True, help="host:port of the collector's gRPC")
     parser.add_argument("--root", required=True, help="folder for the nodes' sysfs trees")

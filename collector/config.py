@@ -8,6 +8,7 @@ from typing import Any
 
 from collector.actions.config import ActionsConfig, parse_actions
 from collector.exceptions import ConfigError
+from collector.jobs.config import JobsConfig
 from fleetwatch.config_file import check_number, merge_config
 
 
@@ -34,6 +35,7 @@ class CollectorConfig:
     rules_interval: float = 1.0  # seconds between rule evaluations
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -60,6 +62,12 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
             values[key] = Path(values[key])
     if "actions" in values:
         values["actions"] = parse_actions(values["actions"])
+    if "jobs" in values:
+        table = values["jobs"]
+        if not isinstance(table, dict):
+            msg = "collector.jobs must be a table"
+            raise ConfigError(msg)
+        values["jobs"] = JobsConfig.from_table(table)
     if "rules" in values:
         rules = values["rules"]
         if isinstance(rules, str) or not isinstance(rules, list | tuple):

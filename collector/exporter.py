@@ -265,6 +265,7 @@ class FleetCollector(Collector):
             ),
             ("reports", "Reports received (an empty one is a heartbeat).", stats.reports),
             ("samples", "Samples received (agents send only changed values).", stats.samples),
+            ("job_steps", "Training-step reports received from agents.", stats.job_steps),
             (
                 "seq_gaps",
                 "Streams whose first event skipped numbers the journal never saw.",

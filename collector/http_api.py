@@ -6,6 +6,8 @@ GET /api/v1/nodes                 every node with a health summary
 GET /api/v1/nodes/<name>          one node, down to each NVLink and IB port
 GET /api/v1/events?node=&kind=&after=&limit=&order=asc|desc
 journaled events, paged by journal id
+GET /api/v1/jobs                  training jobs with their throughput, MFU, stragglers, drops
+GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
     from collector.fleet import FleetModel, NodeState
     from collector.http_incidents import DrainKeeper, SilenceWriter
+    from collector.jobs.book import JobBook
     from collector.store_sqlite import EventRow, JournalReader
     from fleetwatch.clock import Clock
 
@@ -152,8 +155,10 @@ class ApiServer:
         silences: SilenceWriter | None = None,
         drains: DrainKeeper | None = None,
         clock: Clock | None = None,
+        jobs: JobBook | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`."""
+        self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
         self._registry = registry
@@ -219,6 +224,11 @@ class ApiServer:
             self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})
 
     def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
+        if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
+            return self._jobs_json(unquote(path.removeprefix("/api/v1/jobs").lstrip("/")))
+        return self._get_fleet_json(path, query)
+
+    def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
         if path == "/api/v1/nodes":
             nodes = self._fleet.snapshot()
             return HTTPStatus.OK, {"nodes": [node_summary(n) for n in nodes.values()]}
@@ -233,6 +243,16 @@ class ApiServer:
         if path == "/api/v1/drains":
             return self._drains_json()
         return HTTPStatus.OK, incidents_api.get(path, query, self._journal)
+
+    def _jobs_json(self, job_id: str) -> tuple[HTTPStatus, object]:
+        jobs = self._jobs.summaries() if self._jobs is not None else []
+        if not job_id:
+            return HTTPStatus.OK, {"jobs": jobs}
+        for job in jobs:
+            if job["id"] == job_id:
+                ranks = self._jobs.ranks(job_id) if self._jobs is not None else []
+                return HTTPStatus.OK, {**job, "rank_detail": ranks}
+        return HTTPStatus.NOT_FOUND, {"error": f"no job {job_id!r}"}
 
     def _drains_json(self) -> tuple[HTTPStatus, object]:
         if self._drains is None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from collector.history import History, PastEvent
+from collector.target_keys import FLEET_KEY, gpu_key, job_key, link_key, node_key, port_key
 from fleetwatch.model import EventKind, Target, TargetKind
 from rules.cel_env import RuleEnvironment, TargetContext
 from rules.engine import Engine, Incident, Phase, Transition
@@ -29,12 +30,12 @@ if TYPE_CHECKING:
     from cel_expr_python import cel
 
     from collector.fleet import FleetModel, GpuState, NodeState, PortState
+    from collector.jobs.book import JobBook
     from fleetwatch.clock import Clock
     from rules.xid_catalog import XidCatalog
 
 log = structlog.get_logger("collector.incidents")
 
-FLEET_KEY: Final = "fleet"
 ERROR_LOG_EVERY: Final = 1000  # a rule that fails on every target logs once, then now and then
 NO_DRAINS: Final = {
     "drained_nodes": 0,
@@ -43,26 +44,9 @@ NO_DRAINS: Final = {
     "drain_breaker_open": False,
 }
 EVENT_WINDOW_S: Final = 24 * 3600.0
-
-
-def node_key(node: str) -> str:
-    """Target key of a node."""
-    return node
-
-
-def gpu_key(node: str, index: int) -> str:
-    """Target key of a GPU (by index: stable for dashboards and people)."""
-    return f"{node}/gpu/{index}"
-
-
-def link_key(node: str, index: int, link: int) -> str:
-    """Target key of one NVLink."""
-    return f"{node}/gpu/{index}/nvlink/{link}"
-
-
-def port_key(node: str, device: str, port: int) -> str:
-    """Target key of one IB port."""
-    return f"{node}/ib/{device}/{port}"
+FAILURE_KINDS: Final = frozenset(
+    {EventKind.GPU_LOST, EventKind.PCI_REMOVED, EventKind.NODE_UNREACHABLE},
+)
 
 
 @dataclass(slots=True)
@@ -155,8 +139,9 @@ class Evaluator:
         clock: Clock,
         full_sweep_s: float = 30.0,
         env: RuleEnvironment | None = None,
+        jobs: JobBook | None = None,
     ) -> None:
-        """Compile every rule once."""
+        """Compile every rule once; ``jobs`` gives job and rank variables (none: no jobs)."""
         self.rules = rules
         self.fleet = fleet
         self.catalog = catalog
@@ -180,6 +165,15 @@ class Evaluator:
         self.on_event: Callable[[], None] = lambda: None
         # More ``fleet`` variables from elsewhere: the dispatcher's drain counts.
         self.fleet_extras: Callable[[], dict[str, Any]] = lambda: dict(NO_DRAINS)
+        self.jobs: JobBook | None = None
+        if jobs is not None:
+            self.attach_jobs(jobs)
+
+    def attach_jobs(self, jobs: JobBook) -> None:
+        """Take job and rank variables from ``jobs``, and lend it the windows' history."""
+        self.jobs = jobs
+        jobs.history = self.history
+        jobs.on_change = self.note_job
 
     # ---- what happened --------------------------------------------------------------------
 
@@ -208,7 +202,16 @@ class Evaluator:
         for k in keys:
             self.history.add_event(k, past)
             self._dirty.add((node, k))
+        if self.jobs is not None and self._is_failure(kind, xid):
+            self.jobs.note_failure(node)
         self.on_event()
+
+    def _is_failure(self, kind: EventKind, xid: int) -> bool:
+        """Events that interrupt a training job (they count in checkpoint advice)."""
+        if kind in FAILURE_KINDS:
+            return True
+        entry = self.catalog.get(xid) if kind == EventKind.XID else None
+        return entry is not None and entry.fatal
 
     def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
         """A sample changed: keep it if a rule windows over it, and mark its target."""
@@ -218,6 +221,15 @@ class Evaluator:
         self._dirty.add((node.name, key))
         if target.kind == TargetKind.NVLINK:  # the GPU's view (nvlinks_down) changed too
             self._dirty.add((node.name, key.rsplit("/nvlink/", 1)[0]))
+
+    def note_job(self, job_id: str, gpus: list[tuple[str, str]]) -> None:
+        """A job finished steps; ``gpus`` (node, uuid) host ranks that began or ended straggling."""
+        self._dirty.add((job_key(job_id), job_key(job_id)))
+        nodes = self.fleet.view()
+        for name, uuid in gpus:
+            gpu = nodes[name].gpus.get(uuid) if name in nodes else None
+            if gpu is not None:
+                self._dirty.add((name, gpu_key(name, gpu.index)))
 
     def note_node(self, node: str) -> None:
         """Something about the node as a whole changed (reachability)."""
@@ -246,6 +258,12 @@ class Evaluator:
         for node, key, scope, data in self._targets(sweep, wanted, whole):
             for rule in self._by_scope[scope]:
                 outcomes += self._evaluate(rule, node, key, data, now)
+        if not urgent and self.jobs is not None:
+            for job in self.jobs.publish():
+                key = job_key(job["id"])
+                for rule in self._by_scope[Scope.JOB]:
+                    data = {"job": job, "fleet": sweep.fleet}
+                    outcomes += self._evaluate(rule, key, key, data, now)
         for rule in self._by_scope[Scope.FLEET]:
             outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
         return outcomes
@@ -280,7 +298,7 @@ class Evaluator:
     def verdict(self, incident: Incident, rule: Rule) -> Verdict:
         """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""
         verdict = Verdict(silenced_by=self.silencer(incident, rule))
-        if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.FLEET):
+        if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.JOB, Scope.FLEET):
             return verdict
         for other in self.engine.open_incidents():
             other_rule = self.engine.rules[other.rule]
@@ -294,9 +312,17 @@ class Evaluator:
                 break
         return verdict
 
-    @staticmethod
-    def _evidence(rule: Rule, data: dict[str, Any]) -> str:
+    def _evidence(self, rule: Rule, data: dict[str, Any]) -> str:
         """A short, factual line naming the target (the rule is named beside it)."""
+        if "job" in data:
+            return str(data["job"]["summary"])
+        rank = data.get("rank")
+        if rank and self.jobs is not None and "rank." in rule.when:
+            return self.jobs.straggler_summary(rank["job"], rank["rank"])
+        return self._target_line(rule, data)
+
+    @staticmethod
+    def _target_line(rule: Rule, data: dict[str, Any]) -> str:
         if "port" in data:
             p = data["port"]
             return f"IB {p['device']}/{p['port']} {p['state']}/{p['phys_state']}"
@@ -409,7 +435,8 @@ class Evaluator:
                 gpu_data = None
                 if every or (name, key) in wanted:
                     gpu_data = self._gpu_map(gpu)
-                    yield name, key, Scope.GPU, {**base, "gpu": gpu_data}
+                    rank = self.jobs.rank_on(name, gpu.uuid) if self.jobs is not None else {}
+                    yield name, key, Scope.GPU, {**base, "gpu": gpu_data, "rank": rank}
                 for link, values in gpu.link_signals.items():
                     lkey = link_key(name, gpu.index, link)
                     if not every and (name, lkey) not in wanted:

@@ -15,11 +15,13 @@ from collector.actions.slurm import SlurmNodes
 from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
+from collector.exporter_jobs import JobsCollector
 from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
 from collector.http_api import ApiServer
 from collector.incident_service import DrainDesk, IncidentService, SilenceBook
 from collector.incidents import Evaluator
+from collector.jobs.book import JobBook
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
 from collector.server import FleetServer
@@ -89,6 +91,7 @@ class CollectorService:
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             poll_interval_ms=int(cfg.poll_interval * 1000),
         )
+        self.jobs = JobBook(config=cfg.jobs, fleet=self.fleet, clock=clock)
         self.grpc = FleetServer(
             fleet=self.fleet,
             journal=self.journal,
@@ -96,6 +99,7 @@ class CollectorService:
             clock=clock,
             config=config,
             credentials=credentials,
+            jobs=self.jobs,
         )
         self.ruleset = load_rules(list(cfg.rules))
         self.evaluator = Evaluator(
@@ -103,8 +107,10 @@ class CollectorService:
             fleet=self.fleet,
             catalog=load_catalog(cfg.xid_catalog),
             clock=clock,
+            jobs=self.jobs,
         )
         self.fleet.observer = self.evaluator
+        self.registry.register(JobsCollector(self.jobs))
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
         self.evaluator.fleet_extras = self.dispatcher.status
@@ -128,6 +134,7 @@ class CollectorService:
             silences=self.silences,
             drains=self.drains,
             clock=clock,
+            jobs=self.jobs,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,

@@ -11,10 +11,18 @@ The idea of ``promtool test rules``, run through the collector's own evaluator:
           - {at: 2s, sample: {node: node-01, gpu: 3, signal: gpu_present, value: 0}}
           - {at: 1m, sample: {node: node-01, port: mlx5_0/1, signal: ib_state, value: DOWN}}
           - {at: 2m, fleet: {drains_waiting: 1}}   # what the dispatcher reports (drain cap)
+          - {at: 0s, job: {id: train, nodes: [node-01], ranks_per_node: 8, compute: 0.8}}
+          - {at: 90s, job: {id: train, rank: 3, compute: 1.1}}   # from now on rank 3 is slower
         expect:
           - at: 5s
             firing: [gpu_lost@node-01/gpu/3]
             actions: [drain_node@node-01/gpu/3, notify@node-01/gpu/3]
+
+A ``job`` step starts a training job (every rank reports one step a second: ``step_time``,
+default 1 s, ``compute`` per rank, ``tokens`` per rank, ``params``) or changes a running one: a
+``rank``'s compute time, every rank's ``compute`` or ``step_time``, a ``checkpoint`` of a given
+cost written now, or ``stop: true``. ``node_failures: {node: N}`` counts N past failures of a
+node (they shorten the checkpoint interval fleetwatch advises).
 
 Time runs in whole seconds of a fake clock, evaluating every second. ``actions`` lists what ran
 since the previous expectation (suppressed or silenced incidents run none); ``firing`` lists
@@ -31,6 +39,8 @@ import yaml
 
 from collector.fleet import FleetModel
 from collector.incidents import NO_DRAINS, Evaluator
+from collector.jobs.book import JobBook
+from collector.jobs.config import JobsConfig
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_to_pb
 from fleetwatch.testing import FakeClock
@@ -107,6 +117,46 @@ def _target(node: str, raw: dict[str, Any]) -> Target:
     return Target.node()
 
 
+@dataclass(slots=True)
+class _Job:
+    """A training job the test plays: one step a second from every rank."""
+
+    job_id: str
+    ranks: dict[int, tuple[str, str]]  # rank -> (node, GPU uuid)
+    step_time: float = 1.0
+    compute: dict[int, float] = field(default_factory=dict)
+    tokens: float = 1000.0
+    params: float = 7e9
+    step: int = 0
+    running: bool = True
+    checkpoint_s: float = 0.0
+
+    def reports(self, now_unix: float) -> dict[str, pb.JobReport]:
+        by_node: dict[str, pb.JobReport] = {}
+        checkpoint = self.checkpoint_s
+        self.checkpoint_s = 0.0
+        for rank, (node, uuid) in self.ranks.items():
+            compute = self.compute[rank]
+            step = pb.JobStep(
+                job_id=self.job_id,
+                rank=rank,
+                step=self.step,
+                time_unix_ms=int(now_unix * 1000),
+                step_time_s=max(self.step_time, *self.compute.values()),
+                tokens=self.tokens,
+                compute_time_s=compute,
+                gpu_uuid=uuid,
+                world_size=len(self.ranks),
+                params=self.params,
+            )
+            if checkpoint:
+                step.checkpoint_start_unix_ms = int((now_unix - checkpoint) * 1000)
+                step.checkpoint_end_unix_ms = int(now_unix * 1000)
+            by_node.setdefault(node, pb.JobReport()).steps.append(step)
+        self.step += 1
+        return by_node
+
+
 class _Run:
     """One test: a fleet, an evaluator on a fake clock, and what happened."""
 
@@ -129,6 +179,10 @@ class _Run:
             clock=self.clock,
         )
         self.fleet.observer = self.evaluator
+        self.nodes = nodes
+        self.jobs: dict[str, _Job] = {}
+        self.book = JobBook(config=JobsConfig(), fleet=self.fleet, clock=self.clock)
+        self.evaluator.attach_jobs(self.book)
         self.extras = dict(NO_DRAINS)
         self.evaluator.fleet_extras = lambda: self.extras
         self.actions: list[str] = []
@@ -136,6 +190,10 @@ class _Run:
     def advance_to(self, at: float) -> None:
         while self.clock.monotonic() - self.start < at:
             self.clock.advance(1.0)
+            for job in self.jobs.values():
+                if job.running:
+                    for node, report in job.reports(self.clock.now()).items():
+                        self.book.ingest(node, report)
             self._tick()
 
     def _tick(self) -> None:
@@ -168,10 +226,41 @@ class _Run:
             self.fleet.apply_report(node, pb.Report(samples=[sample]))
         elif "fleet" in step:
             self.extras.update({str(k): v for k, v in dict(step["fleet"]).items()})
+        elif "job" in step:
+            self._job(dict(step["job"]))
+        elif "node_failures" in step:  # failures seen before the test (checkpoint advice)
+            for node, count in dict(step["node_failures"]).items():
+                for _ in range(int(count)):
+                    self.book.note_failure(str(node))
         else:
-            msg = f"a step needs an event, a sample or fleet variables: {step}"
+            msg = f"a step needs an event, a sample, fleet variables or a job: {step}"
             raise RuleTestError(msg)
         self._tick()
+
+    def _job(self, raw: dict[str, Any]) -> None:
+        job_id = str(raw["id"])
+        job = self.jobs.get(job_id)
+        if job is None:
+            per_node = int(raw.get("ranks_per_node", 8))
+            ranks: dict[int, tuple[str, str]] = {}
+            for node in raw.get("nodes", list(self.nodes)):
+                gpus = int((self.nodes[str(node)] or {}).get("gpus", 8))
+                for index in range(min(per_node, gpus)):
+                    ranks[len(ranks)] = (str(node), _uuid(str(node), index))
+            job = self.jobs[job_id] = _Job(job_id, ranks)
+            job.compute = dict.fromkeys(ranks, float(raw.get("compute", 0.8)))
+            job.tokens = float(raw.get("tokens", job.tokens))
+            job.params = float(raw.get("params", job.params))
+        elif "compute" in raw and "rank" not in raw:
+            job.compute = dict.fromkeys(job.ranks, float(raw["compute"]))
+        if "rank" in raw:
+            job.compute[int(raw["rank"])] = float(raw["compute"])
+        if "step_time" in raw:
+            job.step_time = parse_duration(raw["step_time"])
+        if "checkpoint" in raw:
+            job.checkpoint_s = parse_duration(raw["checkpoint"])
+        if raw.get("stop"):
+            job.running = False
 
     def firing(self) -> list[str]:
         return sorted(

@@ -16,6 +16,7 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
     from collector.fleet import FleetModel
+    from collector.jobs.book import JobBook
     from collector.journal import Journal
     from collector.stats import CollectorStats
     from fleetwatch.clock import Clock
@@ -33,8 +34,10 @@ class FleetServer:
         clock: Clock,
         config: pb.Config,
         credentials: grpc.ServerCredentials | None = None,
+        jobs: JobBook | None = None,
     ) -> None:
         """Build the server; call :meth:`start` with an address."""
+        self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
         self._stats = stats
@@ -71,6 +74,7 @@ class FleetServer:
             registry=self.registry,
             clock=self._clock,
             config=self._config,
+            jobs=self._jobs,
         )
         await handle_stream(session, context)
 

@@ -30,9 +30,11 @@ from fleetwatch.wire.validate import (
     validate_hello,
     validate_report,
 )
+from fleetwatch.wire.validate_jobs import validate_job_report
 
 if TYPE_CHECKING:
     from collector.fleet import FleetModel
+    from collector.jobs.book import JobBook
     from collector.journal import Journal
     from collector.stats import CollectorStats
     from fleetwatch.clock import Clock
@@ -59,7 +61,9 @@ def parse_message(raw: bytes) -> pb.AgentMessage:
         msg = f"not a valid AgentMessage ({len(raw)} bytes): {exc}"
         raise WireError("malformed", msg) from exc
     if message.WhichOneof("body") is None:
-        msg = f"AgentMessage ({len(raw)} bytes) carries none of hello/report/event/command_result"
+        msg = (
+            f"AgentMessage ({len(raw)} bytes) carries no hello, report, event, result or job report"
+        )
         raise WireError("malformed", msg)
     return message
 
@@ -110,8 +114,10 @@ class StreamSession:
         registry: SessionRegistry,
         clock: Clock,
         config: pb.Config,
+        jobs: JobBook | None = None,
     ) -> None:
-        """Share the collector's model, journal and counters."""
+        """Share the collector's model, journal and counters (and its jobs, if it keeps any)."""
+        self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
         self._stats = stats
@@ -264,6 +270,11 @@ class StreamSession:
         elif body == "event":
             seq = await self._event(message.event)
             await self._send(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
+        elif body == "job_report":
+            validate_job_report(message.job_report, self._inventory)
+            self._stats.job_steps += len(message.job_report.steps)
+            if self._jobs is not None:
+                self._jobs.ingest(self._node, message.job_report)
         elif body == "command_result":
             result = message.command_result
             log.info("command_result", node=self._node, id=result.command_id, ok=result.ok)

@@ -18,6 +18,7 @@ class CollectorStats:
     seq_gaps: int = 0
     reports: int = 0
     samples: int = 0
+    job_steps: int = 0
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""

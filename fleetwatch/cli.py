@@ -1,7 +1,7 @@
 """The ``fleetwatch`` command: the daemons, the demo, and tools for people.
 
 Daemons: ``agent``, ``collector``. Tools: ``rules check|test``, ``incidents``, ``actions``,
-``drains [release NODE]``, ``silence add|list|remove``.
+``drains [release NODE]``, ``silence add|list|remove``, ``jobs [JOB]``.
 """
 
 from __future__ import annotations
@@ -102,6 +102,11 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     actions.add_argument("--node", help="only this node's")
     actions.add_argument("--limit", type=int, default=100)
     actions.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    jobs = sub.add_parser("jobs", help="training jobs: throughput, MFU, stragglers, drops")
+    jobs.add_argument("--api", default=_default_api(), help=api_help)
+    jobs.add_argument("job", nargs="?", help="one job, rank by rank")
+    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--api", default=_default_api(), help=api_help)
@@ -236,6 +241,8 @@ def _run_api_tool(args: argparse.Namespace) -> int:
         )
     if args.command == "actions":
         return cli_api.actions(api, node=args.node, limit=args.limit, as_json=args.json, out=out)
+    if args.command == "jobs":
+        return cli_api.jobs(api, args.job, as_json=args.json, out=out)
     if args.command == "drains":
         if args.drains_command == "release":
             return cli_api.release(api, args.node, args.reason, out)
@@ -280,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "actions": _run_api_tool,
         "silence": _run_api_tool,
         "drains": _run_api_tool,
+        "jobs": _run_api_tool,
     }
     try:
         return runners[args.command](args)

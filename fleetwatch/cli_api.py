@@ -213,3 +213,72 @@ def release(api: str, node: str, reason: str, out: TextIO) -> int:
     call(api, "POST", path, {"reason": reason})
     print(f"{node} released: it no longer counts toward the drain cap", file=out)
     return 0
+
+
+def _job_row(r: dict[str, Any], _now: float) -> list[str]:
+    drop = f"-{r['drop_share']:.0%} ({r['drop_cause'] or '?'})" if r["drop"] else "-"
+    checkpoint = span(r["checkpoint_age_s"]) if r["checkpoint_age_s"] else "-"
+    if r["checkpoint_interval_s"]:
+        checkpoint += f" / {span(r['checkpoint_interval_s'])}"
+    return [
+        r["id"],
+        "yes" if r["active"] else "ended",
+        str(r["gpus"]),
+        str(r["step"]),
+        f"{r['tokens_per_s']:,.0f}",
+        f"{r['mfu']:.1%}" if r["mfu"] else "-",
+        f"{r['ettr']:.1%}",
+        ",".join(r["straggler_nodes"]) or "-",
+        drop,
+        checkpoint,
+    ]
+
+
+def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
+    """List training jobs, or one job rank by rank."""
+    if job is None:
+        return _listing(
+            api,
+            "/api/v1/jobs",
+            "jobs",
+            [
+                "JOB",
+                "ACTIVE",
+                "GPUS",
+                "STEP",
+                "TOKENS/S",
+                "MFU",
+                "ETTR",
+                "STRAGGLERS",
+                "DROP",
+                "CHECKPOINT AGE / ADVISED",
+            ],
+            _job_row,
+            empty="no jobs",
+            as_json=as_json,
+            out=out,
+        )
+    path = f"/api/v1/jobs/{urllib.parse.quote(job, safe='')}"
+    data = call(api, "GET", path)
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    print(data["summary"], file=out)
+    rows = [["RANK", "NODE", "GPU", "STEP", "STEP S", "COMPUTE S", "RATIO", "STRAGGLER"]]
+    rows.extend(
+        [
+            [
+                str(r["rank"]),
+                r["node"],
+                "-" if r["gpu"] is None else str(r["gpu"]),
+                str(r["step"]),
+                f"{r['step_time_s']:.3f}",
+                "-" if r["compute_time_s"] is None else f"{r['compute_time_s']:.3f}",
+                "-" if r["compute_ratio"] is None else f"{r['compute_ratio']:.2f}",
+                "yes" if r["straggler"] else "",
+            ]
+            for r in data["rank_detail"]
+        ],
+    )
+    _table(rows, out)
+    return 0

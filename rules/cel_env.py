@@ -6,6 +6,13 @@ Variables a condition sees (maps; a signal a target did not report is absent, so
 ``node``   name, reachable, connected, gpus, gpus_lost, nvlinks_down, ib_ports, ib_ports_down,
            signals (the node's own, e.g. ``agent_outbox_pending``)
 ``gpu``    index, uuid, model, pci_bus_id, present, nvlink_count, nvlinks_down, signals
+``rank``   the training-job rank on the GPU (gpu rules; empty when none runs there): job, rank,
+           straggler, slowdown, straggler_steps, job_gpus, lost_gpu_hours_per_hour
+``job``    one training job (job rules): id, active, world_size, ranks, nodes, gpus, step,
+           step_time_s, tokens_per_s, tokens_per_s_per_gpu, mfu, ettr, restarts, stragglers,
+           straggler_nodes, lost_gpu_hours_per_hour, drop, drop_share, drop_cause, suspects,
+           fabric, fabric_nodes, checkpoint_age_s, checkpoint_cost_s, checkpoint_interval_s,
+           checkpoint_overdue, summary
 ``link``   index, up, signals                      (nvlink rules)
 ``port``   device, port, state, phys_state, up, rate, signals     (ib_port rules)
 ``fleet``  nodes, nodes_reachable, gpus, ib_ports, ib_ports_up, drained_nodes, drains_waiting,
@@ -40,9 +47,10 @@ if TYPE_CHECKING:
 
 SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.NODE: ("node", "fleet"),
-    Scope.GPU: ("node", "gpu", "fleet"),
+    Scope.GPU: ("node", "gpu", "rank", "fleet"),
     Scope.NVLINK: ("node", "gpu", "link", "fleet"),
     Scope.IB_PORT: ("node", "port", "fleet"),
+    Scope.JOB: ("job", "fleet"),
     Scope.FLEET: ("fleet",),
 }
 # The fields of each variable: the keys of the maps the collector builds (collector.incidents).
@@ -71,6 +79,48 @@ VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
             "nvlink_count",
             "nvlinks_down",
             "signals",
+        },
+    ),
+    "rank": frozenset(
+        {
+            "job",
+            "rank",
+            "straggler",
+            "slowdown",
+            "straggler_steps",
+            "job_gpus",
+            "lost_gpu_hours_per_hour",
+        },
+    ),
+    "job": frozenset(
+        {
+            "id",
+            "active",
+            "world_size",
+            "ranks",
+            "nodes",
+            "gpus",
+            "step",
+            "step_time_s",
+            "tokens_per_s",
+            "tokens_per_s_per_gpu",
+            "mfu",
+            "ettr",
+            "restarts",
+            "stragglers",
+            "straggler_nodes",
+            "lost_gpu_hours_per_hour",
+            "drop",
+            "drop_share",
+            "drop_cause",
+            "suspects",
+            "fabric",
+            "fabric_nodes",
+            "checkpoint_age_s",
+            "checkpoint_cost_s",
+            "checkpoint_interval_s",
+            "checkpoint_overdue",
+            "summary",
         },
     ),
     "link": frozenset({"index", "up", "signals"}),

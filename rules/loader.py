@@ -5,7 +5,7 @@ A rule file::
     version: 1
     rules:
       - name: gpu_lost                 # unique, snake_case
-        scope: gpu                     # node | gpu | nvlink | ib_port | fleet
+        scope: gpu                     # node | gpu | nvlink | ib_port | job | fleet
         when: 'events("gpu_lost", "1h") > 0'   # CEL, see rules.cel_env
         for: 0s                        # how long the condition must hold before firing
         keep_firing_for: 10m           # how long it stays firing after the condition clears
@@ -30,7 +30,17 @@ import yaml
 from rules.cel_env import ConditionError, RuleEnvironment, field_problems, signal_references
 from rules.durations import parse_duration
 from rules.exceptions import RulesError
-from rules.model import ACTIONS, ActionSpec, Escalation, Rule, RuleSet, Scope, Severity
+from rules.model import (
+    ACTIONS,
+    GPU_SCOPES,
+    NODE_SCOPES,
+    ActionSpec,
+    Escalation,
+    Rule,
+    RuleSet,
+    Scope,
+    Severity,
+)
 from rules.signals import known
 
 if TYPE_CHECKING:
@@ -172,6 +182,9 @@ class _Checker:
         self.typed(dry_run, bool, "dry_run", at("dry_run"), name)
         actions = self.actions(raw.get("actions", []), "actions", at("actions"), name)
         escalation = self.escalation(raw.get("escalate"), at("escalate"), name)
+        if scope is not None:
+            extra = escalation.actions if escalation else ()
+            self.scoped_actions(scope, actions + extra, at("actions"), name)
         if scope is None or severity is None or when is None:
             return None
         return Rule(
@@ -190,6 +203,16 @@ class _Checker:
             source=self.source,
             line=line,
         )
+
+    def scoped_actions(
+        self, scope: Scope, actions: tuple[ActionSpec, ...], line: int, rule: str
+    ) -> None:
+        """drain_node needs an incident on a node, reset_gpu one on a GPU."""
+        for spec in actions:
+            if spec.name == "drain_node" and scope not in NODE_SCOPES:
+                self.problem(line, rule, f"drain_node needs a node, and a {scope} rule has none")
+            if spec.name == "reset_gpu" and scope not in GPU_SCOPES:
+                self.problem(line, rule, f"reset_gpu needs a GPU, and a {scope} rule has none")
 
     def labels(self, raw: object, line: int, rule: str) -> dict[str, str]:
         if isinstance(raw, dict) and all(

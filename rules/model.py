@@ -14,6 +14,7 @@ class Scope(StrEnum):
     GPU = "gpu"
     NVLINK = "nvlink"
     IB_PORT = "ib_port"
+    JOB = "job"
     FLEET = "fleet"
 
 
@@ -24,6 +25,10 @@ class Severity(StrEnum):
     WARNING = "warning"
     CRITICAL = "critical"
 
+
+# The scopes whose incidents name a node (drain_node) and a GPU (reset_gpu).
+NODE_SCOPES: Final = frozenset({Scope.NODE, Scope.GPU, Scope.NVLINK, Scope.IB_PORT})
+GPU_SCOPES: Final = frozenset({Scope.GPU, Scope.NVLINK})
 
 # Actions a rule may ask for, with the parameters each takes (name -> type, default).
 ACTIONS: Final[dict[str, dict[str, tuple[type, Any]]]] = {

@@ -47,8 +47,13 @@ class SimCluster:
         backoff_initial: float = 0.1,
         backoff_max: float = 1.0,
         ib_traffic_bytes_per_s: float = 0.0,
+        job_socket_dir: Path | None = None,
     ) -> None:
-        """Build the nodes (and their sysfs trees under ``root``) and their agents."""
+        """Build the nodes (and their sysfs trees under ``root``) and their agents.
+
+        Each agent listens for step reports at ``job_socket_dir/<node>.sock`` (``root`` by
+        default; a Unix socket path must stay under 108 bytes).
+        """
         self.nodes: dict[str, SimNode] = {}
         self.agents: dict[str, Agent] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -57,8 +62,10 @@ class SimCluster:
         self._ticker: asyncio.Task[None] | None = None
         # The agents share one process here: a small shared budget of kept-open sysfs files.
         self.fds = FdBudget(256)
+        self.job_sockets: dict[str, Path] = {}
         for name in names:
             node = SimNode(name, root / name / "sys", clock)
+            self.job_sockets[name] = (job_socket_dir or root) / f"{name}.sock"
             for port in node.ib_ports:
                 port.traffic_bytes_per_s = ib_traffic_bytes_per_s
             cfg = AgentConfig(
@@ -70,6 +77,7 @@ class SimCluster:
                 backoff_max=backoff_max,
                 counter_interval=max(poll_interval, 1.0),
                 state_dir=None,
+                job_socket=self.job_sockets[name],
             )
             self.nodes[name] = node
             self.agents[name] = build_agent(cfg, sim_hardware(node), clock, fd_budget=self.fds)

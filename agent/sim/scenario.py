@@ -106,6 +106,9 @@ class Fault:
             FaultKind.NODE_CRASH: lambda: "node crashes (agent silent)",
             FaultKind.ECC_DBE: lambda: f"double-bit ECC error on GPU {p['gpu']}",
             FaultKind.THERMAL: lambda: f"GPU {p['gpu']} throttles at {p['temperature']} °C",
+            FaultKind.SLOW_GPU: lambda: (
+                f"GPU {p['gpu']} computes {p['factor']:g}x slower (its training rank straggles)"
+            ),
             FaultKind.IB_CONGESTION: lambda: (
                 f"IB port mlx5_{p['port']}/1 congested ({p['xmit_wait_per_s']:g} waits/s)"
             ),

@@ -8,6 +8,7 @@ down the agent's stream to the simulated node, which resets its GPU.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from agent.sim.cluster import SimCluster
 from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
+from agent.sim.training import SimTrainingJob
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.demo.feed import IncidentFeed
@@ -25,6 +27,7 @@ from fleetwatch.demo.view import (
     events_by_kind,
     fleet_line,
     incident_table,
+    job_line,
     node_table,
 )
 from fleetwatch.demo.wiring import (
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     from fleetwatch.clock import Clock
 
 STATUS_EVERY_S = 2.0
+DEMO_JOB = "demo-pretrain"
 TICK_S = 0.25
 DRAIN_TIMEOUT_S = 5.0
 RULES_INTERVAL_S = 0.25
@@ -73,6 +77,7 @@ class DemoResult:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     unacked: int = 0
     started_unix: float = 0.0
+    jobs: list[dict[str, object]] = field(default_factory=list)
 
 
 async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
@@ -133,6 +138,8 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
     )
     collector.incidents.sink = feed
     await collector.start()
+    # Unix socket paths must stay short (108 bytes): the job sockets get a temp dir of their own.
+    sockets = tempfile.TemporaryDirectory(prefix="fwdemo-")
     cluster = SimCluster(
         names,
         cfg.journal.parent / "nodes",
@@ -141,14 +148,16 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         poll_interval=opts.poll_interval,
         heartbeat_interval=opts.heartbeat_interval,
         ib_traffic_bytes_per_s=20e9,  # a training job keeps the fabric busy
+        job_socket_dir=Path(sockets.name),
     )
+    job = _DemoJob(cluster, clock, sockets)
     _header(scenario, names, cfg, collector.http_port, notes=notes, out=out)
     pending = scenario.timeline()
     result.started_unix = clock.now()
     feed.begin()
     cluster.start()
-    last_status = -STATUS_EVERY_S
-    last_id = 0
+    await job.start()
+    last_status, last_id = -STATUS_EVERY_S, 0
     try:
         while (elapsed := feed.elapsed()) < scenario.duration_s:
             # What happened since the last round first (events, then the incidents they led
@@ -161,7 +170,9 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
             await feed.poll()
             feed.flush()
             if elapsed - last_status >= STATUS_EVERY_S:
-                print(fleet_line(elapsed, nodes, firing=feed.firing()), file=out)
+                lines = [fleet_line(elapsed, nodes, firing=feed.firing())]
+                lines += [job_line(elapsed, j) for j in collector.jobs.summaries()]
+                print("\n".join(lines), file=out)
                 last_status = elapsed
             while pending and pending[0].at_s <= elapsed:
                 fault = pending.pop(0)
@@ -174,6 +185,7 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
             await clock.sleep(TICK_S)
         result.unacked = cluster.unacked()
     finally:
+        result.jobs = await job.stop(collector)
         await cluster.stop()
         await collector.incidents.stop()  # no rule runs while the journal is read
         await feed.poll()
@@ -186,6 +198,38 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
         await collector.stop(grace=None)
     return result
+
+
+class _DemoJob:
+    """The demo's training job: 8 ranks on every node, reporting through the agents' sockets."""
+
+    def __init__(
+        self, cluster: SimCluster, clock: Clock, sockets: tempfile.TemporaryDirectory[str]
+    ) -> None:
+        self._cluster = cluster
+        self._clock = clock
+        self._sockets = sockets
+        self.job = SimTrainingJob.on_nodes(
+            DEMO_JOB, list(cluster.nodes.values()), cluster.job_sockets, clock, compute_s=0.08
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start stepping once the agents listen (after 5 s, regardless: reports go unsent)."""
+        deadline = self._clock.monotonic() + 5.0
+        sockets = self._cluster.job_sockets.values()
+        while not all(p.exists() for p in sockets) and self._clock.monotonic() < deadline:
+            await self._clock.sleep(0.05)
+        self._task = asyncio.create_task(self.job.run(), name="demo-job")
+
+    async def stop(self, collector: CollectorService) -> list[dict[str, object]]:
+        """Stop stepping, remove the sockets; return the collector's last view of the jobs."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._sockets.cleanup()
+        return [dict(j) for j in collector.jobs.summaries()]
 
 
 def _header(  # noqa: PLR0913 - what the header shows
@@ -206,6 +250,7 @@ def _header(  # noqa: PLR0913 - what the header shows
         f"  metrics    {base}/metrics",
         f"  nodes      {base}/api/v1/nodes",
         f"  events     {base}/api/v1/events",
+        f"  jobs       {base}/api/v1/jobs  (a simulated job, {DEMO_JOB!r}, on every GPU)",
         f"  journal    {cfg.journal}",
         *notes,
         f"  watch      fleetwatch incidents --api {base}",
@@ -238,6 +283,8 @@ def _summary(result: DemoResult, out: TextIO) -> None:
             print(line, file=out)
     kinds = count_by(str(d.body.get("kind", "?")) for d in result.deliveries)
     print(f"webhooks received (signature checked): {len(result.deliveries)} ({kinds})", file=out)
+    for job in result.jobs:
+        print(job_line(None, job), file=out)
     print("final fleet health:", file=out)
     for line in node_table(result.nodes):
         print(line, file=out)

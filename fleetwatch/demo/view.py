@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -51,6 +51,26 @@ def fleet_line(elapsed_s: float, nodes: dict[str, NodeState], *, firing: int = 0
         f"IB ports up {sum(p.up for p in ports)}/{len(ports)} | events {events} | "
         f"incidents firing {firing}"
     )
+
+
+def job_line(elapsed_s: float | None, job: dict[str, Any]) -> str:
+    """One line about a training job: throughput, MFU, stragglers, a drop and its cause."""
+    when = f"[{elapsed_s:5.1f}s] " if elapsed_s is not None else ""
+    parts = [
+        (
+            f"{when}job {job['id']} step {job['step']}: {job['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {job['mfu']:.0%}, ETTR {job['ettr']:.0%}"
+        ),
+    ]
+    if job["stragglers"]:
+        parts.append(
+            f"stragglers on {', '.join(job['straggler_nodes'])} "
+            f"(-{job['lost_gpu_hours_per_hour']:.1f} GPU-h/h)"
+        )
+    if job["drop"]:
+        suspects = ", ".join(job["suspects"][:3]) or "no node"
+        parts.append(f"throughput -{job['drop_share']:.0%} ({job['drop_cause']}: {suspects})")
+    return " | ".join(parts)
 
 
 THERMAL_REASONS = 0x20 | 0x40

@@ -4,6 +4,8 @@ import pytest
 
 from collector.fleet import FleetModel
 from collector.incidents import NO_DRAINS, Evaluator, _Sweep
+from collector.jobs.book import JobBook
+from collector.jobs.config import JobsConfig
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock
@@ -149,7 +151,7 @@ class TestTypedFields:
             (
                 "scope: gpu",
                 "scope: planet",
-                "scope must be one of node, gpu, nvlink, ib_port, fleet",
+                "scope must be one of node, gpu, nvlink, ib_port, job, fleet",
             ),
             ("for: 2m", "for: true", "for: True is not a duration"),
             (
@@ -275,10 +277,21 @@ class TestConditionFields:
         fleet.on_hello(hello, clock.monotonic(), clock.now())
         sample = sample_to_pb(Target.nvlink(uuid, 0), "nvlink_crc_errors", 0)
         fleet.apply_report("n1", pb.Report(samples=[sample]))
-        evaluator = Evaluator(rules=RuleSet(), fleet=fleet, catalog=load_catalog(), clock=clock)
+        jobs = JobBook(config=JobsConfig(), fleet=fleet, clock=clock)
+        evaluator = Evaluator(
+            rules=RuleSet(), fleet=fleet, catalog=load_catalog(), clock=clock, jobs=jobs
+        )
+        step = pb.JobStep(
+            job_id="j", rank=0, step=1, time_unix_ms=1, step_time_s=1.0, gpu_uuid=uuid
+        )
+        jobs.ingest("n1", pb.JobReport(steps=[step]))
         sweep = _Sweep(fleet=evaluator._fleet_map())
         seen: dict[str, set[str]] = {}
-        for _node, _key, scope, data in evaluator._targets(sweep, set(), {"n1"}):
+        targets = list(evaluator._targets(sweep, set(), {"n1"}))
+        targets += [
+            ("j", "job/j", Scope.JOB, {"job": m, "fleet": sweep.fleet}) for m in jobs.publish()
+        ]
+        for _node, _key, scope, data in targets:
             assert set(SCOPE_VARIABLES[scope]) == set(data)
             for var, fields in data.items():
                 seen.setdefault(var, set()).update(fields)

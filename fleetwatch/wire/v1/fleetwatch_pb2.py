@@ -24,47 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#fleetwatch/wire/v1/fleetwatch.proto\x12\rfleetwatch.v1\"\xcb\x01\n\x0c\x41gentMessage\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.fleetwatch.v1.HelloH\x00\x12\'\n\x06report\x18\x02 \x01(\x0b\x32\x15.fleetwatch.v1.ReportH\x00\x12%\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x14.fleetwatch.v1.EventH\x00\x12\x36\n\x0e\x63ommand_result\x18\x04 \x01(\x0b\x32\x1c.fleetwatch.v1.CommandResultH\x00\x42\x06\n\x04\x62odyJ\x04\x08\x05\x10\x06\"\xe6\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x16\n\x0e\x64river_version\x18\x05 \x01(\t\x12\x14\n\x0cnvml_version\x18\x06 \x01(\t\x12 \n\x04gpus\x18\x07 \x03(\x0b\x32\x12.fleetwatch.v1.Gpu\x12\'\n\x08ib_ports\x18\x08 \x03(\x0b\x32\x15.fleetwatch.v1.IbPort\x12\x14\n\x0ctime_unix_ms\x18\t \x01(\x03\"[\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\npci_bus_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cnvlink_count\x18\x05 \x01(\r\"H\n\x06IbPort\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x0c\n\x04rate\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\"b\n\x06Target\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.fleetwatch.v1.TargetKind\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"F\n\x06Report\x12\x14\n\x0ctime_unix_ms\x18\x01 \x01(\x03\x12&\n\x07samples\x18\x02 \x03(\x0b\x32\x15.fleetwatch.v1.Sample\"\x89\x01\n\x06Sample\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.fleetwatch.v1.Target\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x14\n\nreal_value\x18\x04 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x05 \x01(\tH\x00\x42\x07\n\x05value\"\xa9\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x02 \x01(\x03\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.fleetwatch.v1.EventKind\x12%\n\x06target\x18\x04 \x01(\x0b\x32\x15.fleetwatch.v1.Target\x12\x0b\n\x03xid\x18\x05 \x01(\r\x12\x11\n\txid_class\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\"T\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x13\n\x0bretry_later\x18\x04 \x01(\x08\"\xbc\x01\n\x10\x43ollectorMessage\x12)\n\x07welcome\x18\x01 \x01(\x0b\x32\x16.fleetwatch.v1.WelcomeH\x00\x12!\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x12.fleetwatch.v1.AckH\x00\x12)\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x16.fleetwatch.v1.CommandH\x00\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.fleetwatch.v1.ConfigH\x00\x42\x06\n\x04\x62ody\"r\n\x07Welcome\x12\x19\n\x11\x63ollector_version\x18\x01 \x01(\t\x12%\n\tjournaled\x18\x02 \x01(\x0b\x32\x12.fleetwatch.v1.Ack\x12%\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x15.fleetwatch.v1.Config\"#\n\x03\x41\x63k\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"A\n\x06\x43onfig\x12\x18\n\x10poll_interval_ms\x18\x01 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"h\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.fleetwatch.v1.CommandKind\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08*\x9a\x01\n\nTargetKind\x12\x1b\n\x17TARGET_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TARGET_KIND_NODE\x10\x01\x12\x13\n\x0fTARGET_KIND_GPU\x10\x02\x12\x16\n\x12TARGET_KIND_NVLINK\x10\x03\x12\x17\n\x13TARGET_KIND_IB_PORT\x10\x04\x12\x13\n\x0fTARGET_KIND_PCI\x10\x05*\x96\x03\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x45VENT_KIND_XID\x10\x01\x12\x17\n\x13\x45VENT_KIND_GPU_LOST\x10\x02\x12\x1a\n\x16\x45VENT_KIND_NVLINK_DOWN\x10\x03\x12\x18\n\x14\x45VENT_KIND_NVLINK_UP\x10\x04\x12\x1b\n\x17\x45VENT_KIND_IB_PORT_DOWN\x10\x05\x12\x19\n\x15\x45VENT_KIND_IB_PORT_UP\x10\x06\x12\x1a\n\x16\x45VENT_KIND_PCI_REMOVED\x10\x07\x12\x17\n\x13\x45VENT_KIND_PCIE_AER\x10\x08\x12\x1b\n\x17\x45VENT_KIND_PCI_RECOVERY\x10\t\x12\x1e\n\x1a\x45VENT_KIND_IB_DEVICE_ADDED\x10\n\x12 \n\x1c\x45VENT_KIND_IB_DEVICE_REMOVED\x10\x0b\x12\x1f\n\x1b\x45VENT_KIND_NODE_UNREACHABLE\x10\x64\x12\x1d\n\x19\x45VENT_KIND_NODE_REACHABLE\x10\x65*h\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMMAND_KIND_RESET_GPU\x10\x01\x12\x1f\n\x1b\x43OMMAND_KIND_RUN_DIAGNOSTIC\x10\x02\x32S\n\x05\x46leet\x12J\n\x06Stream\x12\x1b.fleetwatch.v1.AgentMessage\x1a\x1f.fleetwatch.v1.CollectorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#fleetwatch/wire/v1/fleetwatch.proto\x12\rfleetwatch.v1\"\xf5\x01\n\x0c\x41gentMessage\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.fleetwatch.v1.HelloH\x00\x12\'\n\x06report\x18\x02 \x01(\x0b\x32\x15.fleetwatch.v1.ReportH\x00\x12%\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x14.fleetwatch.v1.EventH\x00\x12\x36\n\x0e\x63ommand_result\x18\x04 \x01(\x0b\x32\x1c.fleetwatch.v1.CommandResultH\x00\x12.\n\njob_report\x18\x05 \x01(\x0b\x32\x18.fleetwatch.v1.JobReportH\x00\x42\x06\n\x04\x62ody\"\xe6\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x16\n\x0e\x64river_version\x18\x05 \x01(\t\x12\x14\n\x0cnvml_version\x18\x06 \x01(\t\x12 \n\x04gpus\x18\x07 \x03(\x0b\x32\x12.fleetwatch.v1.Gpu\x12\'\n\x08ib_ports\x18\x08 \x03(\x0b\x32\x15.fleetwatch.v1.IbPort\x12\x14\n\x0ctime_unix_ms\x18\t \x01(\x03\"[\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\npci_bus_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cnvlink_count\x18\x05 \x01(\r\"H\n\x06IbPort\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x0c\n\x04rate\x18\x03 \x01(\t\x12\x12\n\nlink_layer\x18\x04 \x01(\t\"b\n\x06Target\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.fleetwatch.v1.TargetKind\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"F\n\x06Report\x12\x14\n\x0ctime_unix_ms\x18\x01 \x01(\x03\x12&\n\x07samples\x18\x02 \x03(\x0b\x32\x15.fleetwatch.v1.Sample\"\x89\x01\n\x06Sample\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.fleetwatch.v1.Target\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x14\n\nreal_value\x18\x04 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x05 \x01(\tH\x00\x42\x07\n\x05value\"\xa9\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x02 \x01(\x03\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.fleetwatch.v1.EventKind\x12%\n\x06target\x18\x04 \x01(\x0b\x32\x15.fleetwatch.v1.Target\x12\x0b\n\x03xid\x18\x05 \x01(\r\x12\x11\n\txid_class\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\"T\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x13\n\x0bretry_later\x18\x04 \x01(\x08\"C\n\tJobReport\x12%\n\x05steps\x18\x01 \x03(\x0b\x32\x16.fleetwatch.v1.JobStep\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\x04\"\xb1\x02\n\x07JobStep\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x04 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\x0e\n\x06tokens\x18\x06 \x01(\x01\x12\x1b\n\x0e\x63ompute_time_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08gpu_uuid\x18\x08 \x01(\t\x12\x12\n\nworld_size\x18\t \x01(\r\x12\x0e\n\x06params\x18\n \x01(\x01\x12\x17\n\x0f\x66lops_per_token\x18\x0b \x01(\x01\x12 \n\x18\x63heckpoint_start_unix_ms\x18\x0c \x01(\x03\x12\x1e\n\x16\x63heckpoint_end_unix_ms\x18\r \x01(\x03\x42\x11\n\x0f_compute_time_s\"\xbc\x01\n\x10\x43ollectorMessage\x12)\n\x07welcome\x18\x01 \x01(\x0b\x32\x16.fleetwatch.v1.WelcomeH\x00\x12!\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x12.fleetwatch.v1.AckH\x00\x12)\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x16.fleetwatch.v1.CommandH\x00\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x15.fleetwatch.v1.ConfigH\x00\x42\x06\n\x04\x62ody\"r\n\x07Welcome\x12\x19\n\x11\x63ollector_version\x18\x01 \x01(\t\x12%\n\tjournaled\x18\x02 \x01(\x0b\x32\x12.fleetwatch.v1.Ack\x12%\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x15.fleetwatch.v1.Config\"#\n\x03\x41\x63k\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"A\n\x06\x43onfig\x12\x18\n\x10poll_interval_ms\x18\x01 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"h\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.fleetwatch.v1.CommandKind\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08*\x9a\x01\n\nTargetKind\x12\x1b\n\x17TARGET_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10TARGET_KIND_NODE\x10\x01\x12\x13\n\x0fTARGET_KIND_GPU\x10\x02\x12\x16\n\x12TARGET_KIND_NVLINK\x10\x03\x12\x17\n\x13TARGET_KIND_IB_PORT\x10\x04\x12\x13\n\x0fTARGET_KIND_PCI\x10\x05*\x96\x03\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x45VENT_KIND_XID\x10\x01\x12\x17\n\x13\x45VENT_KIND_GPU_LOST\x10\x02\x12\x1a\n\x16\x45VENT_KIND_NVLINK_DOWN\x10\x03\x12\x18\n\x14\x45VENT_KIND_NVLINK_UP\x10\x04\x12\x1b\n\x17\x45VENT_KIND_IB_PORT_DOWN\x10\x05\x12\x19\n\x15\x45VENT_KIND_IB_PORT_UP\x10\x06\x12\x1a\n\x16\x45VENT_KIND_PCI_REMOVED\x10\x07\x12\x17\n\x13\x45VENT_KIND_PCIE_AER\x10\x08\x12\x1b\n\x17\x45VENT_KIND_PCI_RECOVERY\x10\t\x12\x1e\n\x1a\x45VENT_KIND_IB_DEVICE_ADDED\x10\n\x12 \n\x1c\x45VENT_KIND_IB_DEVICE_REMOVED\x10\x0b\x12\x1f\n\x1b\x45VENT_KIND_NODE_UNREACHABLE\x10\x64\x12\x1d\n\x19\x45VENT_KIND_NODE_REACHABLE\x10\x65*h\n\x0b\x43ommandKind\x12\x1c\n\x18\x43OMMAND_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43OMMAND_KIND_RESET_GPU\x10\x01\x12\x1f\n\x1b\x43OMMAND_KIND_RUN_DIAGNOSTIC\x10\x02\x32S\n\x05\x46leet\x12J\n\x06Stream\x12\x1b.fleetwatch.v1.AgentMessage\x1a\x1f.fleetwatch.v1.CollectorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetwatch.wire.v1.fleetwatch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TARGETKIND']._serialized_start=1748
-  _globals['_TARGETKIND']._serialized_end=1902
-  _globals['_EVENTKIND']._serialized_start=1905
-  _globals['_EVENTKIND']._serialized_end=2311
-  _globals['_COMMANDKIND']._serialized_start=2313
-  _globals['_COMMANDKIND']._serialized_end=2417
+  _globals['_TARGETKIND']._serialized_start=2167
+  _globals['_TARGETKIND']._serialized_end=2321
+  _globals['_EVENTKIND']._serialized_start=2324
+  _globals['_EVENTKIND']._serialized_end=2730
+  _globals['_COMMANDKIND']._serialized_start=2732
+  _globals['_COMMANDKIND']._serialized_end=2836
   _globals['_AGENTMESSAGE']._serialized_start=55
-  _globals['_AGENTMESSAGE']._serialized_end=258
-  _globals['_HELLO']._serialized_start=261
-  _globals['_HELLO']._serialized_end=491
-  _globals['_GPU']._serialized_start=493
-  _globals['_GPU']._serialized_end=584
-  _globals['_IBPORT']._serialized_start=586
-  _globals['_IBPORT']._serialized_end=658
-  _globals['_TARGET']._serialized_start=660
-  _globals['_TARGET']._serialized_end=758
-  _globals['_REPORT']._serialized_start=760
-  _globals['_REPORT']._serialized_end=830
-  _globals['_SAMPLE']._serialized_start=833
-  _globals['_SAMPLE']._serialized_end=970
-  _globals['_EVENT']._serialized_start=973
-  _globals['_EVENT']._serialized_end=1142
-  _globals['_COMMANDRESULT']._serialized_start=1144
-  _globals['_COMMANDRESULT']._serialized_end=1228
-  _globals['_COLLECTORMESSAGE']._serialized_start=1231
-  _globals['_COLLECTORMESSAGE']._serialized_end=1419
-  _globals['_WELCOME']._serialized_start=1421
-  _globals['_WELCOME']._serialized_end=1535
-  _globals['_ACK']._serialized_start=1537
-  _globals['_ACK']._serialized_end=1572
-  _globals['_CONFIG']._serialized_start=1574
-  _globals['_CONFIG']._serialized_end=1639
-  _globals['_COMMAND']._serialized_start=1641
-  _globals['_COMMAND']._serialized_end=1745
-  _globals['_FLEET']._serialized_start=2419
-  _globals['_FLEET']._serialized_end=2502
+  _globals['_AGENTMESSAGE']._serialized_end=300
+  _globals['_HELLO']._serialized_start=303
+  _globals['_HELLO']._serialized_end=533
+  _globals['_GPU']._serialized_start=535
+  _globals['_GPU']._serialized_end=626
+  _globals['_IBPORT']._serialized_start=628
+  _globals['_IBPORT']._serialized_end=700
+  _globals['_TARGET']._serialized_start=702
+  _globals['_TARGET']._serialized_end=800
+  _globals['_REPORT']._serialized_start=802
+  _globals['_REPORT']._serialized_end=872
+  _globals['_SAMPLE']._serialized_start=875
+  _globals['_SAMPLE']._serialized_end=1012
+  _globals['_EVENT']._serialized_start=1015
+  _globals['_EVENT']._serialized_end=1184
+  _globals['_COMMANDRESULT']._serialized_start=1186
+  _globals['_COMMANDRESULT']._serialized_end=1270
+  _globals['_JOBREPORT']._serialized_start=1272
+  _globals['_JOBREPORT']._serialized_end=1339
+  _globals['_JOBSTEP']._serialized_start=1342
+  _globals['_JOBSTEP']._serialized_end=1647
+  _globals['_COLLECTORMESSAGE']._serialized_start=1650
+  _globals['_COLLECTORMESSAGE']._serialized_end=1838
+  _globals['_WELCOME']._serialized_start=1840
+  _globals['_WELCOME']._serialized_end=1954
+  _globals['_ACK']._serialized_start=1956
+  _globals['_ACK']._serialized_end=1991
+  _globals['_CONFIG']._serialized_start=1993
+  _globals['_CONFIG']._serialized_end=2058
+  _globals['_COMMAND']._serialized_start=2060
+  _globals['_COMMAND']._serialized_end=2164
+  _globals['_FLEET']._serialized_start=2838
+  _globals['_FLEET']._serialized_end=2921
 # @@protoc_insertion_point(module_scope)

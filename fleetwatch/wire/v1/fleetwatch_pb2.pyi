@@ -63,16 +63,18 @@ COMMAND_KIND_RESET_GPU: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "report", "event", "command_result")
+    __slots__ = ("hello", "report", "event", "command_result", "job_report")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_RESULT_FIELD_NUMBER: _ClassVar[int]
+    JOB_REPORT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     report: Report
     event: Event
     command_result: CommandResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+    job_report: JobReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ..., job_report: _Optional[_Union[JobReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "boot_id", "agent_version", "protocol_version", "driver_version", "nvml_version", "gpus", "ib_ports", "time_unix_ms")
@@ -185,6 +187,44 @@ class CommandResult(_message.Message):
     detail: str
     retry_later: bool
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ...) -> None: ...
+
+class JobReport(_message.Message):
+    __slots__ = ("steps", "dropped")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[JobStep]
+    dropped: int
+    def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class JobStep(_message.Message):
+    __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_START_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_END_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    step: int
+    time_unix_ms: int
+    step_time_s: float
+    tokens: float
+    compute_time_s: float
+    gpu_uuid: str
+    world_size: int
+    params: float
+    flops_per_token: float
+    checkpoint_start_unix_ms: int
+    checkpoint_end_unix_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ...) -> None: ...
 
 class CollectorMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command", "config")

@@ -1,0 +1,1 @@
+"""Training jobs: what ranks report, and what the collector makes of it."""

@@ -1,0 +1,415 @@
+"""The collector's jobs: step reports in; figures and diagnoses out (to rules, API, metrics).
+
+Stream sessions hand every JobReport to :meth:`JobBook.ingest`; the rules evaluator asks for the
+``job`` variables of each job and the ``rank`` variables of each GPU; the HTTP thread reads
+:meth:`JobBook.summaries`. Everything runs on the event loop except ``summaries``, which copies
+under the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from collector.jobs.checkpoint_policy import (
+    PRIOR_FAILURES_PER_NODE_DAY,
+    PRIOR_WEIGHT_S,
+    advise,
+    failure_rate,
+)
+from collector.jobs.diagnosis import (
+    Diagnosis,
+    Window,
+    diagnose,
+    fabric_nodes,
+    job_evidence,
+    node_evidence,
+)
+from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
+from collector.jobs.state import JobState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from collector.fleet import FleetModel
+    from collector.history import History
+    from collector.jobs.checkpoint_policy import CheckpointAdvice
+    from collector.jobs.config import JobsConfig
+    from collector.jobs.state import FinishedStep
+    from fleetwatch.clock import Clock
+    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+log = structlog.get_logger("collector.jobs")
+
+FABRIC_WINDOW_S: Final = 300.0  # IB errors this recent count as fabric signs
+EVIDENCE_LEAD_S: Final = 60.0  # a fault shows in the hardware a little before the steps slow
+RECENT_STEPS: Final = 20  # throughput and step time are figured over this many finished steps
+PRIOR_PER_S: Final = PRIOR_FAILURES_PER_NODE_DAY / 86400.0
+NO_RANK: Final[dict[str, Any]] = {}
+
+
+@dataclass(slots=True)
+class _NodeFailures:
+    first_seen: float
+    failures: int = 0
+
+
+class JobBook:
+    """Every job heard of recently, by id."""
+
+    def __init__(
+        self,
+        *,
+        config: JobsConfig,
+        fleet: FleetModel,
+        clock: Clock,
+    ) -> None:
+        """Empty; the rules evaluator lends ``history`` (hardware evidence reads its windows)."""
+        self.config = config
+        self._fleet = fleet
+        self._clock = clock
+        self.history: History | None = None
+        self._lock = threading.Lock()
+        self.jobs: dict[str, JobState] = {}
+        self._failures: dict[str, _NodeFailures] = {}
+        self._diagnoses: dict[str, tuple[int, Diagnosis]] = {}
+        self._placement: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (node, GPU) -> ranks
+        self._flagged: dict[str, set[int]] = {}  # straggling ranks by job, as last told
+        self._published: list[dict[str, Any]] = []
+        self._published_ranks: dict[str, list[dict[str, Any]]] = {}
+        self.reports = 0
+        self.reports_refused = 0  # new jobs beyond max_jobs
+        self.agent_lost: dict[str, int] = {}  # reports each node's agent dropped
+        # Told when a job finished steps, with the GPUs whose rank started or stopped
+        # straggling (the rules evaluator looks at the job and those GPUs again).
+        self.on_change: Callable[[str, list[tuple[str, str]]], None] = lambda _job, _gpus: None
+
+    # ---- in -----------------------------------------------------------------------------------
+
+    def ingest(self, node: str, report: pb.JobReport) -> None:
+        """Take a (validated) batch of step reports from ``node``'s agent."""
+        now, unix = self._clock.monotonic(), self._clock.now()
+        changed: dict[str, JobState] = {}
+        with self._lock:
+            self.agent_lost[node] = report.dropped
+            self._failures.setdefault(node, _NodeFailures(now))
+            for step in report.steps:
+                job = self.jobs.get(step.job_id)
+                if job is None:
+                    if len(self.jobs) >= self.config.max_jobs:
+                        self.reports_refused += 1
+                        continue
+                    job = self.jobs[step.job_id] = JobState(step.job_id, self.config, now, unix)
+                    log.info("job_seen", job=step.job_id, node=node, rank=step.rank)
+                self.reports += 1
+                self._placement.setdefault((node, step.gpu_uuid), set()).add(
+                    (step.job_id, step.rank),
+                )
+                if job.take(node, step, now):
+                    changed[job.job_id] = job
+            told = [(job.job_id, self._straggling_changed(job)) for job in changed.values()]
+        for job_id, gpus in told:
+            self.on_change(job_id, gpus)
+
+    def _straggling_changed(self, job: JobState) -> list[tuple[str, str]]:
+        """(node, GPU) of the ranks that started or stopped straggling since last asked."""
+        now = set(job.stragglers.stragglers)
+        before = self._flagged.get(job.job_id, set())
+        self._flagged[job.job_id] = now
+        return [(job.ranks[r].node, job.ranks[r].gpu_uuid) for r in now ^ before if r in job.ranks]
+
+    def note_failure(self, node: str) -> None:
+        """A node failed (lost GPU, fatal Xid, unreachable): it counts in checkpoint advice."""
+        with self._lock:
+            record = self._failures.setdefault(node, _NodeFailures(self._clock.monotonic()))
+            record.failures += 1
+
+    def expire(self) -> None:
+        """Forget jobs silent for ``forget_after_s``."""
+        now = self._clock.monotonic()
+        with self._lock:
+            for job_id in [
+                j
+                for j, job in self.jobs.items()
+                if now - job.last_seen > self.config.forget_after_s
+            ]:
+                del self.jobs[job_id]
+                self._diagnoses.pop(job_id, None)
+                self._flagged.pop(job_id, None)
+                log.info("job_forgotten", job=job_id)
+            self._placement = {
+                key: kept
+                for key, ranks in self._placement.items()
+                if (kept := {(j, r) for j, r in ranks if j in self.jobs})
+            }
+
+    # ---- figures ------------------------------------------------------------------------------
+
+    def active(self, job: JobState) -> bool:
+        """The job reported within ``idle_after_s``."""
+        return self._clock.monotonic() - job.last_seen <= self.config.idle_after_s
+
+    @staticmethod
+    def _recent(job: JobState) -> list[FinishedStep]:
+        return list(job.steps)[-RECENT_STEPS:]
+
+    def throughput(self, job: JobState) -> tuple[float, float]:
+        """(tokens per second, median step time) over the recent finished steps."""
+        recent = self._recent(job)
+        seconds = sum(s.step_time_s for s in recent)
+        if not recent or seconds <= 0:
+            return 0.0, 0.0
+        times = sorted(s.step_time_s for s in recent)
+        return sum(s.tokens for s in recent) / seconds, times[len(times) // 2]
+
+    def mfu(self, job: JobState, tokens_per_s: float) -> float:
+        """Model FLOPs utilisation (0 when the model size or the GPU's peak is unknown)."""
+        per_token = flops_per_token(job.params or None, job.flops_per_token or None)
+        peak = self._peak(job)
+        if per_token is None or peak is None:
+            return 0.0
+        return mfu(tokens_per_s, per_token, job.gpus, peak)
+
+    def _peak(self, job: JobState) -> float | None:
+        nodes = self._fleet.view()
+        for rank in job.ranks.values():
+            node = nodes.get(rank.node)
+            if node is None:
+                continue
+            gpu = node.gpus.get(rank.gpu_uuid) or next(iter(node.gpus.values()), None)
+            if gpu is not None:
+                return peak_flops(gpu.model)
+        return None
+
+    def ettr(self, job: JobState) -> float:
+        """Effective training time ratio: time of steps that moved the job on / wall time."""
+        wall = self._clock.monotonic() - job.first_seen
+        first = job.steps[0].step_time_s if job.steps else 0.0
+        return min(1.0, job.productive_s / (wall + first)) if wall + first > 0 else 0.0
+
+    def checkpoint(self, job: JobState) -> tuple[float, CheckpointAdvice | None]:
+        """(age of the newest checkpoint in seconds, the recommended interval)."""
+        unix = self._clock.now()
+        last_end = job.checkpoints[-1][1] if job.checkpoints else job.first_seen_unix
+        costs = sorted(end - start for start, end in job.checkpoints)
+        cost = costs[len(costs) // 2] if costs else 0.0
+        now = self._clock.monotonic()
+        rates = []
+        for name in job.nodes():
+            record = self._failures.get(name)
+            observed = now - record.first_seen if record else 0.0
+            failures = record.failures if record else 0
+            rates.append(
+                failure_rate(
+                    failures, observed, prior_per_s=PRIOR_PER_S, prior_weight_s=PRIOR_WEIGHT_S
+                ),
+            )
+        return max(0.0, unix - last_end), advise(cost, rates) if cost > 0 else None
+
+    def diagnosis(self, job: JobState) -> Diagnosis | None:
+        """The cause of the job's current throughput drop (None when there is none)."""
+        drop = job.drops.active
+        history = self.history
+        if drop is None or history is None:
+            return None
+        cached = self._diagnoses.get(job.job_id)
+        if cached is not None and cached[0] == job.max_step:
+            return cached[1]
+        since = self._step_time(job, drop.onset_step) - EVIDENCE_LEAD_S
+        window = Window(history, since, self._clock.monotonic())
+        evidence = job_evidence(job, self._fleet.view(), window, self.config)
+        result = diagnose(job, evidence, self.config)
+        self._diagnoses[job.job_id] = (job.max_step, result)
+        return result
+
+    @staticmethod
+    def _step_time(job: JobState, step: int) -> float:
+        """Monotonic time the job began ``step`` (a step before the finished window: the first)."""
+        for finished in job.steps:
+            if finished.step >= step:
+                return finished.at - finished.step_time_s
+        return job.first_seen
+
+    # ---- rank view (GPU rules) ----------------------------------------------------------------
+
+    def rank_on(self, node: str, gpu_uuid: str) -> dict[str, Any]:
+        """The ``rank`` variables of the job rank on this GPU (empty when none runs there)."""
+        best: dict[str, Any] = NO_RANK
+        for job_id, rank in self._placement.get((node, gpu_uuid), ()):
+            job = self.jobs.get(job_id)
+            if job is None or not self.active(job):
+                continue
+            where = job.ranks.get(rank)
+            if where is None or where.node != node or where.gpu_uuid != gpu_uuid:
+                continue  # the rank moved
+            data = self._rank_map(job, rank)
+            if not best or data["slowdown"] > best["slowdown"]:
+                best = data
+        return best
+
+    def _rank_map(self, job: JobState, rank: int) -> dict[str, Any]:
+        status = job.stragglers.stragglers.get(rank)
+        ratio = job.stragglers.ratio(rank) or 1.0
+        lost = job.gpus * (1 - 1 / ratio) if status is not None else 0.0
+        return {
+            "job": job.job_id,
+            "rank": rank,
+            "straggler": status is not None,
+            "slowdown": round(ratio - 1, 4),
+            "straggler_steps": status.steps if status else 0,
+            "job_gpus": job.gpus,
+            "lost_gpu_hours_per_hour": round(lost, 3),
+        }
+
+    def straggler_summary(self, job_id: str, rank: int) -> str:
+        """The straggler incident's evidence: who, how slow, what it costs, what the node shows."""
+        job = self.jobs.get(job_id)
+        if job is None or rank not in job.ranks:
+            return ""
+        data = self._rank_map(job, rank)
+        where = job.ranks[rank]
+        text = (
+            f"rank {rank} of job {job_id} on {where.node} computes {data['slowdown']:.0%} slower "
+            f"than the job's median over {self.config.straggler_window_steps} steps; the job "
+            f"({job.gpus} GPUs) loses {data['lost_gpu_hours_per_hour']:.1f} GPU-hours per hour"
+        )
+        history = self.history
+        node = self._fleet.view().get(where.node)
+        if history is None or node is None:
+            return text
+        now = self._clock.monotonic()
+        uuids = {where.gpu_uuid} if where.gpu_uuid else set()
+        evidence = node_evidence(node, uuids, Window(history, now - 3600.0, now), self.config)
+        found = "; ".join(evidence.lines) or "none found"
+        return f"{text}; hardware: {found}"
+
+    # ---- job view (job rules, API, metrics) ---------------------------------------------------
+
+    def job_map(self, job: JobState) -> dict[str, Any]:
+        """The ``job`` variables of one job."""
+        active = self.active(job)
+        tokens_per_s, step_time = self.throughput(job)
+        age, advice = self.checkpoint(job)
+        drop = job.drops.active if active else None
+        diagnosis = self.diagnosis(job) if drop is not None else None
+        stragglers = job.stragglers.stragglers if active else {}
+        worst = max((s.ratio for s in stragglers.values()), default=1.0)
+        interval = advice.interval_s if advice else 0.0
+        fabric = self._fabric(job) if active else ()
+        return {
+            "id": job.job_id,
+            "active": active,
+            "world_size": job.world_size,
+            "ranks": len(job.ranks),
+            "nodes": len(job.nodes()),
+            "gpus": job.gpus,
+            "step": max(job.max_step, 0),
+            "step_time_s": step_time,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_gpu": tokens_per_s / job.gpus if job.gpus else 0.0,
+            "mfu": self.mfu(job, tokens_per_s),
+            "ettr": self.ettr(job),
+            "restarts": job.restarts,
+            "stragglers": len(stragglers),
+            "straggler_nodes": sorted({job.ranks[r].node for r in stragglers if r in job.ranks}),
+            "lost_gpu_hours_per_hour": job.gpus * (1 - 1 / worst) if stragglers else 0.0,
+            "drop": drop is not None,
+            "drop_share": drop.share if drop else 0.0,
+            "drop_cause": diagnosis.cause if diagnosis else "",
+            "suspects": [s.node for s in diagnosis.suspects] if diagnosis else [],
+            "fabric": bool(fabric),
+            "fabric_nodes": list(fabric),
+            "checkpoint_age_s": age,
+            "checkpoint_cost_s": advice.cost_s if advice else 0.0,
+            "checkpoint_interval_s": interval,
+            "checkpoint_overdue": bool(
+                active and interval and age > self.config.checkpoint_overdue_factor * interval
+            ),
+            "summary": self._summary(
+                job,
+                tokens_per_s=tokens_per_s,
+                drop=drop,
+                diagnosis=diagnosis,
+                age=age,
+                interval=interval,
+            ),
+        }
+
+    def _fabric(self, job: JobState) -> tuple[str, ...]:
+        """Nodes of the job that show congestion or IB errors now, if too many to blame one."""
+        history = self.history
+        if history is None:
+            return ()
+        now = self._clock.monotonic()
+        window = Window(history, now - FABRIC_WINDOW_S, now)
+        evidence = job_evidence(job, self._fleet.view(), window, self.config)
+        return fabric_nodes(evidence, self.config)
+
+    @staticmethod
+    def _summary(  # noqa: PLR0913 - the figures the line is made of
+        job: JobState,
+        *,
+        tokens_per_s: float,
+        drop: Any,  # noqa: ANN401 - a Drop or None
+        diagnosis: Diagnosis | None,
+        age: float,
+        interval: float,
+    ) -> str:
+        parts = [f"job {job.job_id} at step {max(job.max_step, 0)}: {tokens_per_s:,.0f} tokens/s"]
+        if drop is not None:
+            parts.append(
+                f"throughput down {drop.share:.0%} since step {drop.onset_step} "
+                f"({drop.baseline:,.0f} -> {drop.current:,.0f} tokens/s)"
+            )
+            if diagnosis is not None:
+                parts.append(diagnosis.summary())
+        if interval:
+            parts.append(
+                f"last checkpoint {age / 60:.0f} min ago, recommended every {interval / 60:.0f} min"
+            )
+        return "; ".join(parts)
+
+    def publish(self) -> list[dict[str, Any]]:
+        """Figure every job (on the event loop) and keep the result for other threads."""
+        with self._lock:
+            maps = [self.job_map(job) for job in self.jobs.values()]
+            self._published = maps
+            self._published_ranks = {
+                job.job_id: self._rank_table(job) for job in self.jobs.values()
+            }
+        return maps
+
+    def _rank_table(self, job: JobState) -> list[dict[str, Any]]:
+        nodes = self._fleet.view()
+        ratios = job.stragglers.ratios()
+        out = []
+        for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
+            node = nodes.get(rank.node)
+            gpu = node.gpus.get(rank.gpu_uuid) if node is not None else None
+            out.append(
+                {
+                    "rank": rank.rank,
+                    "node": rank.node,
+                    "gpu": gpu.index if gpu is not None else None,
+                    "gpu_uuid": rank.gpu_uuid or None,
+                    "step": rank.step,
+                    "step_time_s": rank.step_time_s,
+                    "compute_time_s": rank.compute_time_s,
+                    "compute_ratio": ratios.get(rank.rank),
+                    "straggler": rank.rank in job.stragglers.stragglers,
+                },
+            )
+        return out
+
+    def ranks(self, job_id: str) -> list[dict[str, Any]]:
+        """Each rank of a job as last published (any thread)."""
+        with self._lock:
+            return list(self._published_ranks.get(job_id, []))
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """The jobs' figures as last published, for the API and metrics (any thread)."""
+        with self._lock:
+            return list(self._published)

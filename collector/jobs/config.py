@@ -1,0 +1,79 @@
+"""How the collector judges training jobs: the ``[collector.jobs]`` table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from collector.exceptions import ConfigError
+
+_POSITIVE = (
+    "straggler_margin",
+    "min_drop",
+    "drop_threshold",
+    "fabric_share",
+    "congestion_xmit_wait_per_s",
+    "checkpoint_overdue_factor",
+    "idle_after_s",
+    "forget_after_s",
+)
+_COUNTS = (
+    "straggler_window_steps",
+    "drop_warmup_steps",
+    "fabric_min_nodes",
+    "max_jobs",
+    "max_ranks",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsConfig:
+    """Thresholds of the job correlator (all have defaults an operator rarely changes)."""
+
+    # A rank whose compute time stays this share above the job's median over the window.
+    straggler_margin: float = 0.10
+    straggler_window_steps: int = 20
+    # A sustained throughput drop of at least this share, found by change-point detection.
+    min_drop: float = 0.05
+    drop_threshold: float = 6.0
+    drop_warmup_steps: int = 30
+    # Congestion or IB errors on at least this share of a job's nodes (and this many nodes) is
+    # the fabric's doing.
+    fabric_share: float = 0.25
+    fabric_min_nodes: int = 3
+    congestion_xmit_wait_per_s: float = 100_000.0
+    # A checkpoint older than this many recommended intervals is overdue.
+    checkpoint_overdue_factor: float = 3.0
+    # A job with no report for this long has ended; it is forgotten after forget_after_s.
+    idle_after_s: float = 600.0
+    forget_after_s: float = 3600.0
+    max_jobs: int = 1000
+    max_ranks: int = 100_000
+
+    def __post_init__(self) -> None:
+        """Reject values that cannot work, naming the key."""
+        for key in _POSITIVE:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                msg = f"collector.jobs: {key} must be a positive number, got {value!r}"
+                raise ConfigError(msg)
+        for key in _COUNTS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"collector.jobs: {key} must be a whole number of at least 1, got {value!r}"
+                raise ConfigError(msg)
+        for key in ("straggler_margin", "min_drop", "fabric_share"):
+            if getattr(self, key) >= 1:
+                msg = f"collector.jobs: {key} is a share and must be below 1"
+                raise ConfigError(msg)
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> JobsConfig:
+        """Build from the TOML table; unknown keys are an error that names them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            known_keys = ", ".join(sorted(known))
+            msg = f"collector.jobs: unknown keys {', '.join(unknown)}; known: {known_keys}"
+            raise ConfigError(msg)
+        return cls(**table)

@@ -1,0 +1,194 @@
+"""One training job as the collector sees it: its ranks, where they run, and its finished steps.
+
+Ranks report each step on their own (through the agents of their nodes), so a step is gathered
+rank by rank and *finished* once every rank reported it, or once the job has moved two steps past
+it (a rank whose report was lost does not hold the job's figures back). A finished step feeds the
+straggler detector (ranks' compute times) and the drop detector (the job's tokens per second).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from collector.jobs.changepoint import DropConfig, DropDetector
+from collector.jobs.stragglers import StragglerConfig, StragglerDetector
+
+if TYPE_CHECKING:
+    from collector.jobs.config import JobsConfig
+    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+FINISH_LAG: Final = 2  # a step is finished once some rank reports this many steps after it
+RESTART_LAG: Final = 10  # a report this far behind the finished steps: the job restarted
+MAX_PENDING: Final = 64  # steps gathered at once; older ones are finished with what they have
+HISTORY: Final = 600  # finished steps kept (for figures over a window and the drop's onset)
+CHECKPOINTS: Final = 16
+
+
+@dataclass(slots=True)
+class RankState:
+    """Where a rank runs, and its latest report."""
+
+    rank: int
+    node: str
+    gpu_uuid: str
+    step: int = 0
+    step_time_s: float = 0.0
+    compute_time_s: float | None = None
+    last_seen: float = 0.0  # monotonic
+
+
+@dataclass(slots=True)
+class _Gathering:
+    """One step's reports as they come in."""
+
+    step_times: dict[int, float] = field(default_factory=dict)
+    compute: dict[int, float] = field(default_factory=dict)
+    tokens: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedStep:
+    """A step every rank (or all that reported) finished."""
+
+    step: int
+    at: float  # monotonic time it was finished
+    step_time_s: float  # median over ranks (a synchronous job's ranks agree)
+    tokens: float  # summed over ranks, scaled up for ranks whose report was lost
+    ranks: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The job's throughput in this step."""
+        return self.tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+class JobState:
+    """A job's ranks, finished steps, detectors and checkpoint history."""
+
+    def __init__(self, job_id: str, config: JobsConfig, now: float, now_unix: float) -> None:
+        """A job first heard of at ``now`` (monotonic) / ``now_unix``."""
+        self.job_id = job_id
+        self.first_seen = now
+        self.first_seen_unix = now_unix
+        self.last_seen = now
+        self.world_size = 0
+        self.params = 0.0
+        self.flops_per_token = 0.0
+        self.ranks: dict[int, RankState] = {}
+        self.steps: deque[FinishedStep] = deque(maxlen=HISTORY)
+        self.max_step = -1  # highest step ever finished: steps at or below it again are repeats
+        self._floor = -1  # highest step finished in this run (since the last restart)
+        self.restarts = 0
+        self.productive_s = 0.0  # time of steps that moved the job forward (for ETTR)
+        self.productive_tokens = 0.0
+        self.checkpoints: deque[tuple[float, float]] = deque(maxlen=CHECKPOINTS)  # unix s
+        self.stragglers = StragglerDetector(
+            StragglerConfig(
+                margin=config.straggler_margin,
+                window_steps=config.straggler_window_steps,
+            ),
+        )
+        self.drops = DropDetector(
+            DropConfig(
+                min_drop=config.min_drop,
+                threshold=config.drop_threshold,
+                warmup_steps=config.drop_warmup_steps,
+            ),
+        )
+        self.has_compute_times = False
+        self._gathering: dict[int, _Gathering] = {}
+        self._max_ranks = config.max_ranks
+
+    @property
+    def expected_ranks(self) -> int:
+        """How many ranks a step needs: the world size, or every rank seen so far."""
+        return max(self.world_size, len(self.ranks))
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job runs on (one per rank)."""
+        return self.expected_ranks
+
+    def nodes(self) -> set[str]:
+        """The nodes the job's ranks run on."""
+        return {r.node for r in self.ranks.values()}
+
+    def take(self, node: str, report: pb.JobStep, now: float) -> list[FinishedStep]:
+        """Add one rank's step report; return the steps it finished (oldest first)."""
+        self.last_seen = now
+        if report.world_size:
+            self.world_size = report.world_size
+        if report.params:
+            self.params = report.params
+        if report.flops_per_token:
+            self.flops_per_token = report.flops_per_token
+        if report.checkpoint_end_unix_ms:
+            self._checkpoint(report.checkpoint_start_unix_ms, report.checkpoint_end_unix_ms)
+        rank = self.ranks.get(report.rank)
+        if rank is None:
+            if len(self.ranks) >= self._max_ranks:
+                return []
+            rank = self.ranks[report.rank] = RankState(report.rank, node, report.gpu_uuid)
+        rank.node, rank.gpu_uuid = node, report.gpu_uuid or rank.gpu_uuid
+        if report.step + RESTART_LAG < self._floor:
+            self._restart()  # the job went back to a checkpoint
+        rank.step, rank.step_time_s, rank.last_seen = report.step, report.step_time_s, now
+        compute = report.compute_time_s if report.HasField("compute_time_s") else None
+        rank.compute_time_s = compute
+        if report.step <= self._floor:
+            return []  # a late report for a step already finished
+        row = self._gathering.setdefault(report.step, _Gathering())
+        row.step_times[report.rank] = report.step_time_s
+        row.tokens += report.tokens
+        if compute is not None:
+            row.compute[report.rank] = compute
+            self.has_compute_times = True
+        return self._finish(now)
+
+    def _checkpoint(self, start_ms: int, end_ms: int) -> None:
+        mark = (start_ms / 1000, end_ms / 1000)
+        if mark not in self.checkpoints:
+            self.checkpoints.append(mark)
+
+    def _restart(self) -> None:
+        """Steps went back: forget what was gathered, keep the detectors' learned levels."""
+        self.restarts += 1
+        self._gathering.clear()
+        self._floor = -1
+
+    def _finish(self, now: float) -> list[FinishedStep]:
+        expected = self.expected_ranks
+        newest = max(self._gathering)
+        done: list[FinishedStep] = []
+        for step in sorted(self._gathering):
+            row = self._gathering[step]
+            complete = len(row.step_times) >= expected
+            overtaken = newest - step >= FINISH_LAG or len(self._gathering) > MAX_PENDING
+            if not (complete or overtaken):
+                break  # steps finish in order
+            del self._gathering[step]
+            done.append(self._finished(step, row, now))
+        return done
+
+    def _finished(self, step: int, row: _Gathering, now: float) -> FinishedStep:
+        expected = max(self.expected_ranks, 1)
+        reported = len(row.step_times)
+        finished = FinishedStep(
+            step=step,
+            at=now,
+            step_time_s=statistics.median(row.step_times.values()),
+            tokens=row.tokens * expected / reported,
+            ranks=reported,
+        )
+        self.steps.append(finished)
+        self._floor = max(self._floor, step)
+        if step > self.max_step:
+            self.productive_s += finished.step_time_s
+            self.productive_tokens += finished.tokens
+            self.max_step = step
+        self.stragglers.observe(step, row.compute or row.step_times)
+        self.drops.observe(step, finished.tokens_per_s)
+        return finished

@@ -1,0 +1,125 @@
+"""Straggler detection: ranks whose compute time stays well above the job's median.
+
+Each rank keeps its last ``window_steps`` compute times; a rank with at least half a window is
+judged on the median of its window. The job median is the median, over judged ranks, of those
+window medians, so a change that slows every rank alike (a new workload phase) moves the job
+median too and flags nobody. A rank is flagged when its ratio to the job median goes above
+``1 + margin`` and stays flagged until the ratio falls below ``1 + margin / 2`` (hysteresis).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerConfig:
+    """How slow, for how long, and among how many ranks a rank must be to be a straggler."""
+
+    margin: float = 0.10
+    """A rank is slow when its compute time is this share above the job median."""
+    window_steps: int = 20
+    """... judged on the median of its last ``window_steps`` steps."""
+    min_ranks: int = 3
+    """Fewer judged ranks than this: no median worth comparing against."""
+
+    def __post_init__(self) -> None:
+        """Refuse options that cannot work."""
+        if not (self.margin > 0 and math.isfinite(self.margin)):
+            msg = f"straggler margin must be a positive share, got {self.margin!r}"
+            raise ValueError(msg)
+        if self.window_steps < 1:
+            msg = f"straggler window_steps must be at least 1, got {self.window_steps!r}"
+            raise ValueError(msg)
+        if self.min_ranks < 1:
+            msg = f"straggler min_ranks must be at least 1, got {self.min_ranks!r}"
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerStatus:
+    """A rank flagged as a straggler, and its current spell."""
+
+    rank: int
+    ratio: float
+    """The rank's window median / the median over ranks of their window medians."""
+    since_step: int
+    """Step at which the current straggling spell was first flagged."""
+    steps: int
+    """Steps observed during this spell, the flagging step included."""
+
+
+class StragglerDetector:
+    """Follows every rank's compute time and flags the ones that stay slow."""
+
+    def __init__(self, config: StragglerConfig | None = None) -> None:
+        """Start with no rank known."""
+        self.config = config if config is not None else StragglerConfig()
+        self._min_samples = max(1, self.config.window_steps // 2)
+        self._flag_above = 1.0 + self.config.margin
+        self._clear_below = 1.0 + self.config.margin / 2
+        self._windows: dict[int, deque[float]] = {}
+        self._ratios: dict[int, float] = {}
+        self._flagged: dict[int, StragglerStatus] = {}
+
+    def observe(self, step: int, times: Mapping[int, float]) -> None:
+        """One finished step: rank -> compute time in seconds (a rank may be missing)."""
+        window_steps = self.config.window_steps
+        for rank, seconds in times.items():
+            if not (seconds > 0 and math.isfinite(seconds)):
+                continue
+            window = self._windows.get(rank)
+            if window is None:
+                window = self._windows[rank] = deque(maxlen=window_steps)
+            window.append(seconds)
+        medians = {
+            rank: median(window)
+            for rank, window in self._windows.items()
+            if len(window) >= self._min_samples
+        }
+        if len(medians) < self.config.min_ranks:
+            self._ratios.clear()
+            self._flagged.clear()
+            return
+        job = median(medians.values())
+        self._ratios = {rank: own / job for rank, own in medians.items()}
+        self._judge(step)
+
+    def _judge(self, step: int) -> None:
+        """Flag ranks above the margin; clear flagged ones back under half of it."""
+        flagged = self._flagged
+        for rank, ratio in self._ratios.items():
+            status = flagged.get(rank)
+            if status is None:
+                if ratio > self._flag_above:
+                    flagged[rank] = StragglerStatus(rank, ratio, step, 1)
+            elif ratio < self._clear_below:
+                del flagged[rank]
+            else:
+                flagged[rank] = StragglerStatus(rank, ratio, status.since_step, status.steps + 1)
+
+    @property
+    def stragglers(self) -> dict[int, StragglerStatus]:
+        """The ranks flagged now, by rank."""
+        return dict(self._flagged)
+
+    def ratio(self, rank: int) -> float | None:
+        """The rank's ratio to the job median at the last step; None when it was not judged."""
+        return self._ratios.get(rank)
+
+    def ratios(self) -> dict[int, float]:
+        """Every judged rank's ratio to the job median at the last step."""
+        return dict(self._ratios)
+
+    def forget(self, rank: int) -> None:
+        """Drop everything known about a rank (it left the job)."""
+        self._windows.pop(rank, None)
+        self._ratios.pop(rank, None)
+        self._flagged.pop(rank, None)

@@ -1,0 +1,137 @@
+"""Report training steps to the fleetwatch agent on this node: one function, standard library only.
+
+Call :func:`report_step` once per step from every rank of a training job::
+
+    from fleetwatch.jobclient import report_step
+
+    report_step("llama-72b-run7", rank, step, step_time=dt, tokens=tokens_this_rank,
+                compute_time=compute_dt, world_size=world_size, params=72e9)
+
+It sends one small datagram to the agent's Unix socket and returns at once. It never blocks the
+step and never raises into the training code: when the agent is not there, is busy, or a value is
+unusable, the report is dropped and the function returns False. A rank that reports nothing loses
+nothing but its own visibility.
+
+What to pass:
+
+- ``tokens``: this rank's share of the step's global batch (global tokens / world size), so that
+  the sum over ranks is the job's tokens per step.
+- ``compute_time``: the part of ``step_time`` spent computing, without waiting in collectives.
+  Stragglers are judged on it (in a synchronous job every rank's ``step_time`` is the same).
+  Without it, the step time stands in and stragglers cannot be told apart.
+- ``checkpoint``: ``(start, end)`` in Unix seconds of a checkpoint written since the last report.
+- ``gpu``: the GPU this rank runs on, as the NVML index or the ``GPU-...`` UUID. Left out, it is
+  taken from ``LOCAL_RANK`` (through ``CUDA_VISIBLE_DEVICES`` when that is set). CUDA numbers
+  devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; pass the UUID to be exact
+  (``torch.cuda.get_device_properties(i).uuid``).
+- ``world_size``, ``params`` (parameter count) or ``flops_per_token``: once is enough; they let
+  the collector compute MFU (6 x params FLOPs per token unless ``flops_per_token`` is given).
+
+A report that could not be sent (the agent's queue was full, or it was down) is counted, and the
+count travels with the next report that gets through, so the agent knows what it missed.
+
+The socket is ``$FLEETWATCH_JOB_SOCKET``, else ``/run/fleetwatch/jobs.sock``. The wire format is
+one JSON object per datagram (``docs/jobs.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+
+DEFAULT_SOCKET = "/run/fleetwatch/jobs.sock"
+MAX_DATAGRAM = 2048
+
+_lock = threading.Lock()
+_sockets: dict[int, socket.socket] = {}  # by pid: a forked child opens its own
+_unsent = [0]  # reports this process could not send; told to the agent with the next one
+
+
+def _socket() -> socket.socket:
+    pid = os.getpid()
+    sock = _sockets.get(pid)
+    if sock is None:
+        with _lock:
+            sock = _sockets.get(pid)
+            if sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.setblocking(False)  # noqa: FBT003 - the socket API
+                _sockets[pid] = sock
+    return sock
+
+
+def _default_gpu() -> int | str | None:
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not local.isdigit():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+        if int(local) < len(devices):
+            device = devices[int(local)]
+            return int(device) if device.isdigit() else device
+        return None
+    return int(local)
+
+
+def _number(value: float | None) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def report_step(  # noqa: PLR0913 - one call carries the whole report, all but four optional
+    job: str,
+    rank: int,
+    step: int,
+    step_time: float,
+    tokens: float = 0,
+    *,
+    compute_time: float | None = None,
+    checkpoint: tuple[float, float] | None = None,
+    gpu: int | str | None = None,
+    world_size: int | None = None,
+    params: float | None = None,
+    flops_per_token: float | None = None,
+    socket_path: str | None = None,
+) -> bool:
+    """Send one step report to the node's agent; True if the datagram left, never raises."""
+    try:
+        report: dict[str, object] = {
+            "v": 1,
+            "job": str(job),
+            "rank": int(rank),
+            "step": int(step),
+            "step_time": _number(step_time),
+            "tokens": _number(tokens),
+            "time": time.time(),
+        }
+        optional: dict[str, object] = {
+            "compute_time": _number(compute_time),
+            "gpu": gpu if gpu is not None else _default_gpu(),
+            "world_size": int(world_size) if world_size is not None else None,
+            "params": _number(params),
+            "flops_per_token": _number(flops_per_token),
+        }
+        if checkpoint is not None:
+            optional["checkpoint"] = [float(checkpoint[0]), float(checkpoint[1])]
+        unsent = _unsent[0]
+        if unsent:
+            optional["unsent"] = unsent
+        report.update({k: v for k, v in optional.items() if v is not None})
+        data = json.dumps(report, separators=(",", ":")).encode()
+        if len(data) > MAX_DATAGRAM:
+            _unsent[0] += 1
+            return False
+        path = socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET
+        _socket().sendto(data, path)
+    except Exception:  # noqa: BLE001 - the training loop must never see our failure
+        _unsent[0] += 1
+        return False
+    _unsent[0] -= unsent
+    return True

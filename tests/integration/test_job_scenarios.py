@@ -1,0 +1,217 @@
+"""A simulated training job on 16 nodes: real agents, job sockets, gRPC and collector.
+
+The job reports its steps through the real client to each node's agent; faults on the simulated
+hardware slow it the way they would a real job. The collector must name the node to blame, or
+say that none is (a workload change, a congested fabric).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from agent.sim.cluster import SimCluster
+from agent.sim.training import SimTrainingJob
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.demo.wiring import demo_rules
+from fleetwatch.testing import wait_until
+from tests.integration.fleet_harness import actions, api
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+NODES = [f"node-{i:02d}" for i in range(1, 17)]
+JOB = "llm-pretrain"
+RANKS_PER_NODE = 2
+
+
+class JobFleet:
+    """The collector, its 16 nodes and the job running on them."""
+
+    def __init__(self, service: CollectorService, cluster: SimCluster, job: SimTrainingJob):
+        self.service = service
+        self.cluster = cluster
+        self.job = job
+
+    def node(self, name: str) -> Any:
+        return self.cluster.nodes[name]
+
+    def job_view(self) -> dict[str, Any]:
+        status, body = api(self.service, "GET", f"/api/v1/jobs/{JOB}")
+        assert status == 200, body
+        return dict(body)
+
+    def firing(self) -> dict[tuple[str, str], str]:
+        """(rule, target) -> evidence of the firing incidents."""
+        _, body = api(self.service, "GET", "/api/v1/incidents?open=1")
+        return {
+            (i["rule"], i["target"]): i.get("evidence", "")
+            for i in body["incidents"]
+            if i["phase"] == "firing"
+        }
+
+    async def steady(self) -> None:
+        """Wait until the job has run long enough for its baseline to be learned."""
+        await wait_until(
+            lambda: self.job.step > 60 and self.service.jobs.jobs.get(JOB) is not None,
+            timeout=30,
+            what="the job's first 60 steps",
+        )
+
+
+@pytest.fixture
+async def fleet(collector_config: Any, receiver: Any, tmp_path: Path) -> AsyncIterator[JobFleet]:
+    rules = demo_rules(tmp_path, 60.0).path  # gpu_straggler_persistent waits 30 s, not 30 min
+    acts = actions(receiver, tmp_path)
+    service = CollectorService(
+        collector_config(actions=acts, rules_interval=0.1, rules=(rules,)), SystemClock()
+    )
+    await service.start()
+    sockets = Path(tempfile.mkdtemp(prefix="fwjob", dir="/tmp"))  # a short path: Unix sockets
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.1,
+        heartbeat_interval=0.5,
+        job_socket_dir=sockets,
+    )
+    cluster.start()
+    job = SimTrainingJob.on_nodes(
+        JOB,
+        [cluster.nodes[n] for n in NODES],
+        cluster.job_sockets,
+        SystemClock(),
+        ranks_per_node=RANKS_PER_NODE,
+        compute_s=0.04,
+        comm_s=0.01,
+    )
+    runner = None
+    try:
+        await wait_until(
+            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+            what="agents connected",
+        )
+        await wait_until(
+            lambda: all(p.exists() for p in cluster.job_sockets.values()),
+            what="job sockets bound",
+        )
+        runner = asyncio.create_task(job.run(pace=2.0))
+        yield JobFleet(service, cluster, job)
+    finally:
+        if runner is not None:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        await cluster.stop()
+        await service.stop(grace=0)
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+class TestJobScenarios:
+    async def test_the_collector_learns_where_each_rank_runs(self, fleet: JobFleet):
+        """Step reports travel rank -> agent socket -> stream -> collector, placing each rank."""
+        await fleet.steady()
+        view = fleet.job_view()
+        assert view["ranks"] == len(NODES) * RANKS_PER_NODE
+        assert view["nodes"] == len(NODES)
+        assert view["tokens_per_s"] > 0
+        assert 0 < view["mfu"] < 1
+        placed = {(r["rank"], r["node"], r["gpu"]) for r in view["rank_detail"]}
+        assert (5, "node-03", 1) in placed
+        assert fleet.firing() == {}
+
+    async def test_a_slow_gpu_makes_its_node_the_straggler(self, fleet: JobFleet):
+        """A GPU computing 40% slower: its rank straggles and the incident names node and GPU."""
+        await fleet.steady()
+        fleet.node("node-05").slow(1, 1.4)
+        await wait_until(
+            lambda: ("gpu_straggler", "node-05/gpu/1") in fleet.firing(),
+            timeout=20,
+            what="a straggler incident on node-05 GPU 1",
+        )
+        evidence = fleet.firing()["gpu_straggler", "node-05/gpu/1"]
+        assert "node-05" in evidence
+        assert "GPU-hours per hour" in evidence
+        assert [k for k in fleet.firing() if k[0] == "gpu_straggler"] == [
+            ("gpu_straggler", "node-05/gpu/1")
+        ]
+        assert fleet.job_view()["straggler_nodes"] == ["node-05"]
+
+    async def test_thermal_throttling_is_named_as_the_straggler_s_cause(self, fleet: JobFleet):
+        """A throttled GPU's rank straggles; the evidence shows the throttling and the clock."""
+        await fleet.steady()
+        fleet.node("node-07").thermal(0, 91)
+        await wait_until(
+            lambda: ("gpu_straggler", "node-07/gpu/0") in fleet.firing(),
+            timeout=20,
+            what="a straggler incident on node-07 GPU 0",
+        )
+        evidence = fleet.firing()["gpu_straggler", "node-07/gpu/0"]
+        assert "throttled" in evidence
+        assert "thermal" in evidence
+        await wait_until(
+            lambda: fleet.job_view()["suspects"][:1] == ["node-07"],
+            timeout=20,
+            what="node-07 first among the drop's suspects",
+        )
+
+    async def test_nvlink_errors_make_their_node_the_first_suspect(self, fleet: JobFleet):
+        """NVLink errors slow every rank's collectives: no straggler, but a drop naming the node."""
+        await fleet.steady()
+        fleet.node("node-09").nvlink_errors(0, 3, replay=5000, recovery=2, crc=800)
+        await wait_until(
+            lambda: ("job_throughput_drop", f"job/{JOB}") in fleet.firing(),
+            timeout=20,
+            what="a throughput drop incident",
+        )
+        view = fleet.job_view()
+        assert view["drop_cause"] == "hardware"
+        assert view["suspects"][0] == "node-09"
+        assert "NVLink errors" in fleet.firing()["job_throughput_drop", f"job/{JOB}"]
+        assert view["stragglers"] == 0
+
+    async def test_a_workload_slowdown_blames_no_node(self, fleet: JobFleet):
+        """Every rank slowing alike is a drop with no hardware cause, and no straggler."""
+        await fleet.steady()
+        fleet.job.workload = 1.3
+        await wait_until(
+            lambda: ("job_throughput_drop", f"job/{JOB}") in fleet.firing(),
+            timeout=20,
+            what="a throughput drop incident",
+        )
+        view = fleet.job_view()
+        assert view["drop_cause"] == "none"
+        assert view["suspects"] == []
+        assert "no hardware cause found" in fleet.firing()["job_throughput_drop", f"job/{JOB}"]
+        assert not [k for k in fleet.firing() if k[0].startswith("gpu_straggler")]
+
+    async def test_fabric_congestion_is_a_fabric_incident_not_a_drain(self, fleet: JobFleet):
+        """Congestion on many of the job's nodes: a fabric incident, no suspects, no drain."""
+        await fleet.steady()
+        for name in NODES[:6]:
+            fleet.node(name).ib_congestion(0, 250_000.0)
+        await wait_until(
+            lambda: ("job_fabric_degraded", f"job/{JOB}") in fleet.firing(),
+            timeout=20,
+            what="a fabric incident for the job",
+        )
+        await wait_until(
+            lambda: fleet.job_view()["drop"],
+            timeout=20,
+            what="the throughput drop",
+        )
+        view = fleet.job_view()
+        assert view["drop_cause"] == "fabric"
+        assert view["suspects"] == []
+        assert set(view["fabric_nodes"]) == set(NODES[:6])
+        _, acted = api(fleet.service, "GET", "/api/v1/actions")
+        assert not [a for a in acted["actions"] if a["action"] == "drain_node"]

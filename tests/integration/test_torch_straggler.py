@@ -1,0 +1,125 @@
+"""A real torch.distributed job (4 gloo ranks on the CPU, each rank treated as one node) reports
+its steps through fleetwatch.jobclient to four agents; one rank is slowed down, and the collector
+names that rank's node as the straggler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.sim.cluster import SimCluster
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.demo.wiring import demo_rules
+from fleetwatch.testing import free_port, wait_until
+from tests.integration.fleet_harness import actions, api
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "jobs" / "torch_job.py"
+NODES = ["node-1", "node-2", "node-3", "node-4"]
+SLOW_RANK = 2
+STEPS = 80
+
+# Only the job's processes import torch (`make unit` installs it); see tests/unit/test_torch_job.py.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed (make unit does it)"
+)
+
+
+async def _rank(rank: int, port: int, socket_path: Path, log: Path) -> int:
+    argv = [
+        str(SCRIPT),
+        f"--rank={rank}",
+        f"--world-size={len(NODES)}",
+        f"--master-port={port}",
+        "--job=torch-gloo",
+        f"--steps={STEPS}",
+        f"--socket={socket_path}",
+        f"--slow-rank={SLOW_RANK}",
+        "--slow-factor=1.6",
+    ]
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            return await asyncio.wait_for(proc.wait(), 150)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@pytest.mark.timeout(240)
+async def test_the_slowed_rank_s_node_is_named_the_straggler(
+    collector_config: Any, receiver: Any, tmp_path: Path
+):
+    """Rank 2 computes 1.6x longer: node-3 (where rank 2 reports) is the job's straggler."""
+    rules = demo_rules(tmp_path, 60.0).path
+    service = CollectorService(
+        collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1, rules=(rules,)),
+        SystemClock(),
+    )
+    await service.start()
+    sockets = Path(tempfile.mkdtemp(prefix="fwtorch", dir="/tmp"))  # a short path: Unix sockets
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.2,
+        heartbeat_interval=0.5,
+        job_socket_dir=sockets,
+    )
+    cluster.start()
+    seen: set[tuple[str, str]] = set()
+
+    async def watch() -> None:
+        while True:
+            _, body = await asyncio.to_thread(api, service, "GET", "/api/v1/incidents?open=0")
+            seen.update((i["rule"], i["target"]) for i in body["incidents"])
+            await asyncio.sleep(0.2)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await wait_until(
+            lambda: all(p.exists() for p in cluster.job_sockets.values()), what="job sockets"
+        )
+        port = free_port()
+        codes = await asyncio.gather(
+            *(
+                _rank(rank, port, cluster.job_sockets[node], tmp_path / f"rank{rank}.log")
+                for rank, node in enumerate(NODES)
+            )
+        )
+        assert codes == [0] * len(NODES), [
+            (tmp_path / f"rank{r}.log").read_text()[-2000:] for r in range(len(NODES))
+        ]
+        await wait_until(
+            lambda: ("gpu_straggler", "node-3/gpu/0") in seen,
+            timeout=10,
+            what="a straggler incident on node-3 GPU 0",
+        )
+        assert {t for r, t in seen if r == "gpu_straggler"} == {"node-3/gpu/0"}
+        _, job = api(service, "GET", "/api/v1/jobs/torch-gloo")
+        assert job["ranks"] == len(NODES)
+        assert job["step"] >= STEPS - 5
+        placed = {r["rank"]: r["node"] for r in job["rank_detail"]}
+        assert placed == dict(enumerate(NODES))
+        slow = next(r for r in job["rank_detail"] if r["rank"] == SLOW_RANK)
+        assert slow["compute_ratio"] > 1.3
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await cluster.stop()
+        await service.stop(grace=0)
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -1,0 +1,642 @@
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from collector.exceptions import ConfigError
+from collector.fleet import FleetModel
+from collector.incidents import Evaluator
+from collector.jobs.book import JobBook
+from collector.jobs.config import JobsConfig
+from collector.jobs.peak_flops import PEAK_BF16_FLOPS
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import SampleValue, Target, sample_to_pb
+from fleetwatch.testing import FakeClock
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.loader import load_rules
+from rules.xid_catalog import load_catalog
+
+H100 = "NVIDIA H100 80GB HBM3"
+NODES = ("node-a", "node-b", "node-c", "node-d")
+PARAMS = 7e9
+
+
+def uuid(node: str, index: int) -> str:
+    return f"GPU-{node}-{index}"
+
+
+@dataclass
+class World:
+    """A fleet of H100 nodes, an evaluator lending its history, and the job book under test."""
+
+    clock: FakeClock
+    fleet: FleetModel
+    book: JobBook
+    evaluator: Evaluator
+    nodes: tuple[str, ...]
+    gpus: int
+
+    def place(self, rank: int) -> tuple[str, str]:
+        node = self.nodes[rank // self.gpus]
+        return node, uuid(node, rank % self.gpus)
+
+    def gpu_signal(self, node: str, index: int, signal: str, value: SampleValue) -> None:
+        sample = sample_to_pb(Target.gpu(uuid(node, index)), signal, value)
+        self.fleet.apply_report(node, pb.Report(samples=[sample]))
+
+    def throttle(self, node: str, index: int) -> None:
+        self.gpu_signal(node, index, "clock_event_reasons", 0x40)
+        self.gpu_signal(node, index, "temperature_celsius", 91)
+
+    def congest(self, node: str) -> None:
+        sample = sample_to_pb(Target.ib_port("mlx5_0", 1), "ib_port_xmit_wait_per_second", 500000)
+        self.fleet.apply_report(node, pb.Report(samples=[sample]))
+
+    def report(self, rank: int, step: int, *, job: str = "j", **fields: Any) -> None:
+        node, gpu = self.place(rank)
+        values: dict[str, Any] = {
+            "job_id": job,
+            "rank": rank,
+            "step": step,
+            "time_unix_ms": int(self.clock.now() * 1000),
+            "step_time_s": 1.0,
+            "tokens": 1000.0,
+            "gpu_uuid": gpu,
+            "world_size": self.ranks,
+            "params": PARAMS,
+        }
+        values.update(fields)
+        self.book.ingest(node, pb.JobReport(steps=[pb.JobStep(**values)]))
+
+    @property
+    def ranks(self) -> int:
+        return len(self.nodes) * self.gpus
+
+    def run(
+        self,
+        steps: range,
+        *,
+        job: str = "j",
+        step_time: Callable[[int], float] = lambda _s: 1.0,
+        compute: Callable[[int, int], float] = lambda _s, _r: 0.8,
+        tokens: float = 1000.0,
+        **fields: Any,
+    ) -> None:
+        """Every rank reports each step; the clock moves on by the step's time after it."""
+        for step in steps:
+            for rank in range(self.ranks):
+                self.report(
+                    rank,
+                    step,
+                    job=job,
+                    step_time_s=step_time(step),
+                    compute_time_s=compute(step, rank),
+                    tokens=tokens,
+                    **fields,
+                )
+            self.clock.advance(step_time(step))
+
+    def job(self, job: str = "j") -> dict[str, Any]:
+        (found,) = [m for m in self.book.publish() if m["id"] == job]
+        return found
+
+
+def make_world(
+    nodes: tuple[str, ...] = NODES, gpus: int = 2, config: JobsConfig | None = None
+) -> World:
+    clock = FakeClock()
+    fleet = FleetModel()
+    for name in nodes:
+        hello = pb.Hello(
+            node=name,
+            boot_id="b",
+            protocol_version=PROTOCOL_VERSION,
+            gpus=[
+                pb.Gpu(
+                    index=i,
+                    uuid=uuid(name, i),
+                    pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
+                    model=H100,
+                    nvlink_count=18,
+                )
+                for i in range(gpus)
+            ],
+            ib_ports=[pb.IbPort(device="mlx5_0", port=1, rate="400 Gb/sec (4X NDR)")],
+        )
+        fleet.on_hello(hello, clock.monotonic(), clock.now())
+    book = JobBook(config=config or JobsConfig(), fleet=fleet, clock=clock)
+    evaluator = Evaluator(
+        rules=load_rules(), fleet=fleet, catalog=load_catalog(), clock=clock, jobs=book
+    )
+    fleet.observer = evaluator
+    return World(clock, fleet, book, evaluator, nodes, gpus)
+
+
+# ---- gathering steps --------------------------------------------------------------------------
+
+
+def test_step_finishes_once_every_rank_reported():
+    """A step is not finished while a rank of the world is missing, and is once it reports."""
+    w = make_world(nodes=("node-a",), gpus=4)
+    for rank in range(3):
+        w.report(rank, 0)
+    job = w.book.jobs["j"]
+    assert list(job.steps) == []
+    w.report(3, 0)
+    (step,) = job.steps
+    assert (step.step, step.ranks, step.tokens) == (0, 4, 4000.0)
+
+
+def test_lost_report_finishes_the_step_two_steps_later_with_tokens_scaled():
+    """A step one rank never reports finishes when the job is two steps past it, tokens scaled."""
+    w = make_world(nodes=("node-a",), gpus=4)
+    for rank in range(3):  # rank 3's report of step 0 is lost
+        w.report(rank, 0, tokens=900.0)
+    for rank in range(4):
+        w.report(rank, 1)
+    job = w.book.jobs["j"]
+    assert list(job.steps) == []  # step 1 is complete but waits for step 0
+    w.report(0, 2)
+    assert [s.step for s in job.steps] == [0, 1]
+    first = job.steps[0]
+    assert first.ranks == 3
+    assert first.tokens == pytest.approx(3 * 900.0 * 4 / 3)
+
+
+def test_late_report_for_a_finished_step_is_ignored():
+    """A report for a step already finished adds nothing to it and is no restart."""
+    w = make_world(nodes=("node-a",), gpus=2)
+    w.run(range(20))
+    job = w.book.jobs["j"]
+    before = [(s.step, s.tokens) for s in job.steps]
+    w.report(0, 15, tokens=1e6)
+    assert [(s.step, s.tokens) for s in job.steps] == before
+    assert job.restarts == 0
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+
+def test_throughput_and_mfu_figures():
+    """tokens_per_s is tokens over step time; MFU uses 6 x params and the H100's peak."""
+    w = make_world(nodes=("node-a",), gpus=8)
+    w.run(range(30), step_time=lambda _s: 2.0, tokens=1000.0)
+    job = w.job()
+    assert job["gpus"] == 8
+    assert job["nodes"] == 1
+    assert job["step"] == 29
+    assert job["step_time_s"] == 2.0
+    assert job["tokens_per_s"] == pytest.approx(4000.0)
+    assert job["tokens_per_s_per_gpu"] == pytest.approx(500.0)
+    expected = 4000.0 * 6 * PARAMS / (8 * 989.4e12)
+    assert PEAK_BF16_FLOPS["H100 SXM"] == 989.4e12
+    assert job["mfu"] == pytest.approx(expected, rel=1e-6)
+    assert "4,000 tokens/s" in job["summary"]
+
+
+def test_flops_per_token_overrides_params():
+    """A declared flops_per_token is used instead of 6 x params."""
+    w = make_world(nodes=("node-a",), gpus=8)
+    w.run(range(10), step_time=lambda _s: 2.0, flops_per_token=1e11)
+    assert w.job()["mfu"] == pytest.approx(4000.0 * 1e11 / (8 * 989.4e12), rel=1e-6)
+
+
+def test_ettr_is_near_one_without_gaps():
+    """A job stepping back to back has an effective training time ratio close to 1."""
+    w = make_world()
+    w.run(range(100))
+    assert w.job()["ettr"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_ettr_halves_after_a_pause_as_long_as_the_run():
+    """A silence as long as the run so far halves the ratio."""
+    w = make_world()
+    w.run(range(50), step_time=lambda _s: 2.0)
+    assert w.job()["ettr"] > 0.95
+    w.clock.advance(100.0)
+    assert w.job()["ettr"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_restart_is_counted_and_redone_steps_are_not_productive():
+    """Steps going back more than 10 count a restart; re-done steps add no productive time."""
+    w = make_world()
+    w.run(range(60))
+    w.run(range(45, 80))  # back to a checkpoint at step 45
+    job = w.job()
+    assert job["restarts"] == 1
+    assert job["step"] == 79
+    state = w.book.jobs["j"]
+    assert state.productive_s == pytest.approx(80.0)
+    assert job["ettr"] == pytest.approx(80.0 / 96.0, abs=0.01)
+
+
+def test_going_back_ten_steps_or_fewer_is_no_restart():
+    """A report within 10 steps behind the finished ones is late, not a restart."""
+    w = make_world()
+    w.run(range(60))
+    w.run(range(49, 70))
+    assert w.job()["restarts"] == 0
+
+
+# ---- stragglers -------------------------------------------------------------------------------
+
+SLOW_RANK = 5  # on node-c, GPU 1
+
+
+def slow_rank(step: int, rank: int) -> float:
+    return 1.0 if rank == SLOW_RANK and step >= 40 else 0.8
+
+
+def test_straggler_rank_view():
+    """The slow rank's GPU shows a 25 % slowdown costing 8 x (1 - 1/1.25) GPU-hours per hour."""
+    w = make_world()
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    rank = w.book.rank_on("node-c", uuid("node-c", 1))
+    assert rank["job"] == "j"
+    assert rank["rank"] == SLOW_RANK
+    assert rank["straggler"] is True
+    assert rank["slowdown"] == pytest.approx(0.25, abs=0.01)
+    assert rank["lost_gpu_hours_per_hour"] == pytest.approx(1.6, abs=0.01)
+    assert rank["job_gpus"] == 8
+    other = w.book.rank_on("node-c", uuid("node-c", 0))
+    assert other["straggler"] is False
+    assert other["lost_gpu_hours_per_hour"] == 0.0
+    assert w.book.rank_on("node-c", "GPU-elsewhere") == {}
+
+
+def test_no_straggler_before_the_slow_rank_fills_half_its_window():
+    """Right after the rank slows down it is not flagged yet; a window later it is."""
+    w = make_world()
+    w.run(range(45), step_time=lambda _s: 1.05, compute=slow_rank)
+    assert w.book.rank_on("node-c", uuid("node-c", 1))["straggler"] is False
+    w.run(range(45, 70), step_time=lambda _s: 1.05, compute=slow_rank)
+    assert w.book.rank_on("node-c", uuid("node-c", 1))["straggler"] is True
+
+
+def test_straggler_summary_names_node_rank_and_cost():
+    """The summary names node and rank, how much slower, and the GPU-hours lost."""
+    w = make_world()
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    text = w.book.straggler_summary("j", SLOW_RANK)
+    assert "node-c" in text
+    assert f"rank {SLOW_RANK}" in text
+    assert "25%" in text
+    assert "1.6 GPU-hours" in text
+    assert "hardware: none found" in text
+    assert "throttled" not in text
+    assert w.book.straggler_summary("j", 99) == ""
+    assert w.book.straggler_summary("nope", 0) == ""
+
+
+def test_straggler_summary_shows_a_thermally_throttled_gpu():
+    """When the rank's GPU is throttled for heat the summary says so, with its temperature."""
+    w = make_world()
+    w.throttle("node-c", 1)
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    text = w.book.straggler_summary("j", SLOW_RANK)
+    assert "throttled" in text
+    assert "hw thermal" in text
+    assert "91 °C" in text
+
+
+def test_publish_counts_stragglers_and_their_nodes():
+    """The job map counts straggling ranks, names their nodes and what they cost."""
+    w = make_world()
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    job = w.job()
+    assert job["stragglers"] == 1
+    assert job["straggler_nodes"] == ["node-c"]
+    assert job["lost_gpu_hours_per_hour"] == pytest.approx(1.6, abs=0.01)
+    (table_row,) = [r for r in w.book.ranks("j") if r["rank"] == SLOW_RANK]
+    assert table_row["straggler"] is True
+    assert table_row["node"] == "node-c"
+    assert table_row["gpu"] == 1
+    assert table_row["compute_ratio"] == pytest.approx(1.25, abs=0.01)
+
+
+def test_on_change_is_told_the_gpu_of_a_rank_that_starts_straggling():
+    """The callback gets (node, uuid) of the rank when it is first flagged, and only then."""
+    w = make_world()
+    told: list[tuple[str, list[tuple[str, str]]]] = []
+    w.book.on_change = lambda job, gpus: told.append((job, gpus))
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    with_gpus = [t for t in told if t[1]]
+    assert with_gpus == [("j", [("node-c", uuid("node-c", 1))])]
+    assert len(told) > len(with_gpus)  # every finished step is told, with no GPU most times
+
+
+def test_on_change_is_told_when_the_rank_recovers():
+    """A straggler that catches up is told again, so its GPU is looked at once more."""
+    w = make_world()
+    told: list[list[tuple[str, str]]] = []
+    w.book.on_change = lambda _job, gpus: told.append(gpus)
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    w.run(range(100, 160), step_time=lambda _s: 1.05)
+    assert [g for g in told if g] == [[("node-c", uuid("node-c", 1))]] * 2
+    assert w.job()["stragglers"] == 0
+
+
+# ---- throughput drops and their causes ---------------------------------------------------------
+
+
+def slower_from_60(step: int) -> float:
+    return 1.0 if step < 60 else 1.3
+
+
+def uniform_compute(step: int, _rank: int) -> float:
+    return 0.8 * slower_from_60(step)
+
+
+def test_uniform_slowdown_is_a_drop_without_hardware_cause():
+    """Every rank slowing alike is a drop whose cause is 'none', with no suspects."""
+    w = make_world()
+    w.run(range(100), step_time=slower_from_60, compute=uniform_compute)
+    job = w.job()
+    assert job["drop"] is True
+    assert job["drop_share"] == pytest.approx(1 - 1 / 1.3, abs=0.02)
+    assert job["drop_cause"] == "none"
+    assert job["suspects"] == []
+    assert job["stragglers"] == 0
+    assert "no hardware cause found" in job["summary"]
+    assert "throughput down" in job["summary"]
+
+
+def test_no_drop_while_throughput_holds():
+    """A steady job shows no drop and no cause."""
+    w = make_world()
+    w.run(range(100))
+    job = w.job()
+    assert job["drop"] is False
+    assert job["drop_cause"] == ""
+
+
+def test_throttled_straggling_node_is_the_hardware_suspect():
+    """A drop with one node's GPU throttled and its rank slower blames that node first."""
+    w = make_world()
+    w.throttle("node-b", 0)
+
+    def compute(step: int, rank: int) -> float:
+        return 1.04 if rank == 2 and step >= 60 else 0.8  # rank 2 is node-b GPU 0
+
+    w.run(range(100), step_time=slower_from_60, compute=compute)
+    job = w.job()
+    assert job["drop"] is True
+    assert job["drop_cause"] == "hardware"
+    assert job["suspects"][0] == "node-b"
+    assert job["straggler_nodes"] == ["node-b"]
+    assert "suspects: node-b" in job["summary"]
+    assert "hw thermal" in job["summary"]
+
+
+def test_throttled_gpu_whose_rank_keeps_pace_is_no_suspect():
+    """A throttled GPU that computes as fast as the rest is not what slowed the job."""
+    w = make_world()
+    w.throttle("node-c", 1)
+    w.run(range(100), step_time=slower_from_60, compute=uniform_compute)
+    job = w.job()
+    assert job["drop"] is True
+    assert job["drop_cause"] == "none"
+    assert job["suspects"] == []
+
+
+# ---- fabric -----------------------------------------------------------------------------------
+
+
+def test_congestion_on_three_of_four_nodes_is_the_fabric():
+    """IB congestion on most of the job's nodes marks the job as fabric-bound, naming them."""
+    w = make_world()
+    for node in ("node-b", "node-c", "node-d"):
+        w.congest(node)
+    w.run(range(40))
+    job = w.job()
+    assert job["fabric"] is True
+    assert job["fabric_nodes"] == ["node-b", "node-c", "node-d"]
+
+
+def test_congestion_on_two_nodes_is_not_yet_the_fabric():
+    """Two congested nodes are below fabric_min_nodes (3): each is its own node's business."""
+    w = make_world()
+    w.congest("node-b")
+    w.congest("node-d")
+    w.run(range(40))
+    assert w.job()["fabric"] is False
+
+
+def test_congestion_on_one_node_is_not_the_fabric():
+    """One congested node is that node's business, not the fabric's."""
+    w = make_world()
+    w.congest("node-b")
+    w.run(range(40))
+    job = w.job()
+    assert job["fabric"] is False
+    assert job["fabric_nodes"] == []
+
+
+def test_drop_with_fabric_signs_blames_the_fabric_and_no_node():
+    """A drop while the fabric shows congestion has cause 'fabric' and no suspects."""
+    w = make_world()
+    for node in ("node-b", "node-c", "node-d"):
+        w.congest(node)
+    w.run(range(100), step_time=slower_from_60, compute=uniform_compute)
+    job = w.job()
+    assert job["drop"] is True
+    assert job["drop_cause"] == "fabric"
+    assert job["suspects"] == []
+    assert "fabric: congestion or IB errors on 3 of 4 nodes" in job["summary"]
+
+
+def test_drop_with_one_congested_node_suspects_that_node():
+    """Congestion on a single node of a slowed job makes that node a suspect."""
+    w = make_world()
+    w.congest("node-b")
+    w.run(range(100), step_time=slower_from_60, compute=uniform_compute)
+    job = w.job()
+    assert job["drop_cause"] == "hardware"
+    assert job["suspects"] == ["node-b"]
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def checkpoint_fields(w: World, cost_s: float) -> dict[str, Any]:
+    end = w.clock.now()
+    return {
+        "checkpoint_start_unix_ms": int((end - cost_s) * 1000),
+        "checkpoint_end_unix_ms": int(end * 1000),
+    }
+
+
+def test_checkpoint_sets_cost_and_interval():
+    """A reported checkpoint gives its cost, its age and a positive recommended interval."""
+    w = make_world()
+    w.run(range(5))
+    w.run(range(5, 6), **checkpoint_fields(w, 60.0))
+    w.run(range(6, 20))
+    job = w.job()
+    assert job["checkpoint_cost_s"] == pytest.approx(60.0, abs=0.01)
+    assert job["checkpoint_interval_s"] > 60.0
+    assert job["checkpoint_age_s"] == pytest.approx(15.0, abs=0.01)
+    assert job["checkpoint_overdue"] is False
+    assert len(w.book.jobs["j"].checkpoints) == 1  # every rank told of the same checkpoint
+    assert "recommended every" in job["summary"]
+
+
+def test_no_checkpoint_no_interval():
+    """Without a checkpoint the cost and interval stay 0 and nothing is overdue."""
+    w = make_world()
+    w.run(range(20))
+    job = w.job()
+    assert job["checkpoint_cost_s"] == 0.0
+    assert job["checkpoint_interval_s"] == 0.0
+    assert job["checkpoint_overdue"] is False
+
+
+def test_node_failures_shorten_the_interval():
+    """Failures noted on a node of the job shorten the recommended interval."""
+    w = make_world()
+    w.run(range(1), **checkpoint_fields(w, 60.0))
+    before = w.job()["checkpoint_interval_s"]
+    for _ in range(100):
+        w.book.note_failure("node-a")
+    after = w.job()["checkpoint_interval_s"]
+    assert 0 < after < before / 3
+
+
+def test_failures_on_other_nodes_do_not_change_the_interval():
+    """A failing node the job does not run on leaves its advice alone."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    w.fleet.on_hello(
+        pb.Hello(node="node-z", boot_id="b", protocol_version=PROTOCOL_VERSION),
+        w.clock.monotonic(),
+        w.clock.now(),
+    )
+    w.run(range(1), **checkpoint_fields(w, 60.0))
+    before = w.job()["checkpoint_interval_s"]
+    for _ in range(100):
+        w.book.note_failure("node-z")
+    assert w.job()["checkpoint_interval_s"] == pytest.approx(before)
+
+
+def test_checkpoint_overdue_after_three_intervals():
+    """With no new checkpoint, overdue turns True once the age passes 3 x the interval."""
+    w = make_world(nodes=("node-a",), gpus=2)
+    w.run(range(1), **checkpoint_fields(w, 60.0))
+    for _ in range(100):
+        w.book.note_failure("node-a")
+    seen = []
+    step = 1
+    while True:
+        job = w.job()
+        seen.append(job["checkpoint_overdue"])
+        assert job["checkpoint_overdue"] == (
+            job["checkpoint_age_s"] > 3 * job["checkpoint_interval_s"]
+        )
+        if job["checkpoint_overdue"] or step > 200:
+            break
+        w.clock.advance(300.0)
+        w.run(range(step, step + 1))
+        step += 1
+    assert seen[-1] is True
+    assert seen.count(False) >= 10  # it took more than a few reports to get there
+    assert "last checkpoint" in job["summary"]
+
+
+# ---- idle and forgotten jobs ------------------------------------------------------------------
+
+
+def test_idle_job_is_inactive_and_its_stragglers_vanish():
+    """A job silent past idle_after_s is inactive; its straggler flags leave publish and rank_on."""
+    w = make_world()
+    w.run(range(100), step_time=lambda _s: 1.05, compute=slow_rank)
+    assert w.job()["stragglers"] == 1
+    w.clock.advance(w.book.config.idle_after_s + 1)
+    job = w.job()
+    assert job["active"] is False
+    assert job["stragglers"] == 0
+    assert job["straggler_nodes"] == []
+    assert job["lost_gpu_hours_per_hour"] == 0.0
+    assert job["fabric"] is False
+    assert w.book.rank_on("node-c", uuid("node-c", 1)) == {}
+
+
+def test_silent_job_is_forgotten_and_a_live_one_kept():
+    """expire() forgets a job silent past forget_after_s and keeps one still reporting."""
+    w = make_world(config=JobsConfig(idle_after_s=60.0, forget_after_s=300.0))
+    w.run(range(10), job="old")
+    for step in range(10, 17):
+        w.clock.advance(50.0)
+        w.run(range(step, step + 1), job="live")
+        w.book.expire()
+    assert sorted(w.book.jobs) == ["live"]
+    assert [m["id"] for m in w.book.publish()] == ["live"]
+    assert w.book.rank_on("node-a", uuid("node-a", 0))["job"] == "live"
+
+
+def test_expire_keeps_a_job_before_forget_after():
+    """A job silent for less than forget_after_s is still known (inactive)."""
+    w = make_world()
+    w.run(range(10))
+    w.clock.advance(w.book.config.forget_after_s - 1)
+    w.book.expire()
+    assert w.job()["active"] is False
+
+
+# ---- limits and configuration -----------------------------------------------------------------
+
+
+def test_reports_for_new_jobs_beyond_max_jobs_are_refused():
+    """With max_jobs=1 a second job's reports are refused and counted; the first goes on."""
+    w = make_world(config=JobsConfig(max_jobs=1))
+    w.run(range(3), job="first")
+    w.run(range(3), job="second")
+    assert sorted(w.book.jobs) == ["first"]
+    assert w.book.reports_refused == 3 * 8
+    assert w.book.reports == 3 * 8
+    w.run(range(3, 5), job="first")
+    assert w.book.reports == 5 * 8
+    assert w.job("first")["step"] == 4
+
+
+def test_a_forgotten_job_frees_its_place():
+    """Once the old job is forgotten a new one is accepted under max_jobs=1."""
+    w = make_world(config=JobsConfig(max_jobs=1))
+    w.run(range(3), job="first")
+    w.clock.advance(w.book.config.forget_after_s + 1)
+    w.book.expire()
+    w.run(range(3), job="second")
+    assert sorted(w.book.jobs) == ["second"]
+    assert w.book.reports_refused == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"straggler_margin": 1.5}, "straggler_margin"),
+        ({"straggler_margin": 0}, "straggler_margin"),
+        ({"straggler_window_steps": 0}, "straggler_window_steps"),
+        ({"min_drop": 1.0}, "min_drop"),
+        ({"fabric_share": -0.1}, "fabric_share"),
+        ({"idle_after_s": True}, "idle_after_s"),
+        ({"max_jobs": 2.5}, "max_jobs"),
+        ({"max_ranks": "10"}, "max_ranks"),
+    ],
+)
+def test_jobs_config_refuses_bad_values_naming_the_key(values, key):
+    """A value that cannot work is refused with a ConfigError naming its key."""
+    with pytest.raises(ConfigError, match=key):
+        JobsConfig(**values)
+
+
+def test_jobs_config_from_table_refuses_unknown_keys():
+    """An unknown key in the table is an error that names it and lists the known ones."""
+    with pytest.raises(ConfigError, match="unknown keys bogus") as caught:
+        JobsConfig.from_table({"bogus": 1, "max_jobs": 5})
+    assert "straggler_margin" in str(caught.value)
+
+
+def test_jobs_config_from_table_takes_known_keys():
+    """Known keys from the table override the defaults."""
+    config = JobsConfig.from_table({"max_jobs": 5, "straggler_margin": 0.2})
+    assert (config.max_jobs, config.straggler_margin) == (5, 0.2)
+    assert config.idle_after_s == JobsConfig().idle_after_s
