@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import pytest
 from agent.sim.cluster import SimCluster
 from agent.sim.training import SimTrainingJob
 from collector.main import CollectorService
+from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
 from fleetwatch.demo.wiring import demo_rules
 from fleetwatch.testing import wait_until
@@ -128,6 +130,25 @@ class TestJobScenarios:
         placed = {(r["rank"], r["node"], r["gpu"]) for r in view["rank_detail"]}
         assert (5, "node-03", 1) in placed
         assert fleet.firing() == {}
+
+    async def test_people_see_the_job_in_the_cli_and_in_prometheus(
+        self, fleet: JobFleet, capsys: pytest.CaptureFixture[str]
+    ):
+        """`fleetwatch jobs` lists the job and its ranks; /metrics has its throughput."""
+        await fleet.steady()
+        url = f"http://127.0.0.1:{fleet.service.http_port}"
+        assert await asyncio.to_thread(main, ["jobs", "--api", url]) == 0
+        listing = capsys.readouterr().out
+        assert JOB in listing
+        assert "TOKENS/S" in listing
+        assert await asyncio.to_thread(main, ["jobs", JOB, "--api", url]) == 0
+        ranks = capsys.readouterr().out
+        assert "node-16" in ranks
+        assert len([line for line in ranks.splitlines() if " node-" in line]) == 32
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:  # noqa: S310
+            text = resp.read().decode()
+        assert f'fleetwatch_job_tokens_per_second{{job="{JOB}"}}' in text
+        assert f'fleetwatch_job_gpus{{job="{JOB}"}} 32.0' in text
 
     async def test_a_slow_gpu_makes_its_node_the_straggler(self, fleet: JobFleet):
         """A GPU computing 40% slower: its rank straggles and the incident names node and GPU."""
