@@ -31,7 +31,6 @@ every incident firing at that moment, as ``rule@target``.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -41,9 +40,8 @@ from collector.fleet import FleetModel
 from collector.incidents import NO_DRAINS, Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
-from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_to_pb
-from fleetwatch.testing import FakeClock
+from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.durations import parse_duration
 from rules.engine import Phase
@@ -80,39 +78,12 @@ class TestResult:
     failures: list[str] = field(default_factory=list)
 
 
-def _uuid(node: str, index: int) -> str:
-    digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
-    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-
-
-def _hello(node: str, shape: dict[str, int]) -> pb.Hello:
-    return pb.Hello(
-        node=node,
-        boot_id="rule-test",
-        protocol_version=PROTOCOL_VERSION,
-        gpus=[
-            pb.Gpu(
-                index=i,
-                uuid=_uuid(node, i),
-                pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
-                model="H100",
-                nvlink_count=int(shape.get("nvlinks", 18)),
-            )
-            for i in range(int(shape.get("gpus", 8)))
-        ],
-        ib_ports=[
-            pb.IbPort(device=f"mlx5_{i}", port=1, rate="400 Gb/sec (4X NDR)")
-            for i in range(int(shape.get("ib_ports", 8)))
-        ],
-    )
-
-
 def _target(node: str, raw: dict[str, Any]) -> Target:
     if "port" in raw:
         device, _, port = str(raw["port"]).partition("/")
         return Target.ib_port(device, int(port or 1))
     if "gpu" in raw:
-        uuid = _uuid(node, int(raw["gpu"]))
+        uuid = made_up_uuid(node, int(raw["gpu"]))
         return Target.nvlink(uuid, int(raw["link"])) if "link" in raw else Target.gpu(uuid)
     return Target.node()
 
@@ -170,8 +141,16 @@ class _Run:
         self.clock = FakeClock()
         self.start = self.clock.monotonic()
         self.fleet = FleetModel()
-        for name, shape in nodes.items():
-            self.fleet.on_hello(_hello(name, shape or {}), self.clock.monotonic(), self.clock.now())
+        for name, raw_shape in nodes.items():
+            shape = raw_shape or {}
+            hello = made_up_hello(
+                name,
+                gpus=int(shape.get("gpus", 8)),
+                nvlinks=int(shape.get("nvlinks", 18)),
+                ib_ports=int(shape.get("ib_ports", 8)),
+                boot_id="rule-test",
+            )
+            self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
         self.evaluator = Evaluator(
             rules=load_rules(rule_paths, builtin=builtin),
             fleet=self.fleet,
@@ -246,7 +225,7 @@ class _Run:
             for node in raw.get("nodes", list(self.nodes)):
                 gpus = int((self.nodes[str(node)] or {}).get("gpus", 8))
                 for index in range(min(per_node, gpus)):
-                    ranks[len(ranks)] = (str(node), _uuid(str(node), index))
+                    ranks[len(ranks)] = (str(node), made_up_uuid(str(node), index))
             job = self.jobs[job_id] = _Job(job_id, ranks)
             job.compute = dict.fromkeys(ranks, float(raw.get("compute", 0.8)))
             job.tokens = float(raw.get("tokens", job.tokens))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 import time
 from typing import TYPE_CHECKING
+
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,3 +66,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def made_up_uuid(node: str, index: int) -> str:
+    """A stable, well-formed GPU UUID for GPU ``index`` of a made-up ``node``."""
+    digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def made_up_hello(  # noqa: PLR0913 - the shape of a made-up node
+    node: str,
+    *,
+    gpus: int = 8,
+    nvlinks: int = 18,
+    ib_ports: int = 8,
+    model: str = "NVIDIA H100 80GB HBM3",
+    boot_id: str = "made-up",
+) -> pb.Hello:
+    """The Hello of a made-up node (rule tests, benchmarks), named as an agent would name it."""
+    return pb.Hello(
+        node=node,
+        boot_id=boot_id,
+        protocol_version=PROTOCOL_VERSION,
+        gpus=[
+            pb.Gpu(
+                index=i,
+                uuid=made_up_uuid(node, i),
+                pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
+                model=model,
+                nvlink_count=nvlinks,
+            )
+            for i in range(gpus)
+        ],
+        ib_ports=[
+            pb.IbPort(device=f"mlx5_{i}", port=1, rate="400 Gb/sec (4X NDR)")
+            for i in range(ib_ports)
+        ],
+    )

@@ -8,9 +8,9 @@ NVLink and IB error counters). It falls in two kinds:
   explains a slowdown only where the node's ranks actually compute slower than the job's median;
   a throttled GPU whose rank keeps pace is not what slows the job.
 * **communication**: a path between GPUs degrades (NVLink down or erring, PCIe downgraded, IB
-  port down or erring, IB congestion). Compute times cannot show it, so it counts on its own,
-  Congestion and IB error counters spread over ``fabric_share`` or more of the job's nodes (and
-  ``fabric_min_nodes`` at least) are the fabric's doing: then no node is to blame for them.
+  port down or erring, IB congestion). Compute times cannot show it, so it counts on its own.
+  But congestion and IB error counters spread over ``fabric_share`` or more of the job's nodes
+  (and ``fabric_min_nodes`` at least) are the fabric's doing: then no node is blamed for them.
 """
 
 from __future__ import annotations

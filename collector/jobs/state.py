@@ -25,6 +25,7 @@ RESTART_LAG: Final = 10  # a report this far behind the finished steps: the job 
 MAX_PENDING: Final = 64  # steps gathered at once; older ones are finished with what they have
 HISTORY: Final = 600  # finished steps kept (for figures over a window and the drop's onset)
 CHECKPOINTS: Final = 16
+SMOOTH_STEPS: Final = 5
 
 
 @dataclass(slots=True)
@@ -190,5 +191,9 @@ class JobState:
             self.productive_tokens += finished.tokens
             self.max_step = step
         self.stragglers.observe(step, row.compute or row.step_times)
-        self.drops.observe(step, finished.tokens_per_s)
+        # The drop detector sees the median of the last few steps: a pause on any one rank
+        # stretches a whole step, and in a big job some rank pauses nearly every step.
+        count = min(SMOOTH_STEPS, len(self.steps))
+        recent = [self.steps[-i].tokens_per_s for i in range(1, count + 1)]
+        self.drops.observe(step, statistics.median(recent))
         return finished

@@ -1,10 +1,12 @@
 """Straggler detection: ranks whose compute time stays well above the job's median.
 
-Each rank keeps its last ``window_steps`` compute times; a rank with at least half a window is
-judged on the median of its window. The job median is the median, over judged ranks, of those
-window medians, so a change that slows every rank alike (a new workload phase) moves the job
-median too and flags nobody. A rank is flagged when its ratio to the job median goes above
-``1 + margin`` and stays flagged until the ratio falls below ``1 + margin / 2`` (hysteresis).
+Every finished step, each rank's compute time is divided by that step's median over ranks; a
+rank keeps its last ``window_steps`` of these ratios and, with at least half a window, is judged
+on their median. Normalising step by step makes a change that slows every rank alike (a new
+workload phase, longer sequences) cancel out at once, even while the ranks' windows hold a mix
+of old and new steps; the window's median ignores one-off slow steps (a pause, a page fault). A
+rank is flagged when its ratio goes above ``1 + margin`` and stays flagged until it falls below
+``1 + margin / 2`` (hysteresis).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class StragglerStatus:
 
     rank: int
     ratio: float
-    """The rank's window median / the median over ranks of their window medians."""
+    """The median, over the rank's window, of its compute time / the step's median."""
     since_step: int
     """Step at which the current straggling spell was first flagged."""
     steps: int
@@ -72,24 +74,27 @@ class StragglerDetector:
     def observe(self, step: int, times: Mapping[int, float]) -> None:
         """One finished step: rank -> compute time in seconds (a rank may be missing)."""
         window_steps = self.config.window_steps
-        for rank, seconds in times.items():
-            if not (seconds > 0 and math.isfinite(seconds)):
-                continue
+        valid = {r: t for r, t in times.items() if t > 0 and math.isfinite(t)}
+        if len(valid) < self.config.min_ranks:
+            if len(self._windows) < self.config.min_ranks:  # too few ranks left to judge any
+                self._ratios.clear()
+                self._flagged.clear()
+            return  # too few ranks this step to know what normal was
+        step_median = median(valid.values())
+        for rank, seconds in valid.items():
             window = self._windows.get(rank)
             if window is None:
                 window = self._windows[rank] = deque(maxlen=window_steps)
-            window.append(seconds)
-        medians = {
+            window.append(seconds / step_median)
+        self._ratios = {
             rank: median(window)
             for rank, window in self._windows.items()
             if len(window) >= self._min_samples
         }
-        if len(medians) < self.config.min_ranks:
+        if len(self._ratios) < self.config.min_ranks:
             self._ratios.clear()
             self._flagged.clear()
             return
-        job = median(medians.values())
-        self._ratios = {rank: own / job for rank, own in medians.items()}
         self._judge(step)
 
     def _judge(self, step: int) -> None:

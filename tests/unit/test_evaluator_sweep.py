@@ -2,8 +2,7 @@
 
 from collector.fleet import FleetModel
 from collector.incidents import Evaluator
-from collector.rule_tests import _hello
-from fleetwatch.testing import FakeClock
+from fleetwatch.testing import FakeClock, made_up_hello
 from rules.loader import parse_rules
 from rules.xid_catalog import load_catalog
 
@@ -21,7 +20,7 @@ rules:
 def fleet_of(count: int, clock: FakeClock) -> FleetModel:
     fleet = FleetModel()
     for i in range(count):
-        fleet.on_hello(_hello(f"n{i:02d}", {"gpus": 0, "ib_ports": 0}), clock.monotonic(), 0.0)
+        fleet.on_hello(made_up_hello(f"n{i:02d}", gpus=0, ib_ports=0), clock.monotonic(), 0.0)
     return fleet
 
 

@@ -12,7 +12,7 @@ from collector.jobs.config import JobsConfig
 from collector.jobs.peak_flops import PEAK_BF16_FLOPS
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import SampleValue, Target, sample_to_pb
-from fleetwatch.testing import FakeClock
+from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.loader import load_rules
 from rules.xid_catalog import load_catalog
@@ -23,7 +23,7 @@ PARAMS = 7e9
 
 
 def uuid(node: str, index: int) -> str:
-    return f"GPU-{node}-{index}"
+    return made_up_uuid(node, index)
 
 
 @dataclass
@@ -108,22 +108,7 @@ def make_world(
     clock = FakeClock()
     fleet = FleetModel()
     for name in nodes:
-        hello = pb.Hello(
-            node=name,
-            boot_id="b",
-            protocol_version=PROTOCOL_VERSION,
-            gpus=[
-                pb.Gpu(
-                    index=i,
-                    uuid=uuid(name, i),
-                    pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
-                    model=H100,
-                    nvlink_count=18,
-                )
-                for i in range(gpus)
-            ],
-            ib_ports=[pb.IbPort(device="mlx5_0", port=1, rate="400 Gb/sec (4X NDR)")],
-        )
+        hello = made_up_hello(name, gpus=gpus, ib_ports=1, model=H100)
         fleet.on_hello(hello, clock.monotonic(), clock.now())
     book = JobBook(config=config or JobsConfig(), fleet=fleet, clock=clock)
     evaluator = Evaluator(

@@ -192,3 +192,18 @@ def test_bad_config_is_refused(kwargs):
     """Options that cannot work are refused at construction."""
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         StragglerConfig(**kwargs)
+
+
+def test_a_workload_change_right_after_a_pause_flags_nobody():
+    """All ranks slowing at once while one rank's window holds an old pause: no straggler.
+
+    Judged on raw times, that rank's window median crossed to the new level a step before the
+    others' and it was flagged for two steps (bench/correlation.py found it).
+    """
+    detector = StragglerDetector()
+    for step in range(40):
+        times = dict.fromkeys(range(8), 0.8 if step < 20 else 0.8 / 0.7)
+        if step == 15:
+            times[2] = 0.8 * 1.3
+        detector.observe(step, times)
+        assert detector.stragglers == {}, step
