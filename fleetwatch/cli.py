@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--xid-catalog", dest="xid_catalog", help="YAML Xid catalog to use")
     agent.add_argument("--state-dir", dest="state_dir", help="default /var/lib/fleetwatch")
     agent.add_argument(
+        "--job-socket",
+        dest="job_socket",
+        help="where training ranks report steps (default /run/fleetwatch/jobs.sock; '' off)",
+    )
+    agent.add_argument(
         "--simulate",
         action="store_true",
         help="read a simulated 8-GPU node instead of real hardware (for trying things out)",
@@ -171,6 +176,7 @@ def _run_agent(args: argparse.Namespace) -> int:
             "udev",
             "xid_catalog",
             "state_dir",
+            "job_socket",
         )
     }
     cfg = load_agent_config(args.config, overrides)
