@@ -27,6 +27,11 @@ _GAUGES: Final = (
     ("step", "step", "Highest step finished."),
     ("gpus", "gpus", "GPUs (ranks) of the job."),
     ("ettr_ratio", "ettr", "Effective training time ratio since fleetwatch first saw the job."),
+    (
+        "goodput_tokens_per_second",
+        "goodput_tokens_per_s",
+        "Tokens of steps that moved the job forward, per second of wall time.",
+    ),
     ("stragglers", "stragglers", "Ranks computing slower than the job's median by the margin."),
     (
         "lost_gpu_hours_per_hour",

@@ -9,7 +9,8 @@ Variables a condition sees (maps; a signal a target did not report is absent, so
 ``rank``   the training-job rank on the GPU (gpu rules; empty when none runs there): job, rank,
            straggler, slowdown, straggler_steps, job_gpus, lost_gpu_hours_per_hour
 ``job``    one training job (job rules): id, active, world_size, ranks, nodes, gpus, step,
-           step_time_s, tokens_per_s, tokens_per_s_per_gpu, mfu, ettr, restarts, stragglers,
+           step_time_s, tokens_per_s, tokens_per_s_per_gpu, mfu, ettr, goodput_tokens_per_s,
+           restarts, stragglers,
            straggler_nodes, lost_gpu_hours_per_hour, drop, drop_share, drop_cause, suspects,
            fabric, fabric_nodes, checkpoint_age_s, checkpoint_cost_s, checkpoint_interval_s,
            checkpoint_overdue, summary
@@ -106,6 +107,7 @@ VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
             "tokens_per_s_per_gpu",
             "mfu",
             "ettr",
+            "goodput_tokens_per_s",
             "restarts",
             "stragglers",
             "straggler_nodes",

@@ -190,6 +190,12 @@ class JobBook:
         first = job.steps[0].step_time_s if job.steps else 0.0
         return min(1.0, job.productive_s / (wall + first)) if wall + first > 0 else 0.0
 
+    def goodput(self, job: JobState) -> float:
+        """Tokens of steps that moved the job forward, per second of wall time."""
+        wall = self._clock.monotonic() - job.first_seen
+        first = job.steps[0].step_time_s if job.steps else 0.0
+        return job.productive_tokens / (wall + first) if wall + first > 0 else 0.0
+
     def checkpoint(self, job: JobState) -> tuple[float, CheckpointAdvice | None]:
         """(age of the newest checkpoint in seconds, the recommended interval)."""
         unix = self._clock.now()
@@ -312,6 +318,7 @@ class JobBook:
             "tokens_per_s_per_gpu": tokens_per_s / job.gpus if job.gpus else 0.0,
             "mfu": self.mfu(job, tokens_per_s),
             "ettr": self.ettr(job),
+            "goodput_tokens_per_s": self.goodput(job),
             "restarts": job.restarts,
             "stragglers": len(stragglers),
             "straggler_nodes": sorted({job.ranks[r].node for r in stragglers if r in job.ranks}),

@@ -203,6 +203,16 @@ def test_ettr_halves_after_a_pause_as_long_as_the_run():
     assert w.job()["ettr"] == pytest.approx(0.5, abs=0.02)
 
 
+def test_goodput_counts_the_tokens_of_forward_steps_over_wall_time():
+    """Goodput is the throughput while stepping, halved by a pause as long as the run."""
+    w = make_world()
+    w.run(range(50), step_time=lambda _s: 2.0)
+    stepping = w.job()["goodput_tokens_per_s"]
+    assert stepping == pytest.approx(w.job()["tokens_per_s"], rel=0.03)
+    w.clock.advance(100.0)
+    assert w.job()["goodput_tokens_per_s"] == pytest.approx(stepping / 2, rel=0.03)
+
+
 def test_restart_is_counted_and_redone_steps_are_not_productive():
     """Steps going back more than 10 count a restart; re-done steps add no productive time."""
     w = make_world()
