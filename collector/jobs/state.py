@@ -25,7 +25,7 @@ RESTART_LAG: Final = 10  # a report this far behind the finished steps: the job 
 MAX_PENDING: Final = 64  # steps gathered at once; older ones are finished with what they have
 HISTORY: Final = 600  # finished steps kept (for figures over a window and the drop's onset)
 CHECKPOINTS: Final = 16
-SMOOTH_STEPS: Final = 5
+SMOOTH_STEPS: Final = 9
 
 
 @dataclass(slots=True)
