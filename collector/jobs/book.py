@@ -24,8 +24,8 @@ from collector.jobs.diagnosis import (
     Diagnosis,
     Window,
     diagnose,
-    fabric_nodes,
     job_evidence,
+    job_fabric_nodes,
     node_evidence,
 )
 from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
@@ -184,17 +184,20 @@ class JobBook:
                 return peak_flops(gpu.model)
         return None
 
+    def _wall(self, job: JobState) -> float:
+        """Wall time the job has run: since its first report, plus the first step's own time."""
+        first = job.steps[0].step_time_s if job.steps else 0.0
+        return self._clock.monotonic() - job.first_seen + first
+
     def ettr(self, job: JobState) -> float:
         """Effective training time ratio: time of steps that moved the job on / wall time."""
-        wall = self._clock.monotonic() - job.first_seen
-        first = job.steps[0].step_time_s if job.steps else 0.0
-        return min(1.0, job.productive_s / (wall + first)) if wall + first > 0 else 0.0
+        wall = self._wall(job)
+        return min(1.0, job.productive_s / wall) if wall > 0 else 0.0
 
     def goodput(self, job: JobState) -> float:
         """Tokens of steps that moved the job forward, per second of wall time."""
-        wall = self._clock.monotonic() - job.first_seen
-        first = job.steps[0].step_time_s if job.steps else 0.0
-        return job.productive_tokens / (wall + first) if wall + first > 0 else 0.0
+        wall = self._wall(job)
+        return job.productive_tokens / wall if wall > 0 else 0.0
 
     def checkpoint(self, job: JobState) -> tuple[float, CheckpointAdvice | None]:
         """(age of the newest checkpoint in seconds, the recommended interval)."""
@@ -352,8 +355,7 @@ class JobBook:
             return ()
         now = self._clock.monotonic()
         window = Window(history, now - FABRIC_WINDOW_S, now)
-        evidence = job_evidence(job, self._fleet.view(), window, self.config)
-        return fabric_nodes(evidence, self.config)
+        return job_fabric_nodes(job, self._fleet.view(), window, self.config)
 
     @staticmethod
     def _summary(  # noqa: PLR0913 - the figures the line is made of

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from collector.exceptions import ConfigError
+from fleetwatch.config_file import check_number
 
 _POSITIVE = (
     "straggler_margin",
@@ -53,15 +54,16 @@ class JobsConfig:
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
         for key in _POSITIVE:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                msg = f"collector.jobs: {key} must be a positive number, got {value!r}"
-                raise ConfigError(msg)
+            check_number(getattr(self, key), f"jobs.{key}", ConfigError)
         for key in _COUNTS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                msg = f"collector.jobs: {key} must be a whole number of at least 1, got {value!r}"
-                raise ConfigError(msg)
+            check_number(
+                getattr(self, key),
+                f"jobs.{key}",
+                ConfigError,
+                minimum=1,
+                inclusive=True,
+                integer=True,
+            )
         for key in ("straggler_margin", "min_drop", "fabric_share"):
             if getattr(self, key) >= 1:
                 msg = f"collector.jobs: {key} is a share and must be below 1"

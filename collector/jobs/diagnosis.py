@@ -223,14 +223,32 @@ def job_evidence(
     return out
 
 
+def _spread(showing: list[str], nodes: int, config: JobsConfig) -> tuple[str, ...]:
+    """``showing`` if that many of ``nodes`` are too many to be one node's fault, else none."""
+    if len(showing) >= config.fabric_min_nodes and len(showing) >= config.fabric_share * nodes:
+        return tuple(sorted(showing))
+    return ()
+
+
 def fabric_nodes(evidence: Mapping[str, NodeEvidence], config: JobsConfig) -> tuple[str, ...]:
     """The nodes showing fabric signs, when they are too many to be one node's fault."""
-    showing = sorted(n for n, e in evidence.items() if e.fabric)
-    if len(showing) >= config.fabric_min_nodes and len(showing) >= config.fabric_share * len(
-        evidence
-    ):
-        return tuple(showing)
-    return ()
+    return _spread([n for n, e in evidence.items() if e.fabric], len(evidence), config)
+
+
+def job_fabric_nodes(
+    job: JobState,
+    nodes: Mapping[str, NodeState],
+    window: Window,
+    config: JobsConfig,
+) -> tuple[str, ...]:
+    """:func:`fabric_nodes` of a job, reading only its nodes' IB ports (it runs every tick)."""
+    present = [nodes[name] for name in job.nodes() if name in nodes]
+    showing = [
+        node.name
+        for node in present
+        if any(_port_evidence(node, port, window, config)[1] for port in node.ports.values())
+    ]
+    return _spread(showing, len(present), config)
 
 
 def diagnose(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.sim.cluster import SimCluster
@@ -12,11 +16,11 @@ from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.dispatcher import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
+from fleetwatch.demo.wiring import demo_rules
 from fleetwatch.testing import wait_until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from pathlib import Path
+    from collections.abc import AsyncIterator, Callable
 
     from collector.config import CollectorConfig
     from fleetwatch.webhook_receiver import WebhookReceiver
@@ -86,3 +90,48 @@ def api(service: CollectorService, method: str, path: str, body: object = None) 
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, json.loads(exc.read())
+
+
+@contextlib.asynccontextmanager
+async def job_fleet(
+    make_config: Callable[..., CollectorConfig],
+    receiver: WebhookReceiver,
+    tmp_path: Path,
+    nodes: list[str],
+    *,
+    poll_interval: float,
+) -> AsyncIterator[tuple[CollectorService, SimCluster]]:
+    """A collector on the built-in rules with every ``for`` / 60, and nodes that take step reports.
+
+    Yields once every agent is connected and listens on its job socket (in a short temp dir: a
+    Unix socket path must stay under 108 bytes).
+    """
+    rules = demo_rules(tmp_path, 60.0).path  # gpu_straggler waits 1 s, its drain 30 s
+    config = make_config(actions=actions(receiver, tmp_path), rules_interval=0.1, rules=(rules,))
+    service = CollectorService(config, SystemClock())
+    await service.start()
+    sockets = Path(tempfile.mkdtemp(prefix="fwjob", dir="/tmp"))
+    cluster = SimCluster(
+        nodes,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=poll_interval,
+        heartbeat_interval=0.5,
+        job_socket_dir=sockets,
+    )
+    cluster.start()
+    try:
+        await wait_until(
+            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(nodes),
+            what="agents connected",
+        )
+        await wait_until(
+            lambda: all(p.exists() for p in cluster.job_sockets.values()),
+            what="job sockets bound",
+        )
+        yield service, cluster
+    finally:
+        await cluster.stop()
+        await service.stop(grace=0)
+        shutil.rmtree(sockets, ignore_errors=True)

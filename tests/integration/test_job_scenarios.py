@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import urllib.request
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.sim.cluster import SimCluster
 from agent.sim.training import SimTrainingJob
-from collector.main import CollectorService
 from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.wiring import demo_rules
 from fleetwatch.testing import wait_until
-from tests.integration.fleet_harness import actions, api
+from tests.integration.fleet_harness import api, job_fleet
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    from agent.sim.cluster import SimCluster
+    from collector.main import CollectorService
 
 NODES = [f"node-{i:02d}" for i in range(1, 17)]
 JOB = "llm-pretrain"
@@ -70,52 +68,26 @@ class JobFleet:
 
 @pytest.fixture
 async def fleet(collector_config: Any, receiver: Any, tmp_path: Path) -> AsyncIterator[JobFleet]:
-    rules = demo_rules(tmp_path, 60.0).path  # gpu_straggler_persistent waits 30 s, not 30 min
-    acts = actions(receiver, tmp_path)
-    service = CollectorService(
-        collector_config(actions=acts, rules_interval=0.1, rules=(rules,)), SystemClock()
-    )
-    await service.start()
-    sockets = Path(tempfile.mkdtemp(prefix="fwjob", dir="/tmp"))  # a short path: Unix sockets
-    cluster = SimCluster(
-        NODES,
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{service.grpc_port}",
-        poll_interval=0.1,
-        heartbeat_interval=0.5,
-        job_socket_dir=sockets,
-    )
-    cluster.start()
-    job = SimTrainingJob.on_nodes(
-        JOB,
-        [cluster.nodes[n] for n in NODES],
-        cluster.job_sockets,
-        SystemClock(),
-        ranks_per_node=RANKS_PER_NODE,
-        compute_s=0.04,
-        comm_s=0.01,
-    )
-    runner = None
-    try:
-        await wait_until(
-            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
-            what="agents connected",
-        )
-        await wait_until(
-            lambda: all(p.exists() for p in cluster.job_sockets.values()),
-            what="job sockets bound",
+    async with job_fleet(collector_config, receiver, tmp_path, NODES, poll_interval=0.1) as (
+        service,
+        cluster,
+    ):
+        job = SimTrainingJob.on_nodes(
+            JOB,
+            [cluster.nodes[n] for n in NODES],
+            cluster.job_sockets,
+            SystemClock(),
+            ranks_per_node=RANKS_PER_NODE,
+            compute_s=0.04,
+            comm_s=0.01,
         )
         runner = asyncio.create_task(job.run(pace=2.0))
-        yield JobFleet(service, cluster, job)
-    finally:
-        if runner is not None:
+        try:
+            yield JobFleet(service, cluster, job)
+        finally:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        await cluster.stop()
-        await service.stop(grace=0)
-        shutil.rmtree(sockets, ignore_errors=True)
 
 
 class TestJobScenarios:

@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import shutil
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.sim.cluster import SimCluster
-from collector.main import CollectorService
-from fleetwatch.clock import SystemClock
-from fleetwatch.demo.wiring import demo_rules
 from fleetwatch.testing import free_port, wait_until
-from tests.integration.fleet_harness import actions, api
+from tests.integration.fleet_harness import api, job_fleet
+
+if TYPE_CHECKING:
+    from agent.sim.cluster import SimCluster
+    from collector.main import CollectorService
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "jobs" / "torch_job.py"
@@ -63,23 +61,14 @@ async def test_the_slowed_rank_s_node_is_named_the_straggler(
     collector_config: Any, receiver: Any, tmp_path: Path
 ):
     """Rank 2 computes 1.6x longer: node-3 (where rank 2 reports) is the job's straggler."""
-    rules = demo_rules(tmp_path, 60.0).path
-    service = CollectorService(
-        collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1, rules=(rules,)),
-        SystemClock(),
-    )
-    await service.start()
-    sockets = Path(tempfile.mkdtemp(prefix="fwtorch", dir="/tmp"))  # a short path: Unix sockets
-    cluster = SimCluster(
-        NODES,
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{service.grpc_port}",
-        poll_interval=0.2,
-        heartbeat_interval=0.5,
-        job_socket_dir=sockets,
-    )
-    cluster.start()
+    async with job_fleet(collector_config, receiver, tmp_path, NODES, poll_interval=0.2) as (
+        service,
+        cluster,
+    ):
+        await _run_job(service, cluster, tmp_path)
+
+
+async def _run_job(service: CollectorService, cluster: SimCluster, tmp_path: Path) -> None:
     seen: set[tuple[str, str]] = set()
 
     async def watch() -> None:
@@ -90,9 +79,6 @@ async def test_the_slowed_rank_s_node_is_named_the_straggler(
 
     watcher = asyncio.create_task(watch())
     try:
-        await wait_until(
-            lambda: all(p.exists() for p in cluster.job_sockets.values()), what="job sockets"
-        )
         port = free_port()
         codes = await asyncio.gather(
             *(
@@ -120,6 +106,3 @@ async def test_the_slowed_rank_s_node_is_named_the_straggler(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        await cluster.stop()
-        await service.stop(grace=0)
-        shutil.rmtree(sockets, ignore_errors=True)
