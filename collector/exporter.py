@@ -2,232 +2,243 @@
 
 A custom collector (not long-lived Gauge objects): each scrape yields fresh metric families from a
 snapshot, so a node that leaves the model leaves /metrics with it. Per-link detail stays in the
-JSON API; Prometheus gets per-node, per-GPU and per-port series (a few hundred per node).
+JSON API; Prometheus gets per-node, per-GPU and per-port series (docs/metrics.md has the budget).
+Every family comes from :mod:`collector.metrics_catalog`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from collector.metrics_catalog import BY_NAME, NODE_STATES, families
+from collector.node_states import NodeFlags, node_state
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from prometheus_client.metrics_core import Metric
 
     from collector.fleet import FleetModel, GpuState, NodeState, PortState
     from collector.stats import CollectorStats
 
-NODE: Final = ["node"]
-GPU: Final = ["node", "gpu"]
-PORT: Final = ["node", "device", "port"]
+# Bits of NVML's clock event reasons, by the reason label they count under.
+THROTTLE_REASONS: Final = (
+    ("thermal", 0x20 | 0x40),  # SW and HW thermal slowdown
+    ("power", 0x4 | 0x80),  # SW power cap, HW power brake
+    ("hw_slowdown", 0x8),
+)
 
-THERMAL_REASONS: Final = 0x20 | 0x40  # SW and HW thermal slowdown
-POWER_REASONS: Final = 0x4 | 0x80  # SW power cap, HW power brake
-
-# Per-GPU gauges: (metric, help, signal, scale to base units).
+# Per-GPU gauges: (metric, signal, scale to base units).
 GPU_GAUGES: Final = (
-    ("fleetwatch_gpu_temperature_celsius", "GPU core temperature.", "temperature_celsius", 1.0),
-    ("fleetwatch_gpu_power_watts", "Board power draw.", "power_watts", 1.0),
+    ("fleetwatch_gpu_temperature_celsius", "temperature_celsius", 1.0),
+    ("fleetwatch_gpu_power_watts", "power_watts", 1.0),
+    ("fleetwatch_gpu_utilization_ratio", "utilization_gpu_percent", 0.01),
+    ("fleetwatch_gpu_memory_utilization_ratio", "utilization_memory_percent", 0.01),
+    ("fleetwatch_gpu_sm_clock_hertz", "sm_clock_mhz", 1e6),
+    ("fleetwatch_gpu_pcie_link_generation", "pcie_link_gen", 1.0),
+    ("fleetwatch_gpu_pcie_link_generation_max", "pcie_link_gen_max", 1.0),
+    ("fleetwatch_gpu_pcie_link_width", "pcie_link_width", 1.0),
+    ("fleetwatch_gpu_pcie_link_width_max", "pcie_link_width_max", 1.0),
+    ("fleetwatch_gpu_pcie_link_width_degraded", "pcie_link_width_degraded", 1.0),
+    ("fleetwatch_gpu_pcie_link_speed_transfers_per_second", "pcie_sysfs_link_speed_gts", 1e9),
     (
-        "fleetwatch_gpu_utilization_ratio",
-        "Share of time a kernel ran.",
-        "utilization_gpu_percent",
-        0.01,
+        "fleetwatch_gpu_pcie_link_speed_max_transfers_per_second",
+        "pcie_sysfs_link_speed_gts_max",
+        1e9,
     ),
-    ("fleetwatch_gpu_sm_clock_hertz", "SM clock.", "sm_clock_mhz", 1e6),
-    ("fleetwatch_gpu_pcie_link_generation", "PCIe link generation now.", "pcie_link_gen", 1.0),
-    (
-        "fleetwatch_gpu_pcie_link_generation_max",
-        "Highest PCIe generation.",
-        "pcie_link_gen_max",
-        1.0,
-    ),
-    ("fleetwatch_gpu_pcie_link_width", "PCIe lanes in use now.", "pcie_link_width", 1.0),
-    (
-        "fleetwatch_gpu_pcie_link_width_max",
-        "PCIe lanes the link can use.",
-        "pcie_link_width_max",
-        1.0,
-    ),
-    (
-        "fleetwatch_gpu_remap_pending",
-        "1 when a row remap waits for a GPU reset.",
-        "remap_pending",
-        1.0,
-    ),
-    ("fleetwatch_gpu_remap_failure", "1 when row remapping failed.", "remap_failure", 1.0),
+    ("fleetwatch_gpu_remap_pending", "remap_pending", 1.0),
+    ("fleetwatch_gpu_remap_failure", "remap_failure", 1.0),
 )
-# Per-port counters, as the HCA reports them: (metric, help, signal).
+# Per-GPU families with one label beyond the GPU's: (metric, ((label value, signal), ...)).
+GPU_LABELLED: Final = (
+    (
+        "fleetwatch_gpu_remapped_rows",
+        (
+            ("correctable", "remapped_rows_correctable"),
+            ("uncorrectable", "remapped_rows_uncorrectable"),
+        ),
+    ),
+    (
+        "fleetwatch_gpu_ecc_errors_total",
+        (("sbe", "ecc_sbe_aggregate_total"), ("dbe", "ecc_dbe_aggregate_total")),
+    ),
+    (
+        "fleetwatch_gpu_ecc_volatile_errors_total",
+        (("sbe", "ecc_sbe_volatile_total"), ("dbe", "ecc_dbe_volatile_total")),
+    ),
+    (
+        "fleetwatch_gpu_pcie_aer_errors_total",
+        (
+            ("correctable", "aer_correctable_total"),
+            ("nonfatal", "aer_nonfatal_total"),
+            ("fatal", "aer_fatal_total"),
+        ),
+    ),
+)
+NVLINK_ERRORS: Final = (
+    ("replay", "nvlink_replay_errors"),
+    ("recovery", "nvlink_recovery_errors"),
+    ("crc", "nvlink_crc_errors"),
+)
+# Per-port counters, as the HCA reports them: (metric, signal).
 PORT_COUNTERS: Final = (
-    ("fleetwatch_ib_port_transmit_bytes", "Bytes sent.", "ib_port_xmit_bytes"),
-    ("fleetwatch_ib_port_receive_bytes", "Bytes received.", "ib_port_rcv_bytes"),
-    (
-        "fleetwatch_ib_port_transmit_wait",
-        "Ticks the port waited to send: congestion (32-bit, saturates).",
-        "ib_port_xmit_wait",
-    ),
-    ("fleetwatch_ib_port_symbol_errors", "Symbol errors (16-bit, saturates).", "ib_symbol_error"),
-    ("fleetwatch_ib_port_receive_errors", "Bad packets received (16-bit).", "ib_port_rcv_errors"),
-    (
-        "fleetwatch_ib_port_link_downed",
-        "Times the link went down (8-bit, saturates at 255).",
-        "ib_link_downed",
-    ),
+    ("fleetwatch_ib_port_transmit_bytes_total", "ib_port_xmit_bytes"),
+    ("fleetwatch_ib_port_receive_bytes_total", "ib_port_rcv_bytes"),
+    ("fleetwatch_ib_port_transmit_packets_total", "ib_port_xmit_packets"),
+    ("fleetwatch_ib_port_receive_packets_total", "ib_port_rcv_packets"),
+    ("fleetwatch_ib_port_transmit_wait_total", "ib_port_xmit_wait"),
+    ("fleetwatch_ib_port_link_downed_total", "ib_link_downed"),
 )
+# fleetwatch_ib_port_errors_total{type}: (type, signal of the IBA counter).
+PORT_ERRORS: Final = (
+    ("symbol", "ib_symbol_error"),
+    ("link_error_recovery", "ib_link_error_recovery"),
+    ("receive", "ib_port_rcv_errors"),
+    ("receive_remote_physical", "ib_port_rcv_remote_physical_errors"),
+    ("receive_switch_relay", "ib_port_rcv_switch_relay_errors"),
+    ("receive_constraint", "ib_port_rcv_constraint_errors"),
+    ("transmit_discards", "ib_port_xmit_discards"),
+    ("transmit_constraint", "ib_port_xmit_constraint_errors"),
+    ("local_link_integrity", "ib_local_link_integrity_errors"),
+    ("excessive_buffer_overrun", "ib_excessive_buffer_overrun_errors"),
+    ("vl15_dropped", "ib_vl15_dropped"),
+)
+# fleetwatch_ib_port_hw_events_total{counter}: the mlx5 hw_counters worth a series.
+PORT_HW_COUNTERS: Final = (
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "np_cnp_sent",
+    "rp_cnp_handled",
+)
+# Node signals of the agent's own health: (metric, signal).
+AGENT_SIGNALS: Final = (
+    ("fleetwatch_agent_outbox_pending", "agent_outbox_pending"),
+    ("fleetwatch_agent_events_dropped_total", "agent_events_dropped"),
+    ("fleetwatch_agent_kmsg_overruns_total", "agent_kmsg_overruns"),
+    ("fleetwatch_agent_ib_resets_total", "agent_ib_counter_resets"),
+)
+AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev")
+
+FLEET_FAMILIES: Final = tuple(
+    s.name for s in BY_NAME.values() if s.group in ("Nodes", "GPUs", "InfiniBand ports")
+)
+_NOT_HERE: Final = frozenset({"fleetwatch_node_failures_total"})  # rendered by RulesCollector
+
+
+def _number(signals: dict[str, object], name: str) -> float | None:
+    value = signals.get(name)
+    return None if value is None or isinstance(value, str) else float(value)  # type: ignore[arg-type]
 
 
 class _Families:
     """The metric families of one scrape, filled node by node."""
 
-    def __init__(self) -> None:
-        self.up = GaugeMetricFamily(
-            "fleetwatch_node_up", "1 if the node is reachable.", labels=NODE
-        )
-        self.connected = GaugeMetricFamily(
-            "fleetwatch_node_connected",
-            "1 if the node's agent has a stream open to this collector.",
-            labels=NODE,
-        )
-        self.last_seen = GaugeMetricFamily(
-            "fleetwatch_node_last_seen_timestamp_seconds",
-            "Unix time of the last message from the node.",
-            labels=NODE,
-        )
-        self.events = CounterMetricFamily(
-            "fleetwatch_node_events",
-            "Events journaled for the node since this collector started, by kind.",
-            labels=[*NODE, "kind"],
-        )
-        self.info = GaugeMetricFamily(
-            "fleetwatch_gpu_info",
-            "Identity of each GPU (value always 1).",
-            labels=[*GPU, "uuid", "pci_bus_id", "model"],
-        )
-        self.present = GaugeMetricFamily(
-            "fleetwatch_gpu_present",
-            "1 while the GPU answers NVML; 0 once it is lost.",
-            labels=GPU,
-        )
-        self.nvlinks = GaugeMetricFamily(
-            "fleetwatch_gpu_nvlinks", "NVLinks the GPU has.", labels=GPU
-        )
-        self.nvlinks_down = GaugeMetricFamily(
-            "fleetwatch_gpu_nvlinks_down",
-            "NVLinks of the GPU reported down.",
-            labels=GPU,
-        )
-        self.replays = CounterMetricFamily(
-            "fleetwatch_gpu_pcie_replays",
-            "PCIe replay counter of the GPU, as NVML reports it.",
-            labels=GPU,
-        )
-        self.xids = CounterMetricFamily(
-            "fleetwatch_gpu_xid_errors",
-            "Xid errors journaled for the GPU since this collector started, by Xid.",
-            labels=[*GPU, "xid"],
-        )
-        self.gauges = {
-            name: GaugeMetricFamily(name, doc, labels=GPU) for name, doc, _, _ in GPU_GAUGES
-        }
-        self.throttled = GaugeMetricFamily(
-            "fleetwatch_gpu_clocks_throttled",
-            "1 while the GPU's clocks are held down, by reason.",
-            labels=[*GPU, "reason"],
-        )
-        self.ecc = CounterMetricFamily(
-            "fleetwatch_gpu_ecc_errors",
-            "ECC errors over the GPU's life (aggregate), by type (sbe, dbe).",
-            labels=[*GPU, "type"],
-        )
-        self.nvlink_errors = CounterMetricFamily(
-            "fleetwatch_gpu_nvlink_errors",
-            "NVLink data-link errors summed over the GPU's links, by type.",
-            labels=[*GPU, "type"],
-        )
-        self.aer = CounterMetricFamily(
-            "fleetwatch_gpu_pcie_aer_errors",
-            "PCIe AER error messages of the GPU's PCI function, by severity.",
-            labels=[*GPU, "severity"],
-        )
-        self.port_up = GaugeMetricFamily(
-            "fleetwatch_ib_port_up",
-            "1 if the InfiniBand port is ACTIVE.",
-            labels=PORT,
-        )
-        self.port_counters = {
-            name: CounterMetricFamily(name, doc, labels=PORT) for name, doc, _ in PORT_COUNTERS
-        }
+    def __init__(self, flags: NodeFlags, xid_class: Callable[[int], str]) -> None:
+        self.f = families(n for n in FLEET_FAMILIES if n not in _NOT_HERE)
+        self.flags = flags
+        self.xid_class = xid_class
 
     def add_node(self, node: NodeState) -> None:
-        n = node.name
-        self.up.add_metric([n], float(node.reachable))
-        self.connected.add_metric([n], float(node.connected))
-        self.last_seen.add_metric([n], node.last_seen_unix)
+        f, n = self.f, node.name
+        f["fleetwatch_node_up"].add_metric([n], float(node.reachable))
+        f["fleetwatch_node_connected"].add_metric([n], float(node.connected))
+        f["fleetwatch_node_last_seen_timestamp_seconds"].add_metric([n], node.last_seen_unix)
+        state = node_state(node, self.flags)
+        for name in NODE_STATES:
+            f["fleetwatch_node_state"].add_metric([n, name], float(name == state))
+        f["fleetwatch_node_info"].add_metric([n, node.agent_version, node.driver_version], 1)
         for kind, count in sorted(node.events.items()):
-            self.events.add_metric([n, kind], count)
+            f["fleetwatch_node_events_total"].add_metric([n, kind], count)
+        signals: dict[str, object] = dict(node.signals)
+        for metric, signal in AGENT_SIGNALS:
+            if (value := _number(signals, signal)) is not None:
+                f[metric].add_metric([n], value)
+        for source in AGENT_SOURCES:
+            if (value := _number(signals, f"agent_source_errors_{source}")) is not None:
+                f["fleetwatch_agent_source_errors_total"].add_metric([n, source], value)
         for gpu in sorted(node.gpus.values(), key=lambda g: g.index):
             self.add_gpu([n, str(gpu.index)], gpu)
         for port in node.ports.values():
             self.add_port([n, port.device, str(port.port)], port)
 
     def add_gpu(self, labels: list[str], gpu: GpuState) -> None:
-        self.info.add_metric([*labels, gpu.uuid, gpu.pci_bus_id, gpu.model], 1)
-        self.present.add_metric(labels, float(gpu.present))
-        self.nvlinks.add_metric(labels, gpu.nvlink_count)
-        self.nvlinks_down.add_metric(labels, gpu.nvlinks_down)
+        f = self.f
+        f["fleetwatch_gpu_info"].add_metric([*labels, gpu.uuid, gpu.pci_bus_id, gpu.model], 1)
+        f["fleetwatch_gpu_present"].add_metric(labels, float(gpu.present))
+        f["fleetwatch_gpu_nvlinks"].add_metric(labels, gpu.nvlink_count)
+        f["fleetwatch_gpu_nvlinks_down"].add_metric(labels, gpu.nvlinks_down)
         if gpu.pcie_replay_count is not None:
-            self.replays.add_metric(labels, gpu.pcie_replay_count)
+            f["fleetwatch_gpu_pcie_replays_total"].add_metric(labels, gpu.pcie_replay_count)
         for xid, count in sorted(gpu.xid_counts.items()):
-            self.xids.add_metric([*labels, str(xid)], count)
+            f["fleetwatch_gpu_xid_errors_total"].add_metric(
+                [*labels, str(xid), self.xid_class(xid)], count
+            )
         self._add_gpu_health(labels, gpu)
 
     def _add_gpu_health(self, labels: list[str], gpu: GpuState) -> None:
-        for name, _, signal, scale in GPU_GAUGES:
-            value = gpu.number(signal)
-            if value is not None:
-                self.gauges[name].add_metric(labels, value * scale)
+        f = self.f
+        for metric, signal, scale in GPU_GAUGES:
+            if (value := gpu.number(signal)) is not None:
+                f[metric].add_metric(labels, value * scale)
+        for metric, rows in GPU_LABELLED:
+            for label, signal in rows:
+                if (value := gpu.number(signal)) is not None:
+                    f[metric].add_metric([*labels, label], value)
         reasons = gpu.number("clock_event_reasons")
         if reasons is not None:
             bits = int(reasons)
-            self.throttled.add_metric([*labels, "thermal"], float(bool(bits & THERMAL_REASONS)))
-            self.throttled.add_metric([*labels, "power"], float(bool(bits & POWER_REASONS)))
-        for kind in ("sbe", "dbe"):
-            value = gpu.number(f"ecc_{kind}_aggregate_total")
-            if value is not None:
-                self.ecc.add_metric([*labels, kind], value)
-        for kind in ("replay", "recovery", "crc"):
-            total = gpu.link_total(f"nvlink_{kind}_errors")
-            if total is not None:
-                self.nvlink_errors.add_metric([*labels, kind], total)
-        for severity in ("correctable", "nonfatal", "fatal"):
-            value = gpu.number(f"aer_{severity}_total")
-            if value is not None:
-                self.aer.add_metric([*labels, severity], value)
+            for reason, mask in THROTTLE_REASONS:
+                f["fleetwatch_gpu_clocks_throttled"].add_metric(
+                    [*labels, reason], float(bool(bits & mask))
+                )
+        for kind, signal in NVLINK_ERRORS:
+            if (total := gpu.link_total(signal)) is not None:
+                f["fleetwatch_gpu_nvlink_errors_total"].add_metric([*labels, kind], total)
 
     def add_port(self, labels: list[str], port: PortState) -> None:
-        self.port_up.add_metric(labels, float(port.up))
-        for name, _, signal in PORT_COUNTERS:
-            value = port.number(signal)
-            if value is not None:
-                self.port_counters[name].add_metric(labels, value)
+        f = self.f
+        f["fleetwatch_ib_port_up"].add_metric(labels, float(port.up))
+        f["fleetwatch_ib_port_state"].add_metric([*labels, port.state, port.phys_state], 1)
+        for metric, signal in PORT_COUNTERS:
+            if (value := port.number(signal)) is not None:
+                f[metric].add_metric(labels, value)
+        for kind, signal in PORT_ERRORS:
+            if (value := port.number(signal)) is not None:
+                f["fleetwatch_ib_port_errors_total"].add_metric([*labels, kind], value)
+        for counter in PORT_HW_COUNTERS:
+            if (value := port.number(f"ib_hw_{counter}")) is not None:
+                f["fleetwatch_ib_port_hw_events_total"].add_metric([*labels, counter], value)
 
-    def all(self) -> Iterator[Metric]:
-        yield from (self.up, self.connected, self.last_seen, self.events)
-        yield from (self.info, self.present, self.nvlinks, self.nvlinks_down, self.replays)
-        yield from (self.xids, *self.gauges.values(), self.throttled, self.ecc)
-        yield from (self.nvlink_errors, self.aer, self.port_up, *self.port_counters.values())
+
+def _unknown_class(_xid: int) -> str:
+    return "unknown"
 
 
 class FleetCollector(Collector):
     """Yields the fleet's metric families from one snapshot per scrape."""
 
-    def __init__(self, fleet: FleetModel, stats: CollectorStats) -> None:
-        """Read from ``fleet`` and ``stats``; register with a registry you own."""
+    def __init__(
+        self,
+        fleet: FleetModel,
+        stats: CollectorStats,
+        *,
+        flags: Callable[[], NodeFlags] = NodeFlags,
+        xid_class: Callable[[int], str] = _unknown_class,
+    ) -> None:
+        """Read from ``fleet`` and ``stats``; register with a registry you own.
+
+        ``flags`` says which nodes are drained, draining or have a firing incident (for
+        ``fleetwatch_node_state``); ``xid_class`` names an Xid's catalog class.
+        """
         self._fleet = fleet
         self._stats = stats
+        self._flags = flags
+        self._xid_class = xid_class
 
     def describe(self) -> list[Metric]:
         """Skip the registration-time collect (families are dynamic)."""
@@ -235,41 +246,25 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
-        families = _Families()
+        fam = _Families(self._flags(), self._xid_class)
         for node in self._fleet.snapshot().values():
-            families.add_node(node)
-        yield from families.all()
+            fam.add_node(node)
+        yield from fam.f.values()
         yield from self._self_metrics()
 
     def _self_metrics(self) -> Iterator[Metric]:
         stats = self._stats
-        yield GaugeMetricFamily(
-            "fleetwatch_collector_streams_active",
-            "Agent streams open now.",
-            value=stats.streams_active,
-        )
-        rejected = CounterMetricFamily(
-            "fleetwatch_collector_messages_rejected",
-            "Agent messages refused, by reason (the stream is closed with a status).",
-            labels=["reason"],
-        )
+        f = families(s.name for s in BY_NAME.values() if s.group == "The collector itself")
+        f["fleetwatch_collector_streams_active"].add_metric([], stats.streams_active)
         for reason, count in sorted(stats.rejected_snapshot().items()):
-            rejected.add_metric([reason], count)
-        yield rejected
-        for name, doc, value in (
-            ("events_journaled", "Events newly written to the journal.", stats.events_journaled),
-            (
-                "events_duplicate",
-                "Events received again after a replay and dropped as duplicates.",
-                stats.events_duplicate,
-            ),
-            ("reports", "Reports received (an empty one is a heartbeat).", stats.reports),
-            ("samples", "Samples received (agents send only changed values).", stats.samples),
-            ("job_steps", "Training-step reports received from agents.", stats.job_steps),
-            (
-                "seq_gaps",
-                "Streams whose first event skipped numbers the journal never saw.",
-                stats.seq_gaps,
-            ),
+            f["fleetwatch_collector_messages_rejected_total"].add_metric([reason], count)
+        for name, value in (
+            ("events_journaled", stats.events_journaled),
+            ("events_duplicate", stats.events_duplicate),
+            ("reports", stats.reports),
+            ("samples", stats.samples),
+            ("job_steps", stats.job_steps),
+            ("seq_gaps", stats.seq_gaps),
         ):
-            yield CounterMetricFamily(f"fleetwatch_collector_{name}", doc, value=value)
+            f[f"fleetwatch_collector_{name}_total"].add_metric([], value)
+        yield from f.values()

@@ -1,15 +1,16 @@
 """Prometheus metrics of training jobs: throughput, MFU, ETTR, stragglers, drops, checkpoints.
 
-One series per job (label ``job``), plus one per straggling rank; never one per rank of every
-job, so a 16k-rank job costs a few dozen series.
+One series per job (label ``job``), and per rank its step and compute time: one series per GPU
+the job runs on, so a job costs what its GPUs already cost, plus one per straggling rank.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from collector.metrics_catalog import BY_NAME, families
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -18,35 +19,29 @@ if TYPE_CHECKING:
 
     from collector.jobs.book import JobBook
 
-# (metric suffix, job map key, help)
+# (metric suffix, job map key)
 _GAUGES: Final = (
-    ("tokens_per_second", "tokens_per_s", "Tokens per second over the recent steps."),
-    ("tokens_per_second_per_gpu", "tokens_per_s_per_gpu", "Tokens per second per GPU."),
-    ("mfu_ratio", "mfu", "Model FLOPs utilisation (0 when the model size is unknown)."),
-    ("step_time_seconds", "step_time_s", "Median step time over the recent steps."),
-    ("step", "step", "Highest step finished."),
-    ("gpus", "gpus", "GPUs (ranks) of the job."),
-    ("ettr_ratio", "ettr", "Effective training time ratio since fleetwatch first saw the job."),
-    (
-        "goodput_tokens_per_second",
-        "goodput_tokens_per_s",
-        "Tokens of steps that moved the job forward, per second of wall time.",
-    ),
-    ("stragglers", "stragglers", "Ranks computing slower than the job's median by the margin."),
-    (
-        "lost_gpu_hours_per_hour",
-        "lost_gpu_hours_per_hour",
-        "GPU-hours per hour the job loses waiting for its slowest straggler.",
-    ),
-    ("throughput_drop_ratio", "drop_share", "Share of throughput lost in a detected drop."),
-    ("checkpoint_age_seconds", "checkpoint_age_s", "Time since the job's last checkpoint ended."),
-    ("checkpoint_cost_seconds", "checkpoint_cost_s", "Median time a checkpoint takes."),
-    (
-        "checkpoint_interval_recommended_seconds",
-        "checkpoint_interval_s",
-        "Young/Daly checkpoint interval from its nodes' failure rate (0: cost unknown).",
-    ),
+    ("tokens_per_second", "tokens_per_s"),
+    ("tokens_per_second_per_gpu", "tokens_per_s_per_gpu"),
+    ("mfu_ratio", "mfu"),
+    ("step_time_seconds", "step_time_s"),
+    ("step", "step"),
+    ("gpus", "gpus"),
+    ("ettr_ratio", "ettr"),
+    ("goodput_tokens_per_second", "goodput_tokens_per_s"),
+    ("stragglers", "stragglers"),
+    ("straggler_lost_gpus", "lost_gpu_hours_per_hour"),
+    ("throughput_drop_ratio", "drop_share"),
+    ("checkpoint_age_seconds", "checkpoint_age_s"),
+    ("checkpoint_cost_seconds", "checkpoint_cost_s"),
+    ("checkpoint_interval_recommended_seconds", "checkpoint_interval_s"),
 )
+# Per-rank gauges: (metric, rank map key).
+_RANK_GAUGES: Final = (
+    ("fleetwatch_job_rank_step_time_seconds", "step_time_s"),
+    ("fleetwatch_job_rank_compute_seconds", "compute_time_s"),
+)
+_NAMES: Final = tuple(s.name for s in BY_NAME.values() if s.group == "Training jobs")
 
 
 class JobsCollector(Collector):
@@ -62,28 +57,19 @@ class JobsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
-        jobs = [j for j in self._jobs.summaries() if j["active"]]
-        for suffix, key, doc in _GAUGES:
-            family = GaugeMetricFamily(f"fleetwatch_job_{suffix}", doc, labels=["job"])
-            for job in jobs:
-                family.add_metric([job["id"]], float(job[key]))
-            yield family
-        slow = GaugeMetricFamily(
-            "fleetwatch_job_rank_slowdown_ratio",
-            "A straggling rank's compute time over the job's median, minus 1.",
-            labels=["job", "rank", "node", "gpu"],
-        )
-        for job in jobs:
+        f = families(_NAMES)
+        for job in (j for j in self._jobs.summaries() if j["active"]):
+            for suffix, key in _GAUGES:
+                f[f"fleetwatch_job_{suffix}"].add_metric([job["id"]], float(job[key]))
             for rank in self._jobs.ranks(job["id"]):
+                gpu = "" if rank["gpu"] is None else str(rank["gpu"])
+                labels = [job["id"], str(rank["rank"]), rank["node"], gpu]
+                for metric, key in _RANK_GAUGES:
+                    if rank[key] is not None:
+                        f[metric].add_metric(labels, float(rank[key]))
                 if rank["straggler"] and rank["compute_ratio"] is not None:
-                    gpu = "" if rank["gpu"] is None else str(rank["gpu"])
-                    slow.add_metric(
-                        [job["id"], str(rank["rank"]), rank["node"], gpu],
-                        rank["compute_ratio"] - 1,
+                    f["fleetwatch_job_rank_slowdown_ratio"].add_metric(
+                        labels, rank["compute_ratio"] - 1
                     )
-        yield slow
-        yield CounterMetricFamily(
-            "fleetwatch_job_reports",
-            "Step reports taken into jobs.",
-            value=self._jobs.reports,
-        )
+        f["fleetwatch_job_reports_total"].add_metric([], self._jobs.reports)
+        yield from f.values()

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from collector.actions.tally import metric_node
+from collector.metrics_catalog import BY_NAME, families
+from rules.engine import Phase
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -15,6 +18,11 @@ if TYPE_CHECKING:
 
     from collector.actions.dispatcher import Dispatcher
     from collector.incidents import Evaluator
+
+_NAMES = (
+    *(s.name for s in BY_NAME.values() if s.group == "Rules, incidents and actions"),
+    "fleetwatch_node_failures_total",
+)
 
 
 class RulesCollector(Collector):
@@ -32,39 +40,35 @@ class RulesCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
         ev = self._evaluator
-        yield CounterMetricFamily(
-            "fleetwatch_rule_evaluations", "Rule conditions evaluated.", value=ev.evaluations
-        )
-        errors = CounterMetricFamily(
-            "fleetwatch_rule_evaluation_errors",
-            "Evaluations of a rule's condition that failed (the rule cannot fire while they do).",
-            labels=["rule"],
-        )
+        f = families(_NAMES)
+        f["fleetwatch_rule_evaluations_total"].add_metric([], ev.evaluations)
         for rule in ev.rules.rules:
-            errors.add_metric([rule.name], ev.errors.get(rule.name, 0))
-        yield errors
-        open_now = GaugeMetricFamily(
-            "fleetwatch_incidents_open",
-            "Incidents pending or firing, by rule, severity and phase.",
-            labels=["rule", "severity", "phase"],
-        )
+            f["fleetwatch_rule_evaluation_errors_total"].add_metric(
+                [rule.name], ev.errors.get(rule.name, 0)
+            )
+        incidents = ev.engine.open_incidents()
         counts = Counter(
-            (i.rule, ev.engine.rules[i.rule].severity.value, i.phase.value)
-            for i in ev.engine.open_incidents()
+            (i.rule, ev.engine.rules[i.rule].severity.value, i.phase.value) for i in incidents
         )
         for labels, count in sorted(counts.items()):
-            open_now.add_metric(list(labels), count)
-        yield open_now
-        status = self._dispatcher.status()
-        for name, doc in (
-            ("drained_nodes", "Nodes fleetwatch has drained and not resumed."),
-            ("drains_waiting", "Drains held back by the drain cap or the circuit breaker."),
-            ("drain_cap", "How many nodes fleetwatch may drain at once now."),
-            ("drain_breaker_open", "1 while the drain circuit breaker is open."),
-        ):
-            yield GaugeMetricFamily(f"fleetwatch_{name}", doc, value=float(status[name]))
-        yield CounterMetricFamily(
-            "fleetwatch_actions_deferred",
-            "Times an action was held back to wait (drain cap, breaker, a busy GPU).",
-            value=self._dispatcher.deferred,
-        )
+            f["fleetwatch_incidents_open"].add_metric(list(labels), count)
+        for i in sorted(incidents, key=lambda i: (i.rule, i.target)):
+            if i.phase != Phase.FIRING:
+                continue
+            rule = ev.engine.rules[i.rule]
+            job = i.node.removeprefix("job/") if i.node.startswith("job/") else ""
+            f["fleetwatch_incident_firing"].add_metric(
+                [i.rule, rule.severity.value, rule.scope.value, i.target, metric_node(i.node), job],
+                1,
+            )
+        for (node, category), count in sorted(dict(ev.failures).items()):
+            f["fleetwatch_node_failures_total"].add_metric([node, category], count)
+        dispatcher = self._dispatcher
+        for (action, outcome, node), count, last in dispatcher.tally.snapshot():
+            f["fleetwatch_actions_total"].add_metric([action, outcome, node], count)
+            f["fleetwatch_action_last_timestamp_seconds"].add_metric([action, outcome, node], last)
+        status = dispatcher.status()
+        for name in ("drained_nodes", "drains_waiting", "drain_cap", "drain_breaker_open"):
+            f[f"fleetwatch_{name}"].add_metric([], float(status[name]))
+        f["fleetwatch_actions_deferred_total"].add_metric([], dispatcher.deferred)
+        yield from f.values()

@@ -12,6 +12,7 @@ of that node that fire after it (they are journaled as suppressed and run no act
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,9 +45,12 @@ NO_DRAINS: Final = {
     "drain_breaker_open": False,
 }
 EVENT_WINDOW_S: Final = 24 * 3600.0
-FAILURE_KINDS: Final = frozenset(
-    {EventKind.GPU_LOST, EventKind.PCI_REMOVED, EventKind.NODE_UNREACHABLE},
-)
+# Events that interrupt a training job whatever the Xid catalog says, by failure category.
+FAILURE_KINDS: Final = {
+    EventKind.GPU_LOST: "gpu_lost",
+    EventKind.PCI_REMOVED: "pcie",
+    EventKind.NODE_UNREACHABLE: "node",
+}
 
 
 @dataclass(slots=True)
@@ -160,6 +164,7 @@ class Evaluator:
         self._dirty: set[tuple[str, str]] = set()  # (node, target key)
         self.evaluations = 0
         self.errors: dict[str, int] = {}
+        self.failures: Counter[tuple[str, str]] = Counter()  # (node, category)
         self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
         # Called when an event arrives, so the incident service evaluates at once.
         self.on_event: Callable[[], None] = lambda: None
@@ -202,16 +207,24 @@ class Evaluator:
         for k in keys:
             self.history.add_event(k, past)
             self._dirty.add((node, k))
-        if self.jobs is not None and self._is_failure(kind, xid):
-            self.jobs.note_failure(node)
+        category = self.failure_category(kind, xid)
+        if category is not None:
+            self.failures[node, category] += 1
+            if self.jobs is not None:
+                self.jobs.note_failure(node)
         self.on_event()
 
-    def _is_failure(self, kind: EventKind, xid: int) -> bool:
-        """Events that interrupt a training job (they count in checkpoint advice)."""
+    def failure_category(self, kind: EventKind, xid: int) -> str | None:
+        """The category of an event that interrupts a training job, or None for others.
+
+        Such events count in checkpoint advice and in ``fleetwatch_node_failures_total``:
+        ``gpu_lost``, ``pcie`` (the PCI device went away), ``node`` (unreachable), and fatal
+        Xids under their catalog class.
+        """
         if kind in FAILURE_KINDS:
-            return True
+            return FAILURE_KINDS[kind]
         entry = self.catalog.get(xid) if kind == EventKind.XID else None
-        return entry is not None and entry.fatal
+        return entry.xid_class if entry is not None and entry.fatal else None
 
     def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
         """A sample changed: keep it if a rule windows over it, and mark its target."""

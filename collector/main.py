@@ -24,10 +24,12 @@ from collector.incidents import Evaluator
 from collector.jobs.book import JobBook
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
+from collector.node_states import NodeFlags
 from collector.server import FleetServer
 from collector.stats import CollectorStats
 from collector.store_sqlite import JournalReader, SqliteStore
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.engine import Phase
 from rules.loader import load_rules
 from rules.xid_catalog import load_catalog
 
@@ -86,7 +88,6 @@ class CollectorService:
         self.journal = Journal(SqliteStore(cfg.journal))
         self.reader = JournalReader(cfg.journal)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(self.fleet, self.stats))
         config = pb.Config(
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             poll_interval_ms=int(cfg.poll_interval * 1000),
@@ -114,6 +115,14 @@ class CollectorService:
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
         self.evaluator.fleet_extras = self.dispatcher.status
+        self.registry.register(
+            FleetCollector(
+                self.fleet,
+                self.stats,
+                flags=self._node_flags,
+                xid_class=self.evaluator.catalog.class_of,
+            )
+        )
         self.registry.register(RulesCollector(self.evaluator, self.dispatcher))
         self.incidents = IncidentService(
             evaluator=self.evaluator,
@@ -150,6 +159,17 @@ class CollectorService:
     def http_port(self) -> int:
         """The bound HTTP port."""
         return self.http.port
+
+    def _node_flags(self) -> NodeFlags:
+        """Drained, draining and incident-bearing nodes now (called by the scrape thread)."""
+        firing = frozenset(
+            i.node for i in self.evaluator.engine.open_incidents() if i.phase == Phase.FIRING
+        )
+        return NodeFlags(
+            drained=frozenset(dict(self.dispatcher.drained)),
+            draining=frozenset(set(self.dispatcher.draining)),
+            firing=firing,
+        )
 
     async def _restore_nodes(self) -> None:
         """Bring back nodes from the journal, so a node that never returns is still noticed."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from collector.actions.tally import UNFINISHED, ActionTally
 from collector.store_incidents import ActionRow
 from rules.model import ActionSpec
 
@@ -147,6 +148,8 @@ class Dispatcher:
         self.waiting: dict[int, _Waiting] = {}  # by action id, oldest first
         self.draining: set[str] = set()  # nodes whose drain is running now
         self.resetting: set[str] = set()  # GPUs (node/gpu/N) whose reset is running now
+        self.tally = ActionTally(clock)
+        self._unfinished: dict[int, tuple[str, str]] = {}  # action id -> (action, node)
 
     async def start(self) -> None:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
@@ -197,6 +200,10 @@ class Dispatcher:
     async def _finish(self, action_id: int, state: str, detail: str) -> None:
         now = self._now_ms()
         await self._journal.do(lambda s: s.incidents.finish_action(action_id, state, detail, now))
+        meta = self._unfinished.get(action_id)
+        if meta is not None and state not in UNFINISHED:
+            del self._unfinished[action_id]
+            self.tally.record(meta[0], state, meta[1])
 
     async def _reopen(self, action_id: int) -> None:
         await self._journal.do(lambda s: s.incidents.reopen_action(action_id, "running"))
@@ -222,7 +229,12 @@ class Dispatcher:
             detail=detail,
             finished_ms=None if state in ("planned", "running") else self._now_ms(),
         )
-        return await self._journal.do(lambda s: s.incidents.add_action(row))
+        action_id, new = await self._journal.do(lambda s: s.incidents.add_action(row))
+        if new and state in UNFINISHED:
+            self._unfinished[action_id] = (action, incident.node)
+        elif new:
+            self.tally.record(action, state, incident.node)
+        return action_id, new
 
     def _refusal(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> tuple[str, str]:
         """(state, why) when the action must not run now; ("planned", "") when it may."""
@@ -294,6 +306,7 @@ class Dispatcher:
             finished_ms=self._now_ms(),
         )
         await self._journal.do(lambda s: s.incidents.add_action(row))
+        self.tally.record("release_node", "succeeded", node)
         log.warning("drain_released", node=node, incident=incident, reason=reason)
         return True
 

@@ -151,7 +151,7 @@ class TestEndToEnd:
             == 1
         )
         assert m["fleetwatch_gpu_pcie_replays_total", (("gpu", "2"), ("node", "node-7"))] == 41
-        xid_labels = (("gpu", "3"), ("node", "node-1"), ("xid", "79"))
+        xid_labels = (("class", "bus"), ("gpu", "3"), ("node", "node-1"), ("xid", "79"))
         assert m["fleetwatch_gpu_xid_errors_total", xid_labels] == 1
         assert m["fleetwatch_collector_events_journaled_total", ()] == 5
         aer = collector.reader.events(kind="pcie_aer")

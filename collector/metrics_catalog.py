@@ -1,0 +1,608 @@
+"""Every series the collector's ``/metrics`` exposes: name, type, unit, labels and meaning.
+
+The exporters build their metric families from these specs (:meth:`MetricSpec.family`), so the
+catalog cannot drift from what a scrape yields, and ``docs/metrics.md`` is generated from it
+(``fleetwatch metrics catalog``; a test checks the committed page is current).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+Kind = Literal["gauge", "counter"]
+
+NODE: Final = ("node",)
+GPU: Final = ("node", "gpu")
+PORT: Final = ("node", "device", "port")
+JOB: Final = ("job",)
+RANK: Final = ("job", "rank", "node", "gpu")
+
+NODE_STATES: Final = ("healthy", "degraded", "draining", "drained", "unreachable")
+# Series one node of 8 GPUs (18 NVLinks each) and 8 IB ports may cost, job ranks included.
+SERIES_PER_NODE_BUDGET: Final = 600
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family: ``name`` as exposed (counters end in ``_total``)."""
+
+    name: str
+    kind: Kind
+    unit: str
+    labels: tuple[str, ...]
+    help: str
+    group: str
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        """An empty family of this metric, to add samples to."""
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=list(self.labels))
+        return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
+
+
+def _specs(
+    group: str, rows: Iterable[tuple[str, Kind, str, tuple[str, ...], str]]
+) -> list[MetricSpec]:
+    return [
+        MetricSpec(name, kind, unit, labels, doc, group) for name, kind, unit, labels, doc in rows
+    ]
+
+
+_NODES = _specs(
+    "Nodes",
+    [
+        (
+            "fleetwatch_node_up",
+            "gauge",
+            "",
+            NODE,
+            "1 while the node is reachable, 0 once the collector gave up on it.",
+        ),
+        (
+            "fleetwatch_node_connected",
+            "gauge",
+            "",
+            NODE,
+            "1 while the node's agent has a stream open to this collector.",
+        ),
+        (
+            "fleetwatch_node_last_seen_timestamp_seconds",
+            "gauge",
+            "seconds",
+            NODE,
+            "Unix time of the last message from the node.",
+        ),
+        (
+            "fleetwatch_node_state",
+            "gauge",
+            "",
+            (*NODE, "state"),
+            "1 for the node's state, 0 for the others: "
+            + ", ".join(NODE_STATES)
+            + " (docs/metrics.md says when each holds).",
+        ),
+        (
+            "fleetwatch_node_info",
+            "gauge",
+            "",
+            (*NODE, "agent_version", "driver_version"),
+            "Versions the node's agent reported (value always 1).",
+        ),
+        (
+            "fleetwatch_node_events_total",
+            "counter",
+            "",
+            (*NODE, "kind"),
+            "Events journaled for the node since this collector started, by kind.",
+        ),
+        (
+            "fleetwatch_node_failures_total",
+            "counter",
+            "",
+            (*NODE, "category"),
+            (
+                "Failures that interrupt a training job (GPU lost, PCI device removed, node "
+                "unreachable, fatal Xid) since this collector started, by category."
+            ),
+        ),
+        (
+            "fleetwatch_agent_outbox_pending",
+            "gauge",
+            "",
+            NODE,
+            "Events the node's agent holds that the collector has not acknowledged.",
+        ),
+        (
+            "fleetwatch_agent_events_dropped_total",
+            "counter",
+            "",
+            NODE,
+            "Events the node's agent dropped because its outbox was full.",
+        ),
+        (
+            "fleetwatch_agent_kmsg_overruns_total",
+            "counter",
+            "",
+            NODE,
+            "Times the kernel log overwrote records before the node's agent read them.",
+        ),
+        (
+            "fleetwatch_agent_ib_resets_total",
+            "counter",
+            "",
+            NODE,
+            "IB counters the node's agent saw go backwards (HCA reset, driver reload).",
+        ),
+        (
+            "fleetwatch_agent_source_errors_total",
+            "counter",
+            "",
+            (*NODE, "source"),
+            "Failed reads by the node's agent, by source (nvml, sysfs, kmsg, udev).",
+        ),
+    ],
+)
+
+_GPUS = _specs(
+    "GPUs",
+    [
+        (
+            "fleetwatch_gpu_info",
+            "gauge",
+            "",
+            (*GPU, "uuid", "pci_bus_id", "model"),
+            "Identity of each GPU (value always 1).",
+        ),
+        (
+            "fleetwatch_gpu_present",
+            "gauge",
+            "",
+            GPU,
+            "1 while the GPU answers NVML; 0 once it is lost.",
+        ),
+        ("fleetwatch_gpu_nvlinks", "gauge", "", GPU, "NVLinks the GPU has."),
+        ("fleetwatch_gpu_nvlinks_down", "gauge", "", GPU, "NVLinks of the GPU reported down."),
+        (
+            "fleetwatch_gpu_pcie_replays_total",
+            "counter",
+            "",
+            GPU,
+            "PCIe replay counter of the GPU, as NVML reports it.",
+        ),
+        (
+            "fleetwatch_gpu_xid_errors_total",
+            "counter",
+            "",
+            (*GPU, "xid", "class"),
+            (
+                "Xid errors journaled for the GPU since this collector started, by Xid and its "
+                "catalog class."
+            ),
+        ),
+        ("fleetwatch_gpu_temperature_celsius", "gauge", "celsius", GPU, "GPU core temperature."),
+        ("fleetwatch_gpu_power_watts", "gauge", "watts", GPU, "Board power draw."),
+        ("fleetwatch_gpu_utilization_ratio", "gauge", "ratio", GPU, "Share of time a kernel ran."),
+        (
+            "fleetwatch_gpu_memory_utilization_ratio",
+            "gauge",
+            "ratio",
+            GPU,
+            "Share of time device memory was read or written.",
+        ),
+        ("fleetwatch_gpu_sm_clock_hertz", "gauge", "hertz", GPU, "SM clock."),
+        ("fleetwatch_gpu_pcie_link_generation", "gauge", "", GPU, "PCIe link generation now."),
+        (
+            "fleetwatch_gpu_pcie_link_generation_max",
+            "gauge",
+            "",
+            GPU,
+            "Highest PCIe generation of the link.",
+        ),
+        ("fleetwatch_gpu_pcie_link_width", "gauge", "", GPU, "PCIe lanes in use now."),
+        ("fleetwatch_gpu_pcie_link_width_max", "gauge", "", GPU, "PCIe lanes the link can use."),
+        (
+            "fleetwatch_gpu_pcie_link_width_degraded",
+            "gauge",
+            "",
+            GPU,
+            "1 while the PCI function's link runs on fewer lanes than it can (sysfs).",
+        ),
+        (
+            "fleetwatch_gpu_pcie_link_speed_transfers_per_second",
+            "gauge",
+            "transfers_per_second",
+            GPU,
+            "PCIe link speed now, per lane (sysfs).",
+        ),
+        (
+            "fleetwatch_gpu_pcie_link_speed_max_transfers_per_second",
+            "gauge",
+            "transfers_per_second",
+            GPU,
+            "Highest PCIe link speed per lane (sysfs).",
+        ),
+        (
+            "fleetwatch_gpu_remap_pending",
+            "gauge",
+            "",
+            GPU,
+            "1 when a row remap waits for a GPU reset.",
+        ),
+        ("fleetwatch_gpu_remap_failure", "gauge", "", GPU, "1 when row remapping failed."),
+        (
+            "fleetwatch_gpu_remapped_rows",
+            "gauge",
+            "",
+            (*GPU, "type"),
+            (
+                "Memory rows remapped over the GPU's life, by the error that caused it "
+                "(correctable, uncorrectable)."
+            ),
+        ),
+        (
+            "fleetwatch_gpu_clocks_throttled",
+            "gauge",
+            "",
+            (*GPU, "reason"),
+            "1 while the GPU's clocks are held down, by reason (thermal, power, hw_slowdown).",
+        ),
+        (
+            "fleetwatch_gpu_ecc_errors_total",
+            "counter",
+            "",
+            (*GPU, "type"),
+            "ECC errors over the GPU's life (aggregate), by type (sbe, dbe).",
+        ),
+        (
+            "fleetwatch_gpu_ecc_volatile_errors_total",
+            "counter",
+            "",
+            (*GPU, "type"),
+            "ECC errors since the driver loaded (volatile), by type (sbe, dbe).",
+        ),
+        (
+            "fleetwatch_gpu_nvlink_errors_total",
+            "counter",
+            "",
+            (*GPU, "type"),
+            "NVLink data-link errors summed over the GPU's links, by type (replay, recovery, crc).",
+        ),
+        (
+            "fleetwatch_gpu_pcie_aer_errors_total",
+            "counter",
+            "",
+            (*GPU, "severity"),
+            "PCIe AER error messages of the GPU's PCI function, by severity.",
+        ),
+    ],
+)
+
+_PORTS = _specs(
+    "InfiniBand ports",
+    [
+        ("fleetwatch_ib_port_up", "gauge", "", PORT, "1 if the InfiniBand port is ACTIVE."),
+        (
+            "fleetwatch_ib_port_state",
+            "gauge",
+            "",
+            (*PORT, "state", "phys_state"),
+            "The port's logical and physical state (value always 1).",
+        ),
+        ("fleetwatch_ib_port_transmit_bytes_total", "counter", "bytes", PORT, "Bytes sent."),
+        ("fleetwatch_ib_port_receive_bytes_total", "counter", "bytes", PORT, "Bytes received."),
+        ("fleetwatch_ib_port_transmit_packets_total", "counter", "", PORT, "Packets sent."),
+        ("fleetwatch_ib_port_receive_packets_total", "counter", "", PORT, "Packets received."),
+        (
+            "fleetwatch_ib_port_transmit_wait_total",
+            "counter",
+            "",
+            PORT,
+            "Ticks the port had data to send but no credit: congestion (32-bit, saturates).",
+        ),
+        (
+            "fleetwatch_ib_port_link_downed_total",
+            "counter",
+            "",
+            PORT,
+            "Times the link went down (8-bit, saturates at 255).",
+        ),
+        (
+            "fleetwatch_ib_port_errors_total",
+            "counter",
+            "",
+            (*PORT, "type"),
+            (
+                "Error counters of the port, by type (the IBA counter each comes from is in "
+                "docs/metrics.md)."
+            ),
+        ),
+        (
+            "fleetwatch_ib_port_hw_events_total",
+            "counter",
+            "",
+            (*PORT, "counter"),
+            (
+                "mlx5 hw_counters of the port that show transport trouble and congestion, where "
+                "the HCA has them."
+            ),
+        ),
+    ],
+)
+
+_JOBS = _specs(
+    "Training jobs",
+    [
+        (
+            "fleetwatch_job_tokens_per_second",
+            "gauge",
+            "",
+            JOB,
+            "Tokens per second over the recent steps.",
+        ),
+        (
+            "fleetwatch_job_tokens_per_second_per_gpu",
+            "gauge",
+            "",
+            JOB,
+            "Tokens per second per GPU.",
+        ),
+        (
+            "fleetwatch_job_mfu_ratio",
+            "gauge",
+            "ratio",
+            JOB,
+            "Model FLOPs utilisation (0 when the model size is unknown).",
+        ),
+        (
+            "fleetwatch_job_step_time_seconds",
+            "gauge",
+            "seconds",
+            JOB,
+            "Median step time over the recent steps.",
+        ),
+        ("fleetwatch_job_step", "gauge", "", JOB, "Highest step finished."),
+        ("fleetwatch_job_gpus", "gauge", "", JOB, "GPUs (ranks) of the job."),
+        (
+            "fleetwatch_job_ettr_ratio",
+            "gauge",
+            "ratio",
+            JOB,
+            "Effective training time ratio since fleetwatch first saw the job.",
+        ),
+        (
+            "fleetwatch_job_goodput_tokens_per_second",
+            "gauge",
+            "",
+            JOB,
+            "Tokens of steps that moved the job forward, per second of wall time.",
+        ),
+        (
+            "fleetwatch_job_stragglers",
+            "gauge",
+            "",
+            JOB,
+            "Ranks computing slower than the job's median by the margin.",
+        ),
+        (
+            "fleetwatch_job_straggler_lost_gpus",
+            "gauge",
+            "",
+            JOB,
+            (
+                "GPUs' worth of compute the job loses waiting for its slowest straggler (GPU-hours "
+                "lost per hour)."
+            ),
+        ),
+        (
+            "fleetwatch_job_throughput_drop_ratio",
+            "gauge",
+            "ratio",
+            JOB,
+            "Share of throughput lost in a detected drop (0 when none).",
+        ),
+        (
+            "fleetwatch_job_checkpoint_age_seconds",
+            "gauge",
+            "seconds",
+            JOB,
+            "Time since the job's last checkpoint ended.",
+        ),
+        (
+            "fleetwatch_job_checkpoint_cost_seconds",
+            "gauge",
+            "seconds",
+            JOB,
+            "Median time a checkpoint takes.",
+        ),
+        (
+            "fleetwatch_job_checkpoint_interval_recommended_seconds",
+            "gauge",
+            "seconds",
+            JOB,
+            "Young/Daly checkpoint interval from its nodes' failure rate (0: cost unknown).",
+        ),
+        (
+            "fleetwatch_job_rank_step_time_seconds",
+            "gauge",
+            "seconds",
+            RANK,
+            "Each rank's last step time.",
+        ),
+        (
+            "fleetwatch_job_rank_compute_seconds",
+            "gauge",
+            "seconds",
+            RANK,
+            "Each rank's compute time in its last step (the step less its waits).",
+        ),
+        (
+            "fleetwatch_job_rank_slowdown_ratio",
+            "gauge",
+            "ratio",
+            RANK,
+            "A straggling rank's compute time over the job's median, minus 1 (stragglers only).",
+        ),
+        ("fleetwatch_job_reports_total", "counter", "", (), "Step reports taken into jobs."),
+    ],
+)
+
+_RULES = _specs(
+    "Rules, incidents and actions",
+    [
+        ("fleetwatch_rule_evaluations_total", "counter", "", (), "Rule conditions evaluated."),
+        (
+            "fleetwatch_rule_evaluation_errors_total",
+            "counter",
+            "",
+            ("rule",),
+            "Evaluations of a rule's condition that failed (the rule cannot fire while they do).",
+        ),
+        (
+            "fleetwatch_incidents_open",
+            "gauge",
+            "",
+            ("rule", "severity", "phase"),
+            "Incidents pending or firing, by rule, severity and phase.",
+        ),
+        (
+            "fleetwatch_incident_firing",
+            "gauge",
+            "",
+            ("rule", "severity", "scope", "target", "node", "job"),
+            (
+                "1 for each firing incident (node is empty for fleet and job incidents, job for "
+                "all others): for tables and annotations."
+            ),
+        ),
+        (
+            "fleetwatch_actions_total",
+            "counter",
+            "",
+            ("action", "outcome", "node"),
+            (
+                "Actions that reached an outcome (succeeded, failed, skipped, dry_run), by action "
+                "and node."
+            ),
+        ),
+        (
+            "fleetwatch_action_last_timestamp_seconds",
+            "gauge",
+            "seconds",
+            ("action", "outcome", "node"),
+            (
+                "Unix time of the last action of this kind, outcome and node: for recent-action "
+                "tables and annotations."
+            ),
+        ),
+        (
+            "fleetwatch_drained_nodes",
+            "gauge",
+            "",
+            (),
+            "Nodes fleetwatch has drained and not resumed.",
+        ),
+        (
+            "fleetwatch_drains_waiting",
+            "gauge",
+            "",
+            (),
+            "Drains held back by the drain cap or the circuit breaker.",
+        ),
+        (
+            "fleetwatch_drain_cap",
+            "gauge",
+            "",
+            (),
+            "How many nodes fleetwatch may drain at once now.",
+        ),
+        (
+            "fleetwatch_drain_breaker_open",
+            "gauge",
+            "",
+            (),
+            "1 while the drain circuit breaker is open.",
+        ),
+        (
+            "fleetwatch_actions_deferred_total",
+            "counter",
+            "",
+            (),
+            "Times an action was held back to wait (drain cap, breaker, a busy GPU).",
+        ),
+    ],
+)
+
+_COLLECTOR = _specs(
+    "The collector itself",
+    [
+        ("fleetwatch_collector_streams_active", "gauge", "", (), "Agent streams open now."),
+        (
+            "fleetwatch_collector_messages_rejected_total",
+            "counter",
+            "",
+            ("reason",),
+            "Agent messages refused, by reason (the stream is closed with a status).",
+        ),
+        (
+            "fleetwatch_collector_events_journaled_total",
+            "counter",
+            "",
+            (),
+            "Events newly written to the journal.",
+        ),
+        (
+            "fleetwatch_collector_events_duplicate_total",
+            "counter",
+            "",
+            (),
+            "Events received again after a replay and dropped as duplicates.",
+        ),
+        (
+            "fleetwatch_collector_reports_total",
+            "counter",
+            "",
+            (),
+            "Reports received (an empty one is a heartbeat).",
+        ),
+        (
+            "fleetwatch_collector_samples_total",
+            "counter",
+            "",
+            (),
+            "Samples received (agents send only changed values).",
+        ),
+        (
+            "fleetwatch_collector_job_steps_total",
+            "counter",
+            "",
+            (),
+            "Training-step reports received from agents.",
+        ),
+        (
+            "fleetwatch_collector_seq_gaps_total",
+            "counter",
+            "",
+            (),
+            "Streams whose first event skipped numbers the journal never saw.",
+        ),
+    ],
+)
+
+CATALOG: Final[tuple[MetricSpec, ...]] = (*_NODES, *_GPUS, *_PORTS, *_JOBS, *_RULES, *_COLLECTOR)
+BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG}
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec of ``name`` (a KeyError names a metric the catalog lacks)."""
+    return BY_NAME[name]
+
+
+def families(names: Iterable[str]) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+    """Fresh, empty families of ``names``, by name."""
+    return {name: BY_NAME[name].family() for name in names}
