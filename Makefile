@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # CUDA packages).
 TORCH := $(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
 
-.PHONY: demo test lint typecheck rules unit proto clean
+.PHONY: demo test lint typecheck rules unit proto dashboards clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ unit: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \
 		fleetwatch/wire/v1/fleetwatch.proto
+
+# Regenerate the Grafana JSON after editing dashboards/*.py (a test checks this was done).
+dashboards: $(STAMP)
+	$(BIN)/python -m dashboards.build
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -20,8 +20,8 @@ Kind = Literal["gauge", "counter"]
 NODE: Final = ("node",)
 GPU: Final = ("node", "gpu")
 PORT: Final = ("node", "device", "port")
-JOB: Final = ("job",)
-RANK: Final = ("job", "rank", "node", "gpu")
+JOB: Final = ("training_job",)
+RANK: Final = ("training_job", "rank", "node", "gpu")
 
 NODE_STATES: Final = ("healthy", "degraded", "draining", "drained", "unreachable")
 # Series one node of 8 GPUs (18 NVLinks each) and 8 IB ports may cost, job ranks included.
@@ -474,10 +474,10 @@ _RULES = _specs(
             "fleetwatch_incident_firing",
             "gauge",
             "",
-            ("rule", "severity", "scope", "target", "node", "job"),
+            ("rule", "severity", "scope", "target", "node", "training_job"),
             (
-                "1 for each firing incident (node is empty for fleet and job incidents, job for "
-                "all others): for tables and annotations."
+                "1 for each firing incident (node is empty for fleet and job incidents, "
+                "training_job for all others): for tables and annotations."
             ),
         ),
         (

@@ -61,6 +61,12 @@ or ports, a lost GPU, an NVLink or an IB port down), else `healthy`. States:
   `node` (unreachable), or a fatal Xid's catalog class (`memory`, `nvlink`, `bus`, ...).
 - `fleetwatch_incident_firing{{target}}`: the incident's target key (`node-02/gpu/5`,
   `node-03/ib/mlx5_2/1`, `job/<id>`, `fleet`); `node` is empty for fleet and job incidents.
+
+## Why `training_job`, not `job`
+
+Prometheus gives every scraped series a `job` label (the scrape job's name). A training job's id
+is therefore `training_job`, so the collector's series never clash with it and the scrape
+configuration needs no `honor_labels`.
 """
 
 

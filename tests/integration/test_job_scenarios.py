@@ -119,8 +119,8 @@ class TestJobScenarios:
         assert len([line for line in ranks.splitlines() if " node-" in line]) == 32
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:  # noqa: S310
             text = resp.read().decode()
-        assert f'fleetwatch_job_tokens_per_second{{job="{JOB}"}}' in text
-        assert f'fleetwatch_job_gpus{{job="{JOB}"}} 32.0' in text
+        assert f'fleetwatch_job_tokens_per_second{{training_job="{JOB}"}}' in text
+        assert f'fleetwatch_job_gpus{{training_job="{JOB}"}} 32.0' in text
 
     async def test_a_slow_gpu_makes_its_node_the_straggler(self, fleet: JobFleet):
         """A GPU computing 40% slower: its rank straggles and the incident names node and GPU."""

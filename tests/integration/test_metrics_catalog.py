@@ -100,12 +100,12 @@ async def test_a_faulty_fleet_matches_the_catalog_and_promtool(running, receiver
     assert firing_state(m, "node-1") == "healthy"
     assert firing_state(m, "node-3") in ("degraded", "healthy")  # reset may have fixed it
     firing = (
-        ("job", ""),
         ("node", "node-2"),
         ("rule", "gpu_lost"),
         ("scope", "gpu"),
         ("severity", "critical"),
         ("target", "node-2/gpu/3"),
+        ("training_job", ""),
     )
     assert m["fleetwatch_incident_firing", firing] == 1.0
     drained = (("action", "drain_node"), ("node", "node-2"), ("outcome", "succeeded"))
@@ -159,7 +159,10 @@ async def test_one_full_node_with_a_job_stays_within_the_series_budget(
     per_family: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.labels.get("node") == "node-1" or sample.labels.get("job") == "budget":
+            if (
+                sample.labels.get("node") == "node-1"
+                or sample.labels.get("training_job") == "budget"
+            ):
                 per_family[sample.name] += 1
     total = sum(per_family.values())
     assert 300 < total <= SERIES_PER_NODE_BUDGET, per_family.most_common()
