@@ -29,8 +29,13 @@ if TYPE_CHECKING:
     from agent.outbox import Outbox
     from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
     from fleetwatch.clock import Clock
+    from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("agent")
+
+# While discovery retries, systemd is asked to wait for the next try plus this much; a try that
+# hangs longer (NVML can, on a GPU that fell off the bus) lets TimeoutStartSec end the start.
+START_GRACE_S = 60.0
 
 
 def build_hello(node: str, boot_id: str, inv: NodeInventory, clock: Clock) -> pb.Hello:
@@ -78,11 +83,13 @@ class Agent:
         jobs: JobQueue | None = None,
         job_socket: Path | None = None,
         job_socket_mode: int = 0o666,
+        notifier: SdNotifier | None = None,
     ) -> None:
         """Wire the parts together; nothing runs until :meth:`run`.
 
         ``jobs`` is where step reports from the job socket at ``job_socket`` wait for the link
-        (no socket: the agent takes no step reports).
+        (no socket: the agent takes no step reports). ``notifier`` tells systemd when the first
+        poll is done and pings its watchdog from the event loop (None: not under systemd).
         """
         self.node = node
         self.boot_id = boot_id
@@ -96,6 +103,7 @@ class Agent:
         self.jobs = jobs
         self._job_socket = job_socket
         self._job_socket_mode = job_socket_mode
+        self._notifier = notifier
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
         self.polls = 0
@@ -111,6 +119,9 @@ class Agent:
             except SourceError as exc:
                 delay = self._start_backoff.next_delay()
                 log.error("discovery_failed", error=str(exc), retry_in_s=round(delay, 1))
+                if self._notifier is not None:  # still starting, and the loop is alive
+                    why = f"discovery failed, retrying in {delay:.0f} s: {exc}"
+                    self._notifier.extend_timeout(delay + START_GRACE_S, why)
                 await self.clock.sleep(delay)
                 continue
             inv = self.sampler.inventory
@@ -177,10 +188,31 @@ class Agent:
 
     async def run(self) -> None:
         """Start, then poll on the interval, and read event sources as soon as they wake us."""
+        notifier = self._notifier
+        keep_alive = None
+        if notifier is not None:
+            keep_alive = asyncio.create_task(notifier.keep_alive(self.clock), name="watchdog")
+        try:
+            await self._run()
+        finally:
+            if notifier is not None:
+                notifier.stopping()
+            if keep_alive is not None:
+                keep_alive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keep_alive
+
+    async def _run(self) -> None:
         await self.start()
         wakeup = Wakeup(asyncio.get_running_loop())
         self.sampler.watch(wakeup)
         self.poll_once()
+        if self._notifier is not None:
+            inv = self.sampler.inventory
+            self._notifier.ready(
+                f"polling {len(inv.gpus)} GPUs and {len(inv.ib_ports)} IB ports "
+                f"every {self.intervals.poll:g} s"
+            )
         job_transport = await self._open_job_socket()
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
         next_poll = self.clock.monotonic() + self.intervals.poll

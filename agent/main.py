@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from agent.sources.nvml_api import NvmlLibrary
     from agent.sources.udev import UdevSource
     from fleetwatch.clock import Clock
+    from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("agent")
 
@@ -112,17 +113,19 @@ def fd_budget_for_process(share: float = 0.25) -> FdBudget:
     return FdBudget(int(min(soft, 65_536) * share))
 
 
-def build_agent(
+def build_agent(  # noqa: PLR0913 - the composition root passes every collaborator
     cfg: AgentConfig,
     hardware: Hardware,
     clock: Clock,
     credentials: grpc.ChannelCredentials | None = None,
     fd_budget: FdBudget | None = None,
+    *,
+    notifier: SdNotifier | None = None,
 ) -> Agent:
     """Assemble an agent from its configuration and hardware.
 
     ``fd_budget`` bounds the sysfs files kept open between reads; agents of one process should
-    share one (None keeps none open).
+    share one (None keeps none open). ``notifier`` speaks to systemd (None: not under systemd).
     """
     sampler = Sampler(
         nvml=NvmlSource(hardware.nvml),
@@ -166,4 +169,5 @@ def build_agent(
         jobs=jobs,
         job_socket=cfg.job_socket,
         job_socket_mode=cfg.job_socket_mode,
+        notifier=notifier,
     )

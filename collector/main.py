@@ -34,31 +34,42 @@ from rules.loader import load_rules
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import grpc
 
     from collector.actions.config import ActionsConfig
     from collector.config import CollectorConfig
     from fleetwatch.clock import Clock
+    from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("collector")
 
 
-def build_dispatcher(
+def build_dispatcher(  # noqa: PLR0913 - the composition root passes every collaborator
     cfg: ActionsConfig,
     journal: Journal,
     fleet: FleetModel,
     clock: Clock,
     resetter: GpuResetter | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
 ) -> Dispatcher:
-    """The dispatcher with the drain adapters and notify channels the configuration names."""
+    """The dispatcher with the drain adapters and notify channels the configuration names.
+
+    ``environ`` holds the variables webhook ``secret_env`` keys name (none: no variables).
+    """
+    env_vars = environ or {}
     drainers: list[Drainer] = []
     if cfg.slurm.enabled:
         env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
         drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
     if cfg.drain_webhook is not None:
-        drainers.append(WebhookDrainer(cfg.drain_webhook.sender(clock, "actions.drain_webhook")))
+        hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
+        drainers.append(WebhookDrainer(hook))
     channels = {
-        name: hook.sender(clock, f"actions.notify.{name}") for name, hook in cfg.notify.items()
+        name: hook.sender(clock, f"actions.notify.{name}", env_vars)
+        for name, hook in cfg.notify.items()
     }
     return Dispatcher(
         journal=journal,
@@ -79,10 +90,19 @@ class CollectorService:
         cfg: CollectorConfig,
         clock: Clock,
         credentials: grpc.ServerCredentials | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        notifier: SdNotifier | None = None,
     ) -> None:
-        """Build the parts; nothing listens until :meth:`start`."""
+        """Build the parts; nothing listens until :meth:`start`.
+
+        ``environ`` holds the webhook secrets' variables; ``notifier`` tells systemd when the
+        collector is ready and pings its watchdog from the event loop (None: not under systemd).
+        """
         self.cfg = cfg
         self.clock = clock
+        self._notifier = notifier
+        self._watchdog_task: asyncio.Task[None] | None = None
         self.fleet = FleetModel()
         self.stats = CollectorStats()
         self.journal = Journal(SqliteStore(cfg.journal))
@@ -113,7 +133,9 @@ class CollectorService:
         self.fleet.observer = self.evaluator
         self.registry.register(JobsCollector(self.jobs))
         broker = CommandBroker(self.grpc.registry, self.fleet)
-        self.dispatcher = build_dispatcher(cfg.actions, self.journal, self.fleet, clock, broker)
+        self.dispatcher = build_dispatcher(
+            cfg.actions, self.journal, self.fleet, clock, broker, environ=environ
+        )
         self.evaluator.fleet_extras = self.dispatcher.status
         self.registry.register(
             FleetCollector(
@@ -200,13 +222,24 @@ class CollectorService:
             journal=str(self.cfg.journal),
             nodes_known=len(self.fleet.node_names()),
         )
+        if self._notifier is not None:
+            self._notifier.ready(
+                f"serving: gRPC port {self.grpc_port}, HTTP port {self.http_port}, "
+                f"{len(self.fleet.node_names())} nodes known"
+            )
+            self._watchdog_task = asyncio.create_task(
+                self._notifier.keep_alive(self.clock), name="watchdog"
+            )
 
     async def stop(self, grace: float | None = 2.0) -> None:
         """Stop serving, then close the journal."""
-        if self._liveness_task is not None:
-            self._liveness_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._liveness_task
+        if self._notifier is not None:
+            self._notifier.stopping()
+        for task in (self._watchdog_task, self._liveness_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.grpc.stop(grace)
         self.http.stop()

@@ -1,7 +1,7 @@
 """The ``fleetwatch`` command: the daemons, the demo, and tools for people.
 
-Daemons: ``agent``, ``collector``. Tools: ``rules check|test``, ``incidents``, ``actions``,
-``drains [release NODE]``, ``silence add|list|remove``, ``jobs [JOB]``.
+Daemons: ``agent``, ``collector``. Tools: ``config check``, ``rules check|test``, ``incidents``,
+``actions``, ``drains [release NODE]``, ``silence add|list|remove``, ``jobs [JOB]``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from fleetwatch.logs import configure_logging
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
     from typing import Any
+
+    from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("fleetwatch")
 
@@ -88,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _add_config_parser(sub)
     rules = sub.add_parser("rules", help="check rule files and run their unit tests")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate rule files (exit 1 listing problems)")
@@ -136,6 +139,39 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     listing.add_argument("--json", action="store_true", help="print the API's JSON")
     remove = silence_sub.add_parser("remove", help="end a silence now")
     remove.add_argument("id", type=int)
+
+
+def _add_config_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    config = sub.add_parser("config", help="check agent and collector config files")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser(
+        "check", help="validate config files as the daemons do at start (exit 2 listing problems)"
+    )
+    check.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        help="TOML files, told apart by their [agent] and [collector] tables "
+        "(default: /etc/fleetwatch/agent.toml and collector.toml, those that exist)",
+    )
+    for kind in ("agent", "collector"):
+        check.add_argument(
+            f"--{kind}",
+            action="append",
+            type=Path,
+            default=[],
+            metavar="FILE",
+            help=f"check FILE as the {kind}'s config (may repeat)",
+        )
+    check.add_argument(
+        "--env-file",
+        action="append",
+        type=Path,
+        default=[],
+        dest="env_files",
+        metavar="FILE",
+        help="NAME=VALUE lines for secret_env variables (the unit's EnvironmentFile=)",
+    )
 
 
 def _default_api() -> str:
@@ -190,7 +226,9 @@ def _run_agent(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, state_dir=Path(tmp) / "state")
         else:
             hardware = real_hardware(cfg)
-        agent = build_agent(cfg, hardware, clock, fd_budget=fd_budget_for_process())
+        agent = build_agent(
+            cfg, hardware, clock, fd_budget=fd_budget_for_process(), notifier=_sd_notifier()
+        )
         asyncio.run(_until_signal(agent.run))
     return 0
 
@@ -206,7 +244,7 @@ def _run_collector(args: argparse.Namespace) -> int:
     cfg = load_collector_config(args.config, overrides)
 
     async def serve() -> None:
-        service = CollectorService(cfg, SystemClock())
+        service = CollectorService(cfg, SystemClock(), environ=os.environ, notifier=_sd_notifier())
         await service.start()
         try:
             await service.wait()
@@ -215,6 +253,13 @@ def _run_collector(args: argparse.Namespace) -> int:
 
     asyncio.run(_until_signal(serve))
     return 0
+
+
+def _sd_notifier() -> SdNotifier:
+    """The notify socket and watchdog systemd passes, out of the environment children inherit."""
+    from fleetwatch.sd_notify import SdNotifier  # noqa: PLC0415
+
+    return SdNotifier.from_environ(os.environ, os.getpid())
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -235,6 +280,21 @@ def _run_rules(args: argparse.Namespace) -> int:
 
     run = cli_rules.check if args.rules_command == "check" else cli_rules.test
     return run(args.files, sys.stdout, sys.stderr)
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from fleetwatch import cli_config  # noqa: PLC0415
+
+    return cli_config.check(
+        args.files,
+        agent=args.agent,
+        collector=args.collector,
+        env_files=args.env_files,
+        environ=os.environ,
+        clock=SystemClock(),
+        out=sys.stdout,
+        err=sys.stderr,
+    )
 
 
 def _run_api_tool(args: argparse.Namespace) -> int:
@@ -289,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "collector": _run_collector,
         "demo": _run_demo,
         "rules": _run_rules,
+        "config": _run_config,
         "incidents": _run_api_tool,
         "actions": _run_api_tool,
         "silence": _run_api_tool,

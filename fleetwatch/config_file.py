@@ -37,6 +37,11 @@ def merge_config(
         if not isinstance(table, dict):
             msg = f"{path}: [{section}] must be a table"
             raise error(msg)
+        # Keys above the first table belong to no table; other tables may be another daemon's.
+        stray = sorted(k for k, v in raw.items() if not isinstance(v, dict) and table is not raw)
+        if stray:
+            msg = f"{path}: key(s) {', '.join(stray)} outside the [{section}] table"
+            raise error(msg)
         values.update(table)
     values.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(fields)}

@@ -1,29 +1,40 @@
 #!/bin/sh
 # Install what the integration tests need from Debian and is not a Python package: Slurm
-# (slurmctld, slurmd, scontrol, salloc) and MUNGE for the Slurm tests, and Prometheus for
-# tests/integration/test_prometheus.py.
-# Idempotent and quiet: does nothing when every command is already there.
+# (slurmctld, slurmd, scontrol, salloc) and MUNGE for the Slurm tests, Prometheus for
+# tests/integration/test_prometheus.py, and systemd's offline tools (systemd-analyze,
+# systemd-sysusers) for tests/integration/test_systemd_units.py.
+# Idempotent and quiet: does nothing when every command is already there, and installs only the
+# packages of the commands that are missing.
 # Needs root (apt-get); the tests start their own daemons, nothing here configures or starts any.
 set -eu
 
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
-for cmd in slurmctld slurmd scontrol salloc scancel munged prometheus; do
-    command -v "$cmd" >/dev/null 2>&1 || missing="$missing $cmd"
-done
+packages=""
+need() {  # need COMMAND PACKAGE
+    command -v "$1" >/dev/null 2>&1 && return 0
+    missing="$missing $1"
+    case " $packages " in *" $2 "*) ;; *) packages="$packages $2" ;; esac
+}
+for cmd in slurmctld slurmd scontrol salloc scancel; do need "$cmd" slurm-wlm; done
+need munged munge
+need prometheus prometheus
+need systemd-analyze systemd
+need systemd-sysusers systemd
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "ensure-test-deps: missing:$missing; run as root, or:" >&2
-    echo "  sudo apt-get install -y --no-install-recommends slurm-wlm munge prometheus" >&2
+    echo "  sudo apt-get install -y --no-install-recommends$packages" >&2
     exit 1
 fi
 
-echo "ensure-test-deps: installing slurm-wlm, munge, prometheus (missing:$missing)" >&2
+echo "ensure-test-deps: installing$packages (missing:$missing)" >&2
 export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp)
 install() {
-    apt-get install -y -qq --no-install-recommends slurm-wlm munge prometheus >"$log" 2>&1
+    # shellcheck disable=SC2086 # one word per package
+    apt-get install -y -qq --no-install-recommends $packages >"$log" 2>&1
 }
 # A fresh image may have no package lists yet: update once and try again.
 if ! install && ! { apt-get update -qq >>"$log" 2>&1 && install; }; then

@@ -17,7 +17,7 @@ slurm_conf = "/etc/slurm/slurm.conf"   # optional: SLURM_CONF for scontrol
 
 [collector.actions.drain_webhook]      # and/or ask another system to drain
 url = "https://drainer.example/fleetwatch"
-secret_file = "/etc/fleetwatch/drain.secret"
+secret_file = "/etc/fleetwatch/drain.secret"  # or: secret_env = "FLEETWATCH_DRAIN_SECRET"
 
 [collector.actions.notify.default]     # notify channels; rules name them (default: default)
 url = "https://chat.example/hooks/abc"
@@ -26,6 +26,7 @@ secret_file = "/etc/fleetwatch/notify.secret"
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -36,9 +37,12 @@ from collector.exceptions import ConfigError
 from fleetwatch.config_file import check_number
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from fleetwatch.clock import Clock
 
-WEBHOOK_KEYS: Final = frozenset({"url", "secret_file", "timeout", "max_attempts"})
+WEBHOOK_KEYS: Final = ("url", "secret_file", "secret_env", "timeout", "max_attempts")
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SAFETY_KEYS: Final = {
     "dry_run": "dry_run",
     "max_drained_nodes": "max_drained_nodes",
@@ -73,26 +77,50 @@ def _check_safety(values: dict[str, Any]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class WebhookConfig:
-    """One webhook endpoint."""
+    """One webhook endpoint; its secret comes from a file or an environment variable."""
 
     url: str
     secret_file: Path | None = None
+    secret_env: str | None = None  # the name of the variable that holds the secret
     timeout_s: float = 5.0
     max_attempts: int = 5
 
-    def sender(self, clock: Clock, key: str) -> WebhookSender:
+    def secret(self, key: str, environ: Mapping[str, str]) -> bytes | None:
+        """Read the secret (surrounding whitespace dropped); None when none is configured.
+
+        Raises:
+            ConfigError: the file cannot be read, the variable is unset, or either is empty;
+                the message names ``key`` and the file or variable, never the secret.
+        """
+        if self.secret_env is not None:
+            value = environ.get(self.secret_env, "").strip()
+            if not value:
+                state = "empty" if self.secret_env in environ else "not set"
+                msg = (
+                    f"collector config: {key}.secret_env: environment variable "
+                    f"{self.secret_env} is {state} in the collector's environment"
+                )
+                raise ConfigError(msg)
+            return value.encode()
+        if self.secret_file is None:
+            return None
+        try:
+            secret = self.secret_file.read_bytes().strip()
+        except OSError as exc:
+            msg = f"collector config: {key}.secret_file {self.secret_file}: {exc.strerror}"
+            raise ConfigError(msg) from exc
+        if not secret:
+            msg = f"collector config: {key}.secret_file {self.secret_file} is empty"
+            raise ConfigError(msg)
+        return secret
+
+    def sender(self, clock: Clock, key: str, environ: Mapping[str, str]) -> WebhookSender:
         """Build the sender, reading the secret; ConfigError names ``key`` on any problem."""
-        secret = None
-        if self.secret_file is not None:
-            try:
-                secret = self.secret_file.read_bytes().strip()
-            except OSError as exc:
-                msg = f"collector config: {key}.secret_file {self.secret_file}: {exc.strerror}"
-                raise ConfigError(msg) from exc
+        secret = self.secret(key, environ)
         try:
             return WebhookSender(
                 self.url,
-                secret or None,
+                secret,
                 clock,
                 timeout_s=self.timeout_s,
                 max_attempts=self.max_attempts,
@@ -122,15 +150,40 @@ class ActionsConfig:
 
 
 def _webhook(raw: object, key: str) -> WebhookConfig:
-    if not isinstance(raw, dict) or "url" not in raw or set(raw) - WEBHOOK_KEYS:
-        msg = f"collector config: {key} takes url, secret_file, timeout, max_attempts"
+    """Check one webhook table: known keys of the right types, at most one secret source."""
+    takes = f"takes {', '.join(WEBHOOK_KEYS)}"
+    if not isinstance(raw, dict):
+        msg = f"collector config: {key} must be a table that {takes}"
         raise ConfigError(msg)
+    unknown = sorted(set(raw) - set(WEBHOOK_KEYS))
+    if unknown or "url" not in raw:
+        what = f"has no key(s) {', '.join(unknown)}" if unknown else "needs a url"
+        msg = f"collector config: {key} {what}; it {takes}"
+        raise ConfigError(msg)
+    for name in ("url", "secret_file", "secret_env"):
+        if name in raw and (not isinstance(raw[name], str) or not raw[name]):
+            msg = f"collector config: {key}.{name} must be a non-empty string, got {raw[name]!r}"
+            raise ConfigError(msg)
+    if "secret_file" in raw and "secret_env" in raw:
+        msg = f"collector config: {key} takes secret_file or secret_env, not both"
+        raise ConfigError(msg)
+    env = raw.get("secret_env")
+    if env is not None and not _ENV_NAME.fullmatch(env):
+        msg = f"collector config: {key}.secret_env must name an environment variable, got {env!r}"
+        raise ConfigError(msg)
+    timeout = raw.get("timeout", 5.0)
+    attempts = raw.get("max_attempts", 5)
+    check_number(timeout, f"{key}.timeout", ConfigError)
+    check_number(
+        attempts, f"{key}.max_attempts", ConfigError, minimum=1, inclusive=True, integer=True
+    )
     secret = raw.get("secret_file")
     return WebhookConfig(
-        url=str(raw["url"]),
+        url=raw["url"],
         secret_file=Path(secret) if secret else None,
-        timeout_s=float(raw.get("timeout", 5.0)),
-        max_attempts=int(raw.get("max_attempts", 5)),
+        secret_env=env,
+        timeout_s=float(timeout),
+        max_attempts=int(attempts),
     )
 
 
