@@ -23,9 +23,12 @@ import structlog
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from collector import http_incidents as incidents_api
+from collector.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from prometheus_client.registry import CollectorRegistry
 
     from collector.fleet import FleetModel, NodeState
@@ -44,10 +47,11 @@ class BadRequestError(ValueError):
     """A query parameter is wrong; the message says which and why."""
 
 
-def node_summary(node: NodeState) -> dict[str, Any]:
-    """The short form used by ``/api/v1/nodes``."""
+def node_summary(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
+    """The short form used by ``/api/v1/nodes``; ``state`` as in ``fleetwatch_node_state``."""
     return {
         "name": node.name,
+        "state": node_state(node, flags or NodeFlags()),
         "boot_id": node.boot_id,
         "reachable": node.reachable,
         "connected": node.connected,
@@ -63,9 +67,9 @@ def node_summary(node: NodeState) -> dict[str, Any]:
     }
 
 
-def node_detail(node: NodeState) -> dict[str, Any]:
+def node_detail(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
     """The long form used by ``/api/v1/nodes/<name>``."""
-    detail = node_summary(node)
+    detail = node_summary(node, flags)
     detail["gpus"] = [
         {
             "index": g.index,
@@ -156,9 +160,14 @@ class ApiServer:
         drains: DrainKeeper | None = None,
         clock: Clock | None = None,
         jobs: JobBook | None = None,
+        node_flags: Callable[[], NodeFlags] = NodeFlags,
     ) -> None:
-        """Bind now (so a busy port fails at start-up); serve on :meth:`start`."""
+        """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
+
+        ``node_flags`` says which nodes are drained, draining or have a firing incident.
+        """
         self._jobs = jobs
+        self._node_flags = node_flags
         self._fleet = fleet
         self._journal = journal
         self._registry = registry
@@ -231,13 +240,14 @@ class ApiServer:
     def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
         if path == "/api/v1/nodes":
             nodes = self._fleet.snapshot()
-            return HTTPStatus.OK, {"nodes": [node_summary(n) for n in nodes.values()]}
+            flags = self._node_flags()
+            return HTTPStatus.OK, {"nodes": [node_summary(n, flags) for n in nodes.values()]}
         if path.startswith("/api/v1/nodes/"):
             name = unquote(path.removeprefix("/api/v1/nodes/"))
             node = self._fleet.snapshot().get(name)
             if node is None:
                 return HTTPStatus.NOT_FOUND, {"error": f"no node named {name!r}"}
-            return HTTPStatus.OK, node_detail(node)
+            return HTTPStatus.OK, node_detail(node, self._node_flags())
         if path == "/api/v1/events":
             return HTTPStatus.OK, self._events(query)
         if path == "/api/v1/drains":

@@ -141,7 +141,7 @@ class CollectorService:
             FleetCollector(
                 self.fleet,
                 self.stats,
-                flags=self._node_flags,
+                flags=self.node_flags,
                 xid_class=self.evaluator.catalog.class_of,
             )
         )
@@ -166,6 +166,7 @@ class CollectorService:
             drains=self.drains,
             clock=clock,
             jobs=self.jobs,
+            node_flags=self.node_flags,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -182,7 +183,7 @@ class CollectorService:
         """The bound HTTP port."""
         return self.http.port
 
-    def _node_flags(self) -> NodeFlags:
+    def node_flags(self) -> NodeFlags:
         """Drained, draining and incident-bearing nodes now (called by the scrape thread)."""
         firing = frozenset(
             i.node for i in self.evaluator.engine.open_incidents() if i.phase == Phase.FIRING

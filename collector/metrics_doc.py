@@ -47,7 +47,8 @@ per-second rates the agent works out for rules (Prometheus computes its own with
 `fleetwatch_node_state{{state}}` is 1 for the first that holds: `unreachable` (the collector gave up
 on the node), `drained` (fleetwatch drained it and has not resumed or released it), `draining`
 (a drain request is running now), `degraded` (a firing incident on the node or one of its GPUs
-or ports, a lost GPU, an NVLink or an IB port down), else `healthy`. States:
+or ports, a lost GPU, an NVLink or an IB port down), else `healthy`. The JSON API
+(`/api/v1/nodes`) and the demo's final table show the same word. States:
 {", ".join(f"`{s}`" for s in NODE_STATES)}.
 
 ## Label values

@@ -36,6 +36,7 @@ one JSON object per datagram (``docs/jobs.md``).
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -60,8 +61,18 @@ def _socket() -> socket.socket:
             if sock is None:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sock.setblocking(False)  # noqa: FBT003 - the socket API
+                if not _sockets:
+                    atexit.register(close)
                 _sockets[pid] = sock
     return sock
+
+
+def close() -> None:
+    """Close this process's socket (done at exit; the next report opens a new one)."""
+    with _lock:
+        sock = _sockets.pop(os.getpid(), None)
+    if sock is not None:
+        sock.close()
 
 
 def _default_gpu() -> int | str | None:

@@ -19,6 +19,7 @@ from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from agent.sim.training import SimTrainingJob
 from collector.config import CollectorConfig
 from collector.main import CollectorService
+from collector.node_states import node_state
 from fleetwatch.demo.feed import IncidentFeed
 from fleetwatch.demo.view import (
     action_table,
@@ -75,6 +76,7 @@ class DemoResult:
     actions: list[ActionRow] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     nodes: dict[str, NodeState] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)  # fleetwatch_node_state, by node
     unacked: int = 0
     started_unix: float = 0.0
     jobs: list[dict[str, object]] = field(default_factory=list)
@@ -190,14 +192,19 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         await collector.incidents.stop()  # no rule runs while the journal is read
         await feed.poll()
         feed.flush()
-        result.nodes = collector.fleet.snapshot()
-        result.events = collector.reader.events(limit=100_000)
-        result.incidents = await collector.journal.do(
-            lambda s: s.incidents.incidents(limit=100_000)
-        )
-        result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
+        await _final_view(collector, result)
         await collector.stop(grace=None)
     return result
+
+
+async def _final_view(collector: CollectorService, result: DemoResult) -> None:
+    """What the collector holds at the end: nodes and their states, events, incidents, actions."""
+    result.nodes = collector.fleet.snapshot()
+    flags = collector.node_flags()
+    result.states = {name: node_state(node, flags) for name, node in result.nodes.items()}
+    result.events = collector.reader.events(limit=100_000)
+    result.incidents = await collector.journal.do(lambda s: s.incidents.incidents(limit=100_000))
+    result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
 
 
 class _DemoJob:
@@ -286,7 +293,7 @@ def _summary(result: DemoResult, out: TextIO) -> None:
     for job in result.jobs:
         print(job_line(None, job), file=out)
     print("final fleet health:", file=out)
-    for line in node_table(result.nodes):
+    for line in node_table(result.nodes, result.states):
         print(line, file=out)
 
 

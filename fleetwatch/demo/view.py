@@ -121,11 +121,12 @@ def port_problems(node: NodeState) -> list[str]:
     return problems
 
 
-def node_table(nodes: dict[str, NodeState]) -> list[str]:
-    """A row per node: reachability, GPUs, NVLinks, IB ports and problems."""
+def node_table(nodes: dict[str, NodeState], states: dict[str, str]) -> list[str]:
+    """A row per node: its state (``fleetwatch_node_state``), GPUs, NVLinks, IB ports, problems."""
     lines = [f"  {'node':<9}{'state':<13}{'GPUs':<7}{'NVL down':<10}{'IB up':<7}problems"]
     for node in sorted(nodes.values(), key=lambda n: n.name):
-        state = "up" if node.reachable else "UNREACHABLE"
+        state = states.get(node.name, "")
+        state = state.upper() if state == "unreachable" else state
         present = sum(g.present for g in node.gpus.values())
         down = sum(g.nvlinks_down for g in node.gpus.values())
         ports_up = sum(p.up for p in node.ports.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import subprocess
 import urllib.request
@@ -27,10 +28,14 @@ pytestmark = pytest.mark.integration
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape_text(service: CollectorService) -> str:
-    url = f"http://127.0.0.1:{service.http_port}/metrics"
+def get(service: CollectorService, path: str) -> str:
+    url = f"http://127.0.0.1:{service.http_port}{path}"
     with urllib.request.urlopen(url, timeout=5) as resp:
         return str(resp.read().decode())
+
+
+def scrape_text(service: CollectorService) -> str:
+    return get(service, "/metrics")
 
 
 def samples(text: str) -> Samples:
@@ -97,6 +102,11 @@ async def test_a_faulty_fleet_matches_the_catalog_and_promtool(running, receiver
     text = await asyncio.to_thread(scrape_text, service)
     m = samples(text)
     assert firing_state(m, "node-2") == "drained"
+    nodes = json.loads(await asyncio.to_thread(get, service, "/api/v1/nodes"))["nodes"]
+    assert {n["name"]: n["state"] for n in nodes}["node-2"] == "drained"
+    assert json.loads(await asyncio.to_thread(get, service, "/api/v1/nodes/node-2"))["state"] == (
+        "drained"
+    )
     assert firing_state(m, "node-1") == "healthy"
     assert firing_state(m, "node-3") in ("degraded", "healthy")  # reset may have fixed it
     firing = (

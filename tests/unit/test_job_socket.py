@@ -556,6 +556,20 @@ def test_unsent_count_travels_with_the_next_report_then_resets(listener, tmp_pat
     assert "unsent" not in received(sock)
 
 
+def test_close_closes_the_socket_and_the_next_report_opens_another(listener):
+    """The client's socket is closed at exit (no unclosed-socket warning); sending after a close
+    opens a fresh one."""
+    path, sock = listener
+    assert report_step("job-j", 0, 1, 1.0, socket_path=str(path))
+    first = jobclient._socket()
+    jobclient.close()
+    assert first.fileno() == -1
+    assert report_step("job-j", 0, 2, 1.0, socket_path=str(path))
+    assert received(sock)["step"] == 1
+    assert received(sock)["step"] == 2
+    assert jobclient._socket() is not first
+
+
 @pytest.mark.parametrize(
     ("visible", "gpu"),
     [
