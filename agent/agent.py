@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.exceptions import SourceError
+from agent.exceptions import OutboxFullError, SourceError
 from agent.job_socket import serve_job_socket
 from agent.wakeup import MIN_EVENT_GAP_S, Wakeup
 from fleetwatch import PROTOCOL_VERSION, __version__
@@ -36,6 +36,8 @@ log = structlog.get_logger("agent")
 # While discovery retries, systemd is asked to wait for the next try plus this much; a try that
 # hangs longer (NVML can, on a GPU that fell off the bus) lets TimeoutStartSec end the start.
 START_GRACE_S = 60.0
+# An outbox that stays full logs its first refused event, then every this many.
+LOG_EVERY = 1000
 
 
 def build_hello(node: str, boot_id: str, inv: NodeInventory, clock: Clock) -> pb.Hello:
@@ -106,6 +108,8 @@ class Agent:
         self._notifier = notifier
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
+        if outbox.spool is not None and outbox.spool.previous_boot_events:
+            self.dropped_events["previous_boot"] = outbox.spool.previous_boot_events
         self.polls = 0
         self.event_polls = 0
 
@@ -139,11 +143,23 @@ class Agent:
         """Check an event the way the collector will, then number it into the outbox."""
         try:
             validate_event(event.to_pb(self.outbox.last_seq + 1), self._inventory)
-        except WireError as exc:
-            self.dropped_events[exc.reason] += 1
+        except (WireError, ValueError, TypeError) as exc:  # to_pb may refuse a value too
+            self.dropped_events[getattr(exc, "reason", "invalid_event")] += 1
             log.error("event_dropped_invalid", kind=event.kind, error=str(exc))
             return
-        self.outbox.add(event)
+        try:
+            self.outbox.add(event)
+        except OutboxFullError as exc:
+            self.dropped_events["outbox_full"] += 1
+            count = self.dropped_events["outbox_full"]
+            if count == 1 or count % LOG_EVERY == 0:
+                log.error(
+                    "event_dropped_outbox_full",
+                    kind=event.kind,
+                    target=event.target.label(),
+                    error=str(exc),
+                    count=count,
+                )
 
     def poll_once(self) -> None:
         """Run one poll: events to the outbox, samples to the link."""
@@ -159,12 +175,19 @@ class Agent:
         for event in result.events:
             self._accept(event)
             log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
+        self.outbox.sync()  # one fsync for the poll's events, before the link sends them
         node = Target.node()
-        result.samples[node, "agent_outbox_pending"] = len(self.outbox)
-        result.samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
+        outbox, spool, samples = self.outbox, self.outbox.spool, result.samples
+        samples[node, "agent_outbox_pending"] = len(outbox)
+        samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
+        samples[node, "agent_samples_refused"] = self.live.refused
+        samples[node, "agent_spool_bytes"] = outbox.budget.held
+        samples[node, "agent_spool_write_errors"] = 0 if spool is None else spool.write_errors
+        samples[node, "agent_spool_damaged"] = 0 if spool is None else spool.damaged
+        samples[node, "agent_telemetry_dropped"] = 0 if self.jobs is None else self.jobs.dropped
         if self.jobs is not None:
-            result.samples[node, "agent_job_reports"] = self.jobs.received
-            result.samples[node, "agent_job_reports_lost"] = self.jobs.lost
+            samples[node, "agent_job_reports"] = self.jobs.received
+            samples[node, "agent_job_reports_lost"] = self.jobs.lost
         self.live.update(result.samples)
         if result.events:
             self.live.changed.set()  # the sender sends what the outbox holds when woken
@@ -235,3 +258,4 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
             self.sampler.close()
+            self.outbox.close()

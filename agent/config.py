@@ -7,8 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.budget import DEFAULT_MAX_BYTES
 from agent.exceptions import ConfigError
-from fleetwatch.config_file import check_number, merge_config
+from fleetwatch.config_file import check_number, check_text, merge_config, short_repr, to_path
+from fleetwatch.tls import check_tls_keys
+
+# The spool must hold at least one event of the largest size the wire takes (1 MiB).
+MIN_SPOOL_BYTES = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +30,9 @@ class AgentConfig:
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
-    state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor; None: keep no state
+    state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor, spool; None: keep none
+    # Unacknowledged events (spooled under state_dir/spool) and held step reports, in bytes.
+    spool_max_bytes: int = DEFAULT_MAX_BYTES
     gpu_reset: bool = True  # carry out the collector's reset_gpu commands (when GPUs are idle)
     nvidia_smi: str = "nvidia-smi"  # the program that resets a GPU (--gpu-reset -i BUS)
     xid_catalog: Path | None = None
@@ -34,6 +41,13 @@ class AgentConfig:
     job_socket_mode: int = 0o666  # every local user's job may report
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
+    # collector gets only with insecure = true.
+    tls_cert: Path | None = None  # this node's certificate (chain), PEM; it names the node
+    tls_key: Path | None = None  # its private key, PEM
+    tls_ca: Path | None = None  # the CA that signed the collector's certificate, PEM
+    tls_server_name: str | None = None  # the name to expect in the collector's certificate
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -45,23 +59,57 @@ class AgentConfig:
             "counter_interval",
         ):
             check_number(getattr(self, key), key, ConfigError)
+        size: object = self.spool_max_bytes  # TOML may give anything
+        if isinstance(size, bool) or not isinstance(size, int) or size < MIN_SPOOL_BYTES:
+            msg = (
+                f"agent config: spool_max_bytes must be a whole number of bytes, at least "
+                f"{MIN_SPOOL_BYTES} (2 MiB), got {short_repr(size)}"
+            )
+            raise ConfigError(msg)
         for key in ("gpu_reset", "udev", "nvml_events"):
             value = getattr(self, key, True)
             if not isinstance(value, bool):
-                msg = f"agent config: {key} must be true or false, got {value!r}"
+                msg = f"agent config: {key} must be true or false, got {short_repr(value)}"
                 raise ConfigError(msg)
         mode: object = self.job_socket_mode  # TOML may give anything
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:  # noqa: PLR2004 - permission bits
-            msg = f"agent config: job_socket_mode must be permission bits like 0o660, got {mode!r}"
+            msg = (
+                "agent config: job_socket_mode must be permission bits like 0o660, "
+                f"got {short_repr(mode)}"
+            )
             raise ConfigError(msg)
         if self.backoff_initial > self.backoff_max:
             msg = "agent config: backoff_initial must not exceed backoff_max"
             raise ConfigError(msg)
-        if not self.collector or ":" not in self.collector:
-            msg = f"agent config: collector must be host:port, got {self.collector!r}"
+        for key in ("node", "nvidia_smi"):
+            check_text(getattr(self, key), key, "agent config", ConfigError)
+        check_text(self.kmsg_path, "kmsg_path", "agent config", ConfigError, empty=True)
+        collector = check_text(self.collector, "collector", "agent config", ConfigError)
+        if ":" not in collector:
+            msg = f"agent config: collector must be host:port, got {short_repr(collector)}"
             raise ConfigError(msg)
+        _check_tls(self)
 
 
+def _check_tls(cfg: AgentConfig) -> None:
+    check_tls_keys(
+        {k: getattr(cfg, k) for k in TLS_KEYS},
+        insecure=cfg.insecure,
+        what="agent config",
+        error=ConfigError,
+    )
+    name: object = cfg.tls_server_name  # TOML may give anything
+    if name is None:
+        return
+    if not isinstance(name, str) or not name:
+        msg = f"agent config: tls_server_name must be a host name, got {name!r}"
+        raise ConfigError(msg)
+    if cfg.tls_cert is None:
+        msg = "agent config: tls_server_name needs TLS (tls_cert, tls_key and tls_ca)"
+        raise ConfigError(msg)
+
+
+TLS_KEYS = ("tls_cert", "tls_key", "tls_ca")
 _PATHS = {"sysfs_root", "proc_root", "xid_catalog", "state_dir", "job_socket"}
 
 
@@ -72,5 +120,8 @@ def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConf
         if values[key] == "" and key == "job_socket":
             values[key] = None  # "" turns the job socket off
         elif values[key] is not None:
-            values[key] = Path(values[key])
+            values[key] = to_path(values[key], key, "agent config", ConfigError)
+    for key in TLS_KEYS:
+        if isinstance(values.get(key), str) and values[key]:
+            values[key] = Path(values[key])  # anything else: the dataclass says what is wrong
     return AgentConfig(**values)

@@ -4,6 +4,7 @@ Exception tree::
 
     AgentError
     ├── ConfigError          (agent configuration is invalid; names the key)
+    ├── OutboxFullError      (events alone fill the outbox's byte bound; the event is refused)
     └── SourceError          (a hardware source failed to read; carries the source name)
         └── NvmlError        (an NVML call failed; carries NVML's return code)
             └── GpuLostError (NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus)
@@ -18,6 +19,10 @@ class AgentError(Exception):
 
 class ConfigError(AgentError):
     """The agent's configuration is invalid."""
+
+
+class OutboxFullError(AgentError):
+    """Unacknowledged events alone fill the outbox's byte bound: a new one cannot be kept."""
 
 
 class SourceError(AgentError):

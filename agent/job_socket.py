@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from agent.budget import ByteBudget
+from fleetwatch.config_file import short_repr
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import WireError
 from fleetwatch.wire.validate_jobs import validate_job_step
@@ -40,6 +42,7 @@ MAX_QUEUED: Final = 20_000
 MAX_BATCH: Final = 2_000
 RECEIVE_BUFFER: Final = 1 << 20
 LOG_EVERY: Final = 1000
+STEP_OVERHEAD: Final = 8
 
 
 class JobReportError(ValueError):
@@ -91,7 +94,8 @@ def parse_report(data: bytes, inventory: NodeInventory) -> pb.JobStep:
         if isinstance(exc, JobReportError):
             raise
         # numbers beyond what the wire carries (a 2**40 rank, a time of 1e308)
-        raise JobReportError("bad_value", f"step report value out of range: {exc}") from exc
+        msg = f"step report value out of range: {str(exc)[:200]}"
+        raise JobReportError("bad_value", msg) from exc
 
 
 def _parse(data: bytes, inventory: NodeInventory) -> pb.JobStep:
@@ -99,10 +103,13 @@ def _parse(data: bytes, inventory: NodeInventory) -> pb.JobStep:
         report = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise JobReportError("not_json", f"step report is not JSON: {exc}") from exc
+    except RecursionError as exc:  # [[[[... nested deeper than the parser goes
+        raise JobReportError("not_json", "step report is not JSON: nested too deeply") from exc
     if not isinstance(report, dict):
         raise JobReportError("not_json", "step report must be a JSON object")
     if report.get("v", 1) != 1:
-        raise JobReportError("version", f"step report version {report.get('v')!r} is not 1")
+        shown = short_repr(report.get("v"))
+        raise JobReportError("version", f"step report version {shown} is not 1")
     step = pb.JobStep(
         job_id=_field(report, "job", str, required=True),
         rank=_nonnegative(_field(report, "rank", int, required=True), "rank"),
@@ -150,12 +157,18 @@ def _nonnegative(value: int, key: str) -> int:
 
 
 class JobQueue:
-    """Checked step reports waiting for the link, oldest first, bounded."""
+    """Checked step reports waiting for the link, oldest first, bounded in count and bytes.
 
-    def __init__(self, limit: int = MAX_QUEUED) -> None:
+    The byte bound is the one the outbox's events share (``budget``): a report that does not fit
+    pushes out the oldest reports, and the outbox sheds them (:meth:`shed`) when an event needs
+    the room. Either way the report is counted in ``dropped``.
+    """
+
+    def __init__(self, limit: int = MAX_QUEUED, budget: ByteBudget | None = None) -> None:
         """Empty; ``on_add`` (set by the agent) wakes the link's sender."""
         self._steps: deque[pb.JobStep] = deque()
         self._limit = limit
+        self._budget = budget or ByteBudget()
         self.received = 0
         self.dropped = 0
         self.invalid: Counter[str] = Counter()
@@ -165,19 +178,39 @@ class JobQueue:
     def __len__(self) -> int:
         return len(self._steps)
 
+    def _pop(self) -> int:
+        size = _size(self._steps.popleft())
+        self._budget.telemetry -= size
+        return size
+
     def add(self, step: pb.JobStep) -> None:
-        """Queue a report; drop the oldest when full."""
-        if len(self._steps) >= self._limit:
-            self._steps.popleft()
-            self.dropped += 1
-        self._steps.append(step)
+        """Queue a report; drop the oldest when full (in count, or in the shared bytes)."""
+        size = _size(step)
         self.received += 1
+        while self._steps and (len(self._steps) >= self._limit or self._budget.room() < size):
+            self._pop()
+            self.dropped += 1
+        if self._budget.room() < size:  # the events alone fill the bound
+            self.dropped += 1
+            return
+        self._steps.append(step)
+        self._budget.telemetry += size
         self.on_add()
+
+    def shed(self, nbytes: int) -> int:
+        """Drop the oldest reports until ``nbytes`` are free (or none is left); return freed."""
+        freed = 0
+        while self._steps and freed < nbytes:
+            freed += self._pop()
+            self.dropped += 1
+        return freed
 
     def take(self, limit: int = MAX_BATCH) -> list[pb.JobStep]:
         """Up to ``limit`` reports, oldest first, removed from the queue."""
         count = min(limit, len(self._steps))
-        return [self._steps.popleft() for _ in range(count)]
+        steps = [self._steps.popleft() for _ in range(count)]
+        self._budget.telemetry -= sum(_size(s) for s in steps)
+        return steps
 
     def reject(self, error: JobReportError) -> None:
         """Count (and now and then log) a report that could not be used."""
@@ -190,6 +223,11 @@ class JobQueue:
     def lost(self) -> int:
         """Reports lost for any reason (not sent, queue full, unusable)."""
         return self.unsent + self.dropped + sum(self.invalid.values())
+
+
+def _size(step: pb.JobStep) -> int:
+    """Bytes a held report counts for: its wire size plus a little framing."""
+    return step.ByteSize() + STEP_OVERHEAD
 
 
 class _Receiver(asyncio.DatagramProtocol):

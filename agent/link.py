@@ -61,11 +61,16 @@ class CollectorLink:
         backoff: Backoff,
         intervals: Intervals,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
         welcome_timeout: float = WELCOME_TIMEOUT_S,
         commands: CommandRunner | None = None,
         jobs: JobQueue | None = None,
     ) -> None:
-        """Nothing connects until :meth:`run`."""
+        """Nothing connects until :meth:`run`.
+
+        ``credentials`` None is plaintext; with TLS, ``server_name`` is the name the collector's
+        certificate must carry (None: the host in ``target``).
+        """
         self.target = target
         self._hello = hello
         self._outbox = outbox
@@ -74,6 +79,7 @@ class CollectorLink:
         self._backoff = backoff
         self.intervals = intervals
         self._credentials = credentials
+        self._server_name = server_name
         self._welcome_timeout = welcome_timeout
         self._commands = commands
         self._jobs = jobs
@@ -116,7 +122,10 @@ class CollectorLink:
         options = settings.client_options()
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=options)
-        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
+        named: list[tuple[str, int | str]] = [*options]
+        if self._server_name is not None:
+            named.append(("grpc.ssl_target_name_override", self._server_name))
+        return grpc.aio.secure_channel(self.target, self._credentials, options=named)
 
     async def _connect_once(self) -> None:
         async with self._channel() as channel:

@@ -11,6 +11,7 @@ import structlog
 
 from agent.agent import Agent, build_hello
 from agent.backoff import Backoff
+from agent.budget import ByteBudget
 from agent.changes import LiveSamples
 from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import SourceError
@@ -27,6 +28,8 @@ from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sysfs import SysfsReader
 from agent.sources.sysfs_io import FdBudget
 from agent.sources.udev import PyudevSource
+from agent.spool import Spool
+from agent.tls import channel_credentials
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
@@ -124,9 +127,15 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
 ) -> Agent:
     """Assemble an agent from its configuration and hardware.
 
-    ``fd_budget`` bounds the sysfs files kept open between reads; agents of one process should
-    share one (None keeps none open). ``notifier`` speaks to systemd (None: not under systemd).
+    ``credentials`` None: mTLS from the config's TLS keys, or plaintext where the config allows
+    it (ConfigError otherwise). ``fd_budget`` bounds the sysfs files kept open between reads;
+    agents of one process should share one (None keeps none open). ``notifier`` speaks to
+    systemd (None: not under systemd).
     """
+    if credentials is None:
+        credentials = channel_credentials(cfg)
+        if credentials is None and cfg.insecure:
+            log.warning("grpc_plaintext", collector=cfg.collector, reason="insecure = true")
     sampler = Sampler(
         nvml=NvmlSource(hardware.nvml),
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
@@ -139,11 +148,15 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         clock=clock,
         counter_interval_s=cfg.counter_interval,
     )
-    outbox = Outbox(hardware.boot_id)
+    budget = ByteBudget(cfg.spool_max_bytes)
+    spool = None if cfg.state_dir is None else Spool(cfg.state_dir / "spool", hardware.boot_id)
+    outbox = Outbox(hardware.boot_id, spool=spool, budget=budget)
     live = LiveSamples()
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
     commands = CommandRunner(sampler, hardware.gpu_reset)
-    jobs = JobQueue() if cfg.job_socket is not None else None
+    jobs = JobQueue(budget=budget) if cfg.job_socket is not None else None
+    if jobs is not None:
+        budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
     link = CollectorLink(
         target=cfg.collector,
         hello=lambda: build_hello(cfg.node, hardware.boot_id, sampler.inventory, clock),
@@ -153,6 +166,7 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         backoff=Backoff(cfg.backoff_initial, cfg.backoff_max),
         intervals=intervals,
         credentials=credentials,
+        server_name=cfg.tls_server_name,
         commands=commands,
         jobs=jobs,
     )

@@ -18,6 +18,7 @@ from agent.probes.aer import AerReport, group_reports, parse_aer_line
 from agent.probes.xid import parse_xid_line
 from agent.sources.kmsg_cursor import filter_new
 from fleetwatch.model import EventKind, Target
+from fleetwatch.wire.validate import MAX_DETAIL
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -53,7 +54,11 @@ class GpuLost(Protocol):
 
 
 def aer_detail(reports: list[AerReport]) -> str:
-    """One line for a device's AER reports of one severity in one poll."""
+    """One line for a device's AER reports of one severity in one poll, at most ``MAX_DETAIL``.
+
+    A storm of distinct error names would make it longer than an event may carry (and the event
+    would be refused); the line is cut instead, so the event still goes out.
+    """
     first = reports[0]
     errors = sorted({e for r in reports for e in r.errors})
     layer = first.error_type.value if first.error_type else "unknown layer"
@@ -64,7 +69,8 @@ def aer_detail(reports: list[AerReport]) -> str:
         parts.append(f"{len(reports)} reports")
     if first.reporter_bus_id and first.reporter_bus_id != first.device_bus_id:
         parts.append(f"reported by {first.reporter_bus_id}")
-    return "; ".join(parts)
+    detail = "; ".join(parts)
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
 
 
 class KernelLogPoller:

@@ -9,16 +9,22 @@ from typing import Any
 from collector.actions.config import ActionsConfig, parse_actions
 from collector.exceptions import ConfigError
 from collector.jobs.config import JobsConfig
-from fleetwatch.config_file import check_number, merge_config
+from fleetwatch.config_file import check_number, check_text, merge_config, short_repr, to_path
+from fleetwatch.tls import check_tls_keys
 
 
 def split_host_port(text: str, key: str) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` too); raise ConfigError naming ``key``."""
+    text = check_text(text, key, "collector config", ConfigError)
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:  # noqa: PLR2004
-        msg = f"collector config: {key} must be host:port, got {text!r}"
+    digits = port.isascii() and port.isdecimal() and len(port) <= 5  # noqa: PLR2004
+    if not sep or not digits or int(port) > 65535:  # noqa: PLR2004
+        msg = f"collector config: {key} must be host:port, got {short_repr(text)}"
         raise ConfigError(msg)
     return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a server listens
+
+
+TLS_KEYS = ("tls_cert", "tls_key", "tls_client_ca")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,12 @@ class CollectorConfig:
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
+    # listen address accepts only with insecure = true.
+    tls_cert: Path | None = None  # the collector's certificate (chain), PEM
+    tls_key: Path | None = None  # its private key, PEM
+    tls_client_ca: Path | None = None  # the CA that signs node certificates, PEM
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -52,6 +64,12 @@ class CollectorConfig:
         )
         check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
         check_number(self.rules_interval, "rules_interval", ConfigError)
+        check_tls_keys(
+            {k: getattr(self, k) for k in TLS_KEYS},
+            insecure=self.insecure,
+            what="collector config",
+            error=ConfigError,
+        )
 
 
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
@@ -59,7 +77,10 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
     for key in ("journal", "xid_catalog"):
         if values.get(key) is not None:
-            values[key] = Path(values[key])
+            values[key] = to_path(values[key], key, "collector config", ConfigError)
+    for key in TLS_KEYS:
+        if isinstance(values.get(key), str) and values[key]:
+            values[key] = Path(values[key])  # anything else: the dataclass says what is wrong
     if "actions" in values:
         values["actions"] = parse_actions(values["actions"])
     if "jobs" in values:
@@ -73,5 +94,5 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
         if isinstance(rules, str) or not isinstance(rules, list | tuple):
             msg = "collector config: rules must be a list of rule file paths"
             raise ConfigError(msg)
-        values["rules"] = tuple(Path(p) for p in rules)
+        values["rules"] = tuple(to_path(p, "rules", "collector config", ConfigError) for p in rules)
     return CollectorConfig(**values)

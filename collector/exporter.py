@@ -119,6 +119,11 @@ PORT_HW_COUNTERS: Final = (
 AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_outbox_pending", "agent_outbox_pending"),
     ("fleetwatch_agent_events_dropped_total", "agent_events_dropped"),
+    ("fleetwatch_agent_telemetry_dropped_total", "agent_telemetry_dropped"),
+    ("fleetwatch_agent_samples_refused_total", "agent_samples_refused"),
+    ("fleetwatch_agent_spool_bytes", "agent_spool_bytes"),
+    ("fleetwatch_agent_spool_write_errors_total", "agent_spool_write_errors"),
+    ("fleetwatch_agent_spool_damaged_total", "agent_spool_damaged"),
     ("fleetwatch_agent_kmsg_overruns_total", "agent_kmsg_overruns"),
     ("fleetwatch_agent_ib_resets_total", "agent_ib_counter_resets"),
 )

@@ -28,6 +28,7 @@ from collector.node_states import NodeFlags
 from collector.server import FleetServer
 from collector.stats import CollectorStats
 from collector.store_sqlite import JournalReader, SqliteStore
+from collector.tls import server_credentials
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.engine import Phase
 from rules.loader import load_rules
@@ -96,9 +97,15 @@ class CollectorService:
     ) -> None:
         """Build the parts; nothing listens until :meth:`start`.
 
-        ``environ`` holds the webhook secrets' variables; ``notifier`` tells systemd when the
-        collector is ready and pings its watchdog from the event loop (None: not under systemd).
+        ``credentials`` None: mTLS from the config's TLS keys, or plaintext where the config
+        allows it (ConfigError otherwise). ``environ`` holds the webhook secrets' variables;
+        ``notifier`` tells systemd when the collector is ready and pings its watchdog from the
+        event loop (None: not under systemd).
         """
+        if credentials is None:
+            credentials = server_credentials(cfg)
+            if credentials is None and cfg.insecure:
+                log.warning("grpc_plaintext", listen=cfg.listen, reason="insecure = true")
         self.cfg = cfg
         self.clock = clock
         self._notifier = notifier

@@ -123,7 +123,60 @@ _NODES = _specs(
             "counter",
             "",
             NODE,
-            "Events the node's agent dropped because its outbox was full.",
+            (
+                "Events the node's agent dropped: invalid, refused because events alone filled "
+                "its spool bound, or left by a previous boot."
+            ),
+        ),
+        (
+            "fleetwatch_agent_samples_refused_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Samples the node's agent kept back because the collector would refuse them "
+                "(not finite, text too long); the signal keeps its last good value."
+            ),
+        ),
+        (
+            "fleetwatch_agent_telemetry_dropped_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Step reports the node's agent dropped, oldest first, to stay within its spool "
+                "bound (or its queue's count) while it could not send them."
+            ),
+        ),
+        (
+            "fleetwatch_agent_spool_bytes",
+            "gauge",
+            "bytes",
+            NODE,
+            (
+                "Bytes the node's agent holds for the collector (spooled events, events the disk "
+                "refused, held step reports), against its spool_max_bytes."
+            ),
+        ),
+        (
+            "fleetwatch_agent_spool_write_errors_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Spool writes the node's disk refused (ENOSPC, EIO); the events wait in memory "
+                "and are written again."
+            ),
+        ),
+        (
+            "fleetwatch_agent_spool_damaged_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Damaged spots (torn or corrupt records, gaps) the node's agent found in its "
+                "spool at start; what came before each was kept."
+            ),
         ),
         (
             "fleetwatch_agent_kmsg_overruns_total",

@@ -38,6 +38,7 @@ def node_state(node: NodeState, flags: NodeFlags) -> str:
 
 
 def _hardware_down(node: NodeState) -> bool:
+    # A port whose state has not arrived yet ("") is not down.
     return any(not g.present or g.nvlinks_down for g in node.gpus.values()) or any(
-        not p.up for p in node.ports.values()
+        p.state and not p.up for p in node.ports.values()
     )

@@ -75,6 +75,8 @@ class FleetServer:
             clock=self._clock,
             config=self._config,
             jobs=self._jobs,
+            # With TLS, an agent speaks only for the node its client certificate names.
+            verify_identity=self._credentials is not None,
         )
         await handle_stream(session, context)
 

@@ -1,10 +1,11 @@
 """One agent's stream, from the collector's side.
 
-Hello first (validated; it names the node and declares its inventory), then a Welcome back with the
-highest sequence number already journaled for that boot. After that: Reports update the fleet
-model, Events are checked, journaled (deduplicated by node, boot and sequence) and acked only after
-the commit. Anything that breaks the contract ends the stream with a status that says what was
-wrong, and is counted; what was already journaled stays journaled.
+Hello first (validated; it names the node and declares its inventory; over mTLS, the node must be
+one the client certificate names), then a Welcome back with the highest sequence number already
+journaled for that boot. After that: Reports update the fleet model, Events are checked,
+journaled (deduplicated by node, boot and sequence) and acked only after the commit. Anything
+that breaks the contract ends the stream with a status that says what was wrong, and is counted;
+what was already journaled stays journaled.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ HELLO_TIMEOUT_S: Final = 30.0
 _STATUS: Final = {
     "oversized": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "protocol": grpc.StatusCode.FAILED_PRECONDITION,
+    "identity": grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -115,8 +117,14 @@ class StreamSession:
         clock: Clock,
         config: pb.Config,
         jobs: JobBook | None = None,
+        verify_identity: bool = False,
     ) -> None:
-        """Share the collector's model, journal and counters (and its jobs, if it keeps any)."""
+        """Share the collector's model, journal and counters (and its jobs, if it keeps any).
+
+        ``verify_identity``: the stream is mTLS, and its Hello must name a node that the client
+        certificate names (see :func:`check_identity`).
+        """
+        self._verify_identity = verify_identity
         self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
@@ -212,6 +220,8 @@ class StreamSession:
         context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage],
     ) -> None:
         self._inventory = validate_hello(hello)
+        if self._verify_identity:
+            check_identity(hello.node, context)  # before it can replace the node's stream
         self._node, self._boot_id = hello.node, hello.boot_id
         self._registry.claim(self._node, self)
         mono, unix = self._clock.monotonic(), self._clock.now()
@@ -328,6 +338,22 @@ class StreamSession:
             self._stats.events_duplicate += 1
         self._journaled = max(self._journaled, event.seq)
         return event.seq
+
+
+def check_identity(
+    node: str, context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage]
+) -> None:
+    """Raise WireError("identity") unless the peer's client certificate names ``node``.
+
+    The names are those gRPC gives as the peer's identity: the certificate's subject alternative
+    names, or its Common Name when it has none. ``fleetwatch certs node`` puts the node name in
+    both.
+    """
+    names = [raw.decode("utf-8", "replace") for raw in context.peer_identities() or ()]
+    if node not in names:
+        shown = ", ".join(repr(n) for n in names[:8]) or "no name"
+        msg = f"the Hello is for node {node!r}, but the client certificate names {shown}"
+        raise WireError("identity", msg)
 
 
 def collector_event(node: str, kind: EventKind, clock: Clock, detail: str) -> EventRow:

@@ -1,7 +1,8 @@
 """The ``fleetwatch`` command: the daemons, the demo, and tools for people.
 
-Daemons: ``agent``, ``collector``. Tools: ``config check``, ``rules check|test``, ``incidents``,
-``actions``, ``drains [release NODE]``, ``silence add|list|remove``, ``jobs [JOB]``.
+Daemons: ``agent``, ``collector``. Tools: ``config check``, ``certs ca|node|collector``,
+``rules check|test``, ``incidents``, ``actions``, ``drains [release NODE]``,
+``silence add|list|remove``, ``jobs [JOB]``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fleetwatch import __version__
+from fleetwatch import __version__, cli_certs
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import configure_logging
 
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_config_parser(sub)
+    cli_certs.add_parser(sub)
     rules = sub.add_parser("rules", help="check rule files and run their unit tests")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate rule files (exit 1 listing problems)")
@@ -350,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _run_demo,
         "rules": _run_rules,
         "config": _run_config,
+        "certs": cli_certs.run,
         "incidents": _run_api_tool,
         "actions": _run_api_tool,
         "silence": _run_api_tool,

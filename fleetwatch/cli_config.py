@@ -1,9 +1,12 @@
 """``fleetwatch config check``: what the daemons check at start, run before a restart needs it.
 
-An agent file is checked as ``fleetwatch agent`` loads it (the ``[agent]`` table and the Xid
-catalog it names); a collector file as ``fleetwatch collector`` does (the ``[collector]`` table
-with its actions and jobs, the rule files, the Xid catalog, and every webhook's secret file or
-environment variable). A file passes when the daemon would start with it.
+An agent file is checked as ``fleetwatch agent`` loads it (the ``[agent]`` table, the Xid
+catalog it names, and its TLS files); a collector file as ``fleetwatch collector`` does (the
+``[collector]`` table with its actions and jobs, the rule files, the Xid catalog, its TLS files,
+and every webhook's secret file or environment variable). TLS files must be readable PEM, each
+key must belong to its certificate, an agent's certificate must name its node, and a
+certificate that has expired or is not valid yet is a problem too. A file passes when the daemon
+would start with it (and could connect, as far as its certificates go).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import TextIO
 
+    from agent.config import AgentConfig
+    from collector.config import CollectorConfig
     from fleetwatch.clock import Clock
+    from fleetwatch.tls import TlsMaterial
 
 KINDS: Final = ("agent", "collector")
 DEFAULT_FILES: Final = {kind: Path(f"/etc/fleetwatch/{kind}.toml") for kind in KINDS}
@@ -80,10 +86,11 @@ def file_kinds(path: Path) -> tuple[list[str], str | None]:
     return kinds, None
 
 
-def check_agent(path: Path) -> Outcome:
-    """Load ``path`` as the agent does at start."""
+def check_agent(path: Path, clock: Clock) -> Outcome:
+    """Load ``path`` as the agent does at start; certificates are checked for ``clock``'s now."""
     from agent.config import load_agent_config  # noqa: PLC0415 - each kind loads its own code
     from agent.exceptions import AgentError  # noqa: PLC0415
+    from agent.tls import tls_material  # noqa: PLC0415
     from rules.xid_catalog import load_catalog  # noqa: PLC0415
 
     try:
@@ -95,8 +102,15 @@ def check_agent(path: Path) -> Outcome:
         load_catalog(cfg.xid_catalog)
     except RulesError as exc:
         problems.append(str(exc))
+    try:
+        material = tls_material(cfg)
+    except AgentError as exc:
+        problems.append(str(exc))
+    else:
+        problems.extend(_validity(material, "agent config: tls_cert", clock))
     summary = (
-        f"node {cfg.node}, collector {cfg.collector}, poll every {cfg.poll_interval:g} s, "
+        f"node {cfg.node}, collector {cfg.collector} ({_transport(cfg)}), "
+        f"poll every {cfg.poll_interval:g} s, "
         f"kernel log {cfg.kmsg_path or 'off'}, GPU resets {'on' if cfg.gpu_reset else 'off'}"
     )
     return Outcome(summary, tuple(problems))
@@ -105,6 +119,7 @@ def check_agent(path: Path) -> Outcome:
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
     """Load ``path`` as the collector does at start, with ``environ`` for webhook secrets."""
     from collector.config import load_collector_config  # noqa: PLC0415
+    from collector.tls import tls_material  # noqa: PLC0415
     from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
     from rules.xid_catalog import load_catalog  # noqa: PLC0415
 
@@ -122,6 +137,12 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         load_catalog(cfg.xid_catalog)
     except RulesError as exc:
         problems.append(str(exc))
+    try:
+        material = tls_material(cfg)
+    except CollectorError as exc:
+        problems.append(str(exc))
+    else:
+        problems.extend(_validity(material, "collector config: tls_cert", clock))
     actions = cfg.actions
     hooks = [(f"actions.notify.{name}", hook) for name, hook in actions.notify.items()]
     if actions.drain_webhook is not None:
@@ -133,7 +154,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
             problems.append(str(exc))
     drainers = {"slurm": actions.slurm.enabled, "webhook": actions.drain_webhook is not None}
     summary = (
-        f"listen {cfg.listen}, http {cfg.http}, journal {cfg.journal}, "
+        f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http}, journal {cfg.journal}, "
         f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels{', dry run' if actions.safety.dry_run else ''}"
@@ -186,7 +207,7 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
     targets, target_problems = _targets(files, agent, collector)
     problems.extend(target_problems)
     checkers: dict[str, Callable[[Path], Outcome]] = {
-        "agent": check_agent,
+        "agent": lambda path: check_agent(path, clock),
         "collector": lambda path: check_collector(path, env, clock),
     }
     for kind, path in targets:
@@ -198,6 +219,17 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
     for problem in problems:
         print(problem, file=err)
     return 2 if problems else 0
+
+
+def _validity(material: TlsMaterial | None, key: str, clock: Clock) -> list[str]:
+    problem = None if material is None else material.validity_problem(clock.now(), key)
+    return [] if problem is None else [problem]
+
+
+def _transport(cfg: AgentConfig | CollectorConfig) -> str:
+    if cfg.tls_cert is not None:
+        return "mTLS"
+    return "plaintext, insecure = true" if cfg.insecure else "plaintext, loopback"
 
 
 def _located(path: Path, problem: str) -> str:

@@ -3,12 +3,74 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
+import reprlib
 import tomllib
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from pathlib import Path
+SHORT_REPR_LIMIT = 80
+MAX_NUMBER = 1e12  # the largest number a config key takes (31,000 years in seconds)
+_INT_DIGITS = 40  # an integer longer than this shows as its digit count
+
+
+class _ShortRepr(reprlib.Repr):
+    """A few levels and items of a value, never the whole of a hostile one.
+
+    A YAML alias bomb is a small file whose full repr would not fit in memory; an integer of
+    thousands of digits cannot even be printed, so it shows as its size.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxtuple, self.maxlist, self.maxdict = 3, 4, 4, 4
+        self.maxstring = self.maxother = 60
+
+    def repr_dict(self, x: dict[object, object], level: int) -> str:
+        """Keys in the order they came (reprlib sorts them), as the file has them."""
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in itertools.islice(x.items(), self.maxdict)
+        ]
+        if len(x) > self.maxdict:
+            pieces.append("...")
+        return "{" + ", ".join(pieces) + "}"
+
+    def repr_int(self, x: int, level: int) -> str:  # noqa: ARG002 - reprlib's signature
+        if x.bit_length() > _INT_DIGITS * 3:  # too many digits to print (or to want printed)
+            return f"<integer of {x.bit_length()} bits>"
+        return repr(x)
+
+
+_REPR = _ShortRepr()
+
+
+def short_repr(value: object, limit: int = SHORT_REPR_LIMIT) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters, for error messages about input."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_text(
+    value: object, key: str, what: str, error: type[Exception], *, empty: bool = False
+) -> str:
+    """``value`` when it is a string (non-empty unless ``empty``); else raise ``error``."""
+    if not isinstance(value, str) or (not value and not empty):
+        msg = f"{what}: {key} must be a {'string' if empty else 'non-empty string'}, "
+        msg += f"got {short_repr(value)}"
+        raise error(msg)
+    return value
+
+
+def to_path(value: object, key: str, what: str, error: type[Exception]) -> Path:
+    """A config value that names a file or directory, as a Path; else raise ``error``."""
+    return Path(check_text(value, key, what, error))
 
 
 def merge_config(
@@ -30,8 +92,11 @@ def merge_config(
         except OSError as exc:
             msg = f"{path}: cannot read {section} config: {exc.strerror}"
             raise error(msg) from exc
-        except tomllib.TOMLDecodeError as exc:
-            msg = f"{path}: invalid TOML: {exc}"
+        except UnicodeDecodeError as exc:
+            msg = f"{path}: {section} config is not UTF-8 text: {exc.reason} at byte {exc.start}"
+            raise error(msg) from exc
+        except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
+            msg = f"{path}: invalid TOML: {str(exc)[:200]}"
             raise error(msg) from exc
         table = raw.get(section, raw)
         if not isinstance(table, dict):
@@ -64,16 +129,23 @@ def check_number(  # noqa: PLR0913 - the bounds are what the caller states
     inclusive: bool = False,
     integer: bool = False,
 ) -> None:
-    """Raise ``error`` naming ``key`` unless ``value`` is a number above (or at) ``minimum``."""
+    """Raise ``error`` naming ``key`` unless ``value`` is a number above (or at) ``minimum``.
+
+    Numbers above ``MAX_NUMBER`` (no interval, count or threshold is that large), ``inf`` and
+    ``nan`` are refused too. Compared without a float conversion, so a huge TOML integer is an
+    error naming the key, not an OverflowError.
+    """
     kinds = (int,) if integer else (int, float)
     ok = isinstance(value, kinds) and not isinstance(value, bool)
     if ok:
-        number = float(value)  # type: ignore[arg-type]
-        ok = number >= minimum if inclusive else number > minimum
+        number: float = value  # type: ignore[assignment]
+        ok = not (isinstance(value, float) and not math.isfinite(value))
+        ok = ok and number <= MAX_NUMBER
+        ok = ok and (number >= minimum if inclusive else number > minimum)
     if not ok:
         what = "an integer" if integer else "a number"
         bound = ">=" if inclusive else ">"
-        msg = f"config: {key} must be {what} {bound} {minimum:g}, got {value!r}"
+        msg = f"config: {key} must be {what} {bound} {minimum:g}, got {short_repr(value)}"
         raise error(msg)
 
 
@@ -94,4 +166,7 @@ def read_data_file(
         return path.read_text("utf-8"), str(path)
     except OSError as exc:
         msg = f"{path}: cannot read the {what}: {exc.strerror}"
+        raise error(msg) from exc
+    except UnicodeDecodeError as exc:
+        msg = f"{path}: the {what} is not UTF-8 text: {exc.reason} at byte {exc.start}"
         raise error(msg) from exc

@@ -5,6 +5,7 @@ The wire uses protobuf enums; the journal, the JSON API and the logs use these r
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
 from typing import Final, NamedTuple
 
@@ -158,16 +159,25 @@ def event_kind_from_pb(kind: pb.EventKind) -> EventKind:
 
 
 SampleValue = int | float | str
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_FLOAT_MAX_INT: Final = int(sys.float_info.max)
 SampleKey = tuple[Target, str]
 
 
 def sample_to_pb(target: Target, signal: str, value: SampleValue) -> pb.Sample:
-    """Build a wire sample; bool counts as int, like the rest of Python."""
+    """Build a wire sample; bool counts as int, like the rest of Python.
+
+    An int beyond int64 (a 64-bit counter near its top, times 4 for IB data counters) goes as
+    a real value rather than fail the whole report.
+    """
     msg = pb.Sample(target=target.to_pb(), signal=signal)
     if isinstance(value, str):
         msg.text_value = value
-    elif isinstance(value, int):
+    elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
         msg.int_value = value
+    elif isinstance(value, int):
+        msg.real_value = float(max(-_FLOAT_MAX_INT, min(value, _FLOAT_MAX_INT)))
     else:
         msg.real_value = value
     return msg

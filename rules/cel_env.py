@@ -46,6 +46,7 @@ from rules.model import Scope
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+MAX_PROBLEM: Final = 500  # characters of a compiler message kept in a problem
 SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.NODE: ("node", "fleet"),
     Scope.GPU: ("node", "gpu", "rank", "fleet"),
@@ -311,7 +312,10 @@ class RuleEnvironment:
         try:
             return self._envs[scope].compile(condition)
         except RuntimeError as exc:
-            raise ConditionError(str(exc).removeprefix("INVALID_ARGUMENT: ")) from exc
+            # CEL quotes the condition (twice: the text and a caret line); a long one is cut.
+            text = str(exc).removeprefix("INVALID_ARGUMENT: ")
+            cut = text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
+            raise ConditionError(cut) from exc
 
     def evaluate(
         self,

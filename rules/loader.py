@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import yaml
 
+from fleetwatch.config_file import short_repr
 from rules.cel_env import ConditionError, RuleEnvironment, field_problems, signal_references
 from rules.durations import parse_duration
 from rules.exceptions import RulesError
@@ -111,7 +112,7 @@ class _Checker:
         if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
             return
         expected = _KINDS.get(kind, f"a {kind.__name__}")
-        self.problem(line, rule, f"{what} must be {expected}, not {value!r}")
+        self.problem(line, rule, f"{what} must be {expected}, not {short_repr(value)}")
 
     def choice(
         self, kind: type[_Choice], what: str, value: object, line: int, rule: str
@@ -120,7 +121,7 @@ class _Checker:
         allowed = [member.value for member in kind]
         if isinstance(value, str) and value in allowed:
             return kind(value)
-        got = "" if value is None else f", not {value!r}"
+        got = "" if value is None else f", not {short_repr(value)}"
         self.problem(line, rule, f"{what} must be one of {', '.join(allowed)}{got}")
         return None
 
@@ -133,13 +134,14 @@ class _Checker:
             name, params = _single_pair(item)
             if name not in ACTIONS:
                 known_actions = ", ".join(sorted(ACTIONS))
-                self.problem(line, rule, f"unknown action {name!r}; known: {known_actions}")
+                shown = short_repr(name)
+                self.problem(line, rule, f"unknown action {shown}; known: {known_actions}")
                 continue
             if not isinstance(params, dict):
                 self.problem(line, rule, f"parameters of {name} must be a mapping")
                 continue
             schema = ACTIONS[name]
-            unknown = sorted(map(str, set(params) - set(schema)))
+            unknown = sorted(_key(k) for k in set(params) - set(schema))
             if unknown:
                 self.problem(line, rule, f"{name} has no parameter {', '.join(unknown)}")
                 continue
@@ -155,14 +157,15 @@ class _Checker:
             return None
         name = raw.get("name")
         if not isinstance(name, str) or not RULE_NAME.fullmatch(name):
-            self.problem(line, str(name or ""), "name must be snake_case, 1-64 characters")
+            shown = name[:64] if isinstance(name, str) else short_repr(name) if name else ""
+            self.problem(line, shown, "name must be snake_case, 1-64 characters")
             return None
 
         def at(key: str) -> int:
             return lines.get(key, line)
 
         for key in sorted(set(raw) - RULE_KEYS, key=str):
-            self.problem(at(key), name, f"unknown field {key!r}")
+            self.problem(at(key), name, f"unknown field {short_repr(key)}")
         scope = self.choice(Scope, "scope", raw.get("scope"), at("scope"), name)
         severity = self.choice(
             Severity, "severity", raw.get("severity", "warning"), at("severity"), name
@@ -219,7 +222,7 @@ class _Checker:
             isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
         ):
             return dict(raw)
-        self.problem(line, rule, f"labels must map names to strings, not {raw!r}")
+        self.problem(line, rule, f"labels must map names to strings, not {short_repr(raw)}")
         return {}
 
     def condition(self, scope: Scope | None, when: object, line: int, name: str) -> str | None:
@@ -245,14 +248,17 @@ class _Checker:
         if raw is None:
             return None
         if not isinstance(raw, dict) or set(raw) - ESCALATE_KEYS:
-            extra = sorted(map(str, set(raw) - ESCALATE_KEYS)) if isinstance(raw, dict) else []
+            extra = (
+                sorted(_key(k) for k in set(raw) - ESCALATE_KEYS) if isinstance(raw, dict) else []
+            )
             got = f" (not {', '.join(extra)})" if extra else ""
             self.problem(line, name, f"escalate takes after, within and actions{got}")
             return None
         before = len(self.problems)
         after = raw.get("after")
         if not isinstance(after, int) or isinstance(after, bool) or after < 2:  # noqa: PLR2004
-            self.problem(line, name, f"escalate.after must be a count of 2 or more, not {after!r}")
+            shown = short_repr(after)
+            self.problem(line, name, f"escalate.after must be a count of 2 or more, not {shown}")
         within = 0.0
         try:
             within = parse_duration(raw.get("within"))
@@ -271,12 +277,17 @@ class _Checker:
         return Escalation(after, within, actions)
 
 
+def _key(key: object) -> str:
+    """A mapping key as a problem names it: a string as it is (cut), anything else as a repr."""
+    return key[:64] if isinstance(key, str) else short_repr(key)
+
+
 def _single_pair(item: object) -> tuple[object, object]:
     """An action as (name, parameters): ``name`` or ``{name: {parameters}}``."""
     if isinstance(item, dict) and len(item) == 1:
         ((name, params),) = item.items()
         return name, {} if params is None else params
-    return (item if isinstance(item, str) else repr(item)), {}
+    return (item if isinstance(item, str) else short_repr(item)), {}
 
 
 def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
@@ -292,21 +303,31 @@ def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise RulesFileError([RuleProblem(source, line, "", f"not valid YAML: {exc}")]) from exc
+    except (ValueError, RecursionError) as exc:  # a huge integer; absurd nesting
+        problem = RuleProblem(source, 1, "", f"not valid YAML: {str(exc)[:200]}")
+        raise RulesFileError([problem]) from exc
     if node is None:
         raise RulesFileError([RuleProblem(source, 1, "", "the file is empty")])
     return data, node
 
 
 def _rule_lines(node: yaml.Node) -> list[tuple[int, dict[str, int]]]:
-    """Line of each rule and of each of its keys, in file order."""
+    """Line of each rule and of each of its keys, in file order.
+
+    A key given twice counts as YAML reads it: the last one wins.
+    """
     if not isinstance(node, yaml.MappingNode):
         return []
-    for key, value in node.value:
+    for key, value in reversed(node.value):
         if key.value == "rules" and isinstance(value, yaml.SequenceNode):
             return [
                 (
                     item.start_mark.line + 1,
-                    {k.value: k.start_mark.line + 1 for k, _ in item.value}
+                    {
+                        k.value: k.start_mark.line + 1
+                        for k, _ in item.value
+                        if isinstance(k, yaml.ScalarNode)
+                    }
                     if isinstance(item, yaml.MappingNode)
                     else {},
                 )

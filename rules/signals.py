@@ -47,6 +47,11 @@ NODE: Final = frozenset(
     {
         "agent_outbox_pending",
         "agent_events_dropped",
+        "agent_telemetry_dropped",
+        "agent_samples_refused",
+        "agent_spool_bytes",
+        "agent_spool_write_errors",
+        "agent_spool_damaged",
         "agent_kmsg_overruns",
         "agent_ib_counter_resets",
         *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev")),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Final
 
 import yaml
 
-from fleetwatch.config_file import read_data_file
+from fleetwatch.config_file import read_data_file, short_repr
 from rules.exceptions import CatalogError
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class XidCatalog:
 
 def _entry(where: str, xid: object, raw: object) -> XidEntry:
     if not isinstance(xid, int) or isinstance(xid, bool) or not 0 < xid <= 65_535:  # noqa: PLR2004
-        msg = f"{where}: Xid key {xid!r} is not an integer between 1 and 65535"
+        msg = f"{where}: Xid key {short_repr(xid)} is not an integer between 1 and 65535"
         raise CatalogError(msg)
     if not isinstance(raw, dict):
         msg = f"{where}: Xid {xid} must be a mapping with name, class, action and fatal"
@@ -71,24 +71,25 @@ def _entry(where: str, xid: object, raw: object) -> XidEntry:
     if not isinstance(name, str) or not name:
         msg = f"{where}: Xid {xid} name must be a non-empty string"
         raise CatalogError(msg)
-    if cls not in CLASSES:
-        msg = f"{where}: Xid {xid} class {cls!r} is not one of {sorted(CLASSES)}"
+    if not isinstance(cls, str) or cls not in CLASSES:
+        msg = f"{where}: Xid {xid} class {short_repr(cls)} is not one of {sorted(CLASSES)}"
         raise CatalogError(msg)
-    if action not in ACTIONS:
-        msg = f"{where}: Xid {xid} action {action!r} is not one of {sorted(ACTIONS)}"
+    if not isinstance(action, str) or action not in ACTIONS:
+        msg = f"{where}: Xid {xid} action {short_repr(action)} is not one of {sorted(ACTIONS)}"
         raise CatalogError(msg)
     if not isinstance(fatal, bool):
         msg = f"{where}: Xid {xid} fatal must be true or false"
         raise CatalogError(msg)
-    return XidEntry(xid=xid, name=name, xid_class=str(cls), action=str(action), fatal=fatal)
+    return XidEntry(xid=xid, name=name, xid_class=cls, action=action, fatal=fatal)
 
 
 def parse_catalog(text: str, where: str = "<xid catalog>") -> XidCatalog:
     """Parse catalog YAML; every problem is a :class:`CatalogError` naming ``where`` and the Xid."""
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        msg = f"{where}: not valid YAML: {exc}"
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        # ValueError: an integer of thousands of digits; RecursionError: absurd nesting
+        msg = f"{where}: not valid YAML: {str(exc)[:300]}"
         raise CatalogError(msg) from exc
     if not isinstance(data, dict) or data.get("version") != 1:
         msg = f"{where}: expected a mapping with 'version: 1' and 'xids'"

@@ -148,7 +148,7 @@ _TIMESTAMP: Final = re.compile(r"\[\s*\d+\.\d+\]\s?")  # when the text comes fro
 _PREFIX: Final = re.compile(
     rf"(?:(?P<driver>[\w.-]+) (?P<bdf>{_BDF})(?::pcie\d+)?: )?(?:AER: )?",
 )
-_SUPPRESSED: Final = re.compile(r"aer_\w+: (?P<n>\d+) callbacks suppressed")
+_SUPPRESSED: Final = re.compile(r"aer_\w+: (?P<n>\d{1,20}) callbacks suppressed")
 _SOURCE: Final = re.compile(
     rf"(?P<multi>Multiple )?(?P<sev>{_SEVERITY}) error (?:received:|message received from) "
     rf"(?:(?P<bdf>{_BDF})|id=(?P<id>[0-9A-Fa-f]{{4}}))(?: \(no details found\))?",

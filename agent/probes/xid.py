@@ -10,7 +10,10 @@ import re
 from dataclasses import dataclass
 
 from agent.pci import normalize_bus_id
+from fleetwatch.wire.validate import MAX_DETAIL
 
+# The driver prints an unsigned 32-bit number; a longer run of digits is not an Xid it printed.
+_MAX_XID_DIGITS = 10
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+),")
 
 
@@ -24,8 +27,13 @@ class XidLine:
 
 
 def parse_xid_line(text: str) -> XidLine | None:
-    """Return the Xid in ``text``, or None when the line is not an NVRM Xid line."""
+    """Return the Xid in ``text``, or None when the line is not an NVRM Xid line.
+
+    The number fits 32 bits (larger is None: no driver printed it); ``text`` is kept up to
+    ``MAX_DETAIL`` characters, what an event's detail may carry.
+    """
     match = _XID.search(text)
-    if match is None:
+    if match is None or len(match[2]) > _MAX_XID_DIGITS or int(match[2]) > 0xFFFF_FFFF:  # noqa: PLR2004
         return None
-    return XidLine(pci_bus_id=normalize_bus_id(match[1]), xid=int(match[2]), text=text.strip())
+    detail = text.strip()[:MAX_DETAIL]
+    return XidLine(pci_bus_id=normalize_bus_id(match[1]), xid=int(match[2]), text=detail)

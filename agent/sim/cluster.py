@@ -48,14 +48,17 @@ class SimCluster:
         backoff_max: float = 1.0,
         ib_traffic_bytes_per_s: float = 0.0,
         job_socket_dir: Path | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
 
         Each agent listens for step reports at ``job_socket_dir/<node>.sock`` (``root`` by
-        default; a Unix socket path must stay under 108 bytes).
+        default; a Unix socket path must stay under 108 bytes) and keeps its state (the outbox
+        spool) in ``state_dir/<node>`` (None: in memory only).
         """
         self.nodes: dict[str, SimNode] = {}
         self.agents: dict[str, Agent] = {}
+        self.configs: dict[str, AgentConfig] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._clock = clock
         self._tick_s = poll_interval
@@ -76,10 +79,11 @@ class SimCluster:
                 backoff_initial=backoff_initial,
                 backoff_max=backoff_max,
                 counter_interval=max(poll_interval, 1.0),
-                state_dir=None,
+                state_dir=None if state_dir is None else state_dir / name,
                 job_socket=self.job_sockets[name],
             )
             self.nodes[name] = node
+            self.configs[name] = cfg
             self.agents[name] = build_agent(cfg, sim_hardware(node), clock, fd_budget=self.fds)
 
     def start(self) -> None:
@@ -110,6 +114,19 @@ class SimCluster:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def restart(self, name: str) -> Agent:
+        """Crash a node's agent and start a new agent process in its place (same boot)."""
+        await self.crash(name)
+        agent = build_agent(
+            self.configs[name],
+            sim_hardware(self.nodes[name]),
+            self._clock,
+            fd_budget=self.fds,
+        )
+        self.agents[name] = agent
+        self._tasks[name] = asyncio.create_task(agent.run(), name=f"agent-{name}")
+        return agent
 
     async def inject(self, fault: Fault) -> None:
         """Make a fault happen."""

@@ -13,13 +13,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
-from fleetwatch.config_file import read_data_file
+from fleetwatch.config_file import read_data_file, short_repr
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
     from agent.sim.hardware import SimNode
+
+
+# A simulated cluster this big, or a flap this long, is a typo, not a scenario; both would be
+# expanded in memory (node names, the timeline's downs and ups).
+MAX_NODES: Final = 100_000
+MAX_FLAPS: Final = 100_000
+MAX_NUMBER: Final = 1e15  # larger than any time, count or rate a scenario needs
 
 
 class ScenarioError(ValueError):
@@ -155,14 +162,16 @@ class Scenario:
 
 
 def _number(where: str, key: str, value: object, kind: type) -> int | float:
+    shown = short_repr(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        msg = f"{where}: {key} must be a number, got {value!r}"
+        msg = f"{where}: {key} must be a number, got {shown}"
         raise ScenarioError(msg)
-    if kind is int and not float(value).is_integer():
-        msg = f"{where}: {key} must be a whole number, got {value!r}"
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        msg = f"{where}: {key} must be a whole number, got {shown}"
         raise ScenarioError(msg)
-    if value < 0 or not math.isfinite(value):
-        msg = f"{where}: {key} must be finite and not negative, got {value!r}"
+    # Compared as given: a float() of a 400-digit integer would overflow.
+    if value < 0 or value > MAX_NUMBER or (isinstance(value, float) and not math.isfinite(value)):
+        msg = f"{where}: {key} must be finite, not negative and at most {MAX_NUMBER:g}, got {shown}"
         raise ScenarioError(msg)
     return int(value) if kind is int else float(value)
 
@@ -172,31 +181,37 @@ def _fault(where: str, raw: object, nodes: tuple[str, ...], duration: float) -> 
         msg = f"{where}: a fault is a mapping with at, node, fault and its parameters"
         raise ScenarioError(msg)
     raw = dict(raw)
-    try:
-        kind = FaultKind(raw.pop("fault"))
-    except KeyError:
+    if "fault" not in raw:
         msg = f"{where}: 'fault' is missing"
-        raise ScenarioError(msg) from None
-    except ValueError as exc:
-        msg = f"{where}: unknown fault {exc}; known: {', '.join(k.value for k in FaultKind)}"
-        raise ScenarioError(msg) from None
+        raise ScenarioError(msg)
+    name = raw.pop("fault")
+    if not isinstance(name, str) or name not in {k.value for k in FaultKind}:
+        known = ", ".join(k.value for k in FaultKind)
+        msg = f"{where}: unknown fault {short_repr(name)}; known: {known}"
+        raise ScenarioError(msg)
+    kind = FaultKind(name)
     at = _number(where, "at", raw.pop("at", None), float)
     if at > duration:
         msg = f"{where}: at {at} is after the scenario's duration {duration}"
         raise ScenarioError(msg)
     node = raw.pop("node", None)
     if node not in nodes:
-        msg = f"{where}: node {node!r} is not one of the scenario's nodes"
+        msg = f"{where}: node {short_repr(node)} is not one of the scenario's nodes"
         raise ScenarioError(msg)
     wanted = PARAMS[kind]
     missing = sorted(set(wanted) - raw.keys())
-    extra = sorted(raw.keys() - set(wanted))
+    extra = sorted(
+        k[:64] if isinstance(k, str) else short_repr(k) for k in raw.keys() - set(wanted)
+    )
     if missing or extra:
         msg = f"{where}: {kind.value} takes {', '.join(wanted) or 'no parameters'}"
         msg += f" (missing: {', '.join(missing)})" if missing else ""
-        msg += f" (unknown: {', '.join(map(str, extra))})" if extra else ""
+        msg += f" (unknown: {', '.join(extra)})" if extra else ""
         raise ScenarioError(msg)
     params = {k: _number(where, k, raw[k], t) for k, t in wanted.items()}
+    if params.get("times", 0) > MAX_FLAPS:
+        msg = f"{where}: times {params['times']} is more than {MAX_FLAPS} flaps"
+        raise ScenarioError(msg)
     return Fault(at, str(node), kind, params)
 
 
@@ -204,8 +219,9 @@ def parse_scenario(text: str, where: str = "<scenario>") -> Scenario:
     """Parse and check a scenario; every problem is a ScenarioError naming the fault and key."""
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        msg = f"{where}: not valid YAML: {exc}"
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        # ValueError: an integer of thousands of digits; RecursionError: absurd nesting
+        msg = f"{where}: not valid YAML: {str(exc)[:300]}"
         raise ScenarioError(msg) from exc
     if not isinstance(data, dict) or data.get("version") != 1:
         msg = f"{where}: expected a mapping with 'version: 1'"
@@ -215,12 +231,20 @@ def parse_scenario(text: str, where: str = "<scenario>") -> Scenario:
         msg = f"{where}: duration must be positive"
         raise ScenarioError(msg)
     raw_nodes = data.get("nodes")
-    if isinstance(raw_nodes, int) and not isinstance(raw_nodes, bool) and raw_nodes > 0:
+    if (
+        isinstance(raw_nodes, int)
+        and not isinstance(raw_nodes, bool)
+        and 0 < raw_nodes <= MAX_NODES
+    ):
         nodes = tuple(f"node-{i:02d}" for i in range(1, raw_nodes + 1))
-    elif isinstance(raw_nodes, list) and raw_nodes and all(isinstance(n, str) for n in raw_nodes):
+    elif (
+        isinstance(raw_nodes, list)
+        and 0 < len(raw_nodes) <= MAX_NODES
+        and all(isinstance(n, str) for n in raw_nodes)
+    ):
         nodes = tuple(raw_nodes)
     else:
-        msg = f"{where}: nodes must be a count or a list of names"
+        msg = f"{where}: nodes must be a count or a list of names (1 to {MAX_NODES})"
         raise ScenarioError(msg)
     raw_faults = data.get("faults") or []
     if not isinstance(raw_faults, list):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 
 READ_SIZE = 16 * 1024  # must be at least 8 KiB or the kernel answers EINVAL
 MAX_RECORDS_PER_READ = 10_000
+# The kernel keeps a message to about 1 KiB; more is cut, so a record never holds more than this.
+MAX_TEXT = 4096
+_HEADER_NUMBER = re.compile(r"[0-9]{1,20}")  # unsigned decimal, as the kernel prints them
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +37,11 @@ class KmsgRecord:
 
 
 def parse_record(raw: bytes) -> KmsgRecord:
-    """Parse one raw /dev/kmsg record; raise ValueError naming what is wrong."""
-    line = raw.decode("utf-8", errors="replace")
+    """Parse one raw /dev/kmsg record; raise ValueError naming what is wrong.
+
+    The text (the first line of the message) is cut to ``MAX_TEXT`` characters.
+    """
+    line = raw[: READ_SIZE + 1024].decode("utf-8", errors="replace")
     head, sep, rest = line.partition(";")
     if not sep:
         msg = f"kmsg record without ';' separator: {line[:80]!r}"
@@ -43,12 +50,11 @@ def parse_record(raw: bytes) -> KmsgRecord:
     if len(fields) < 4:  # noqa: PLR2004 - prio, seq, ts, flag
         msg = f"kmsg record header has {len(fields)} fields, expected 4 or more: {head[:80]!r}"
         raise ValueError(msg)
-    try:
-        prio, seq, ts_us = int(fields[0]), int(fields[1]), int(fields[2])
-    except ValueError as exc:
+    if not all(_HEADER_NUMBER.fullmatch(f) for f in fields[:3]):
         msg = f"kmsg record header is not numeric: {head[:80]!r}"
-        raise ValueError(msg) from exc
-    text = rest.split("\n", 1)[0]
+        raise ValueError(msg)
+    prio, seq, ts_us = int(fields[0]), int(fields[1]), int(fields[2])
+    text = rest.split("\n", 1)[0][:MAX_TEXT]
     return KmsgRecord(seq=seq, ts_us=ts_us, level=prio & 7, facility=prio >> 3, text=text)
 
 

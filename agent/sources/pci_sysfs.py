@@ -22,6 +22,7 @@ a fault by itself; a width below the maximum is.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,9 @@ def parse_link_speed(text: str) -> LinkSpeed | None:
         msg = f"{text[:40]!r} is not a PCIe link speed"
         raise ValueError(msg)
     gts = float(match[1])
+    if not math.isfinite(gts):  # hundreds of digits: a float cannot hold it, no link runs at it
+        msg = f"{text[:40]!r} is not a PCIe link speed"
+        raise ValueError(msg)
     return LinkSpeed(gts=gts, generation=PCIE_GENERATIONS.get(gts))
 
 

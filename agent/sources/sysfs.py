@@ -26,6 +26,7 @@ from agent.probes.counters import (
     IB_DATA_OCTETS_PER_UNIT,
 )
 from agent.sources.sysfs_io import FdBudget, OpenFiles, list_dir, parse_uint, read_text
+from fleetwatch.wire.validate import DEVICE_NAME, MAX_TEXT
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,6 +58,7 @@ IB_BASE_COUNTERS = tuple(n for n in IB_COUNTER_WIDTH_BITS if n not in IB_EXTENDE
 _BASE_SET = frozenset(IB_BASE_COUNTERS)
 # Files in hw_counters/ that are settings, not counters.
 _HW_NOT_COUNTERS = frozenset({"lifespan"})
+_MAX_PORT = 255  # IB port numbers are 8 bits, and port 0 is the switch's management port
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,13 @@ class SysfsReader:
             raise SourceError("sysfs", msg) from exc
 
     def ib_ports(self) -> list[IbPortInfo]:
-        """List every port of every HCA, sorted by device then port."""
+        """List every port of every HCA, sorted by device then port.
+
+        Only what the wire can carry is listed: an HCA whose name is no device name, or a port
+        numbered outside 1-255 or not as the kernel writes numbers (``01``), is skipped (and
+        logged), and ``rate`` and ``link_layer`` are cut
+        to the wire's text limit, so an odd tree cannot make the node's Hello invalid.
+        """
         if not self._ib.is_dir():
             return []
         found: list[IbPortInfo] = []
@@ -148,15 +156,23 @@ class SysfsReader:
             ports = dev / "ports"
             if not ports.is_dir():
                 continue
+            if DEVICE_NAME.fullmatch(dev.name) is None:
+                log.warning("ib_device_skipped", device=dev.name[:80], why="not a device name")
+                continue
             for port_dir in sorted(ports.iterdir(), key=lambda p: (len(p.name), p.name)):
-                if not port_dir.name.isdigit():
+                name = port_dir.name
+                if not (name.isascii() and name.isdigit()):
+                    continue
+                # "01" would be port 1 a second time, and the Hello would be refused.
+                if not 1 <= int(name) <= _MAX_PORT or name != str(int(name)):
+                    log.warning("ib_port_skipped", device=dev.name, port=name[:20])
                     continue
                 found.append(
                     IbPortInfo(
                         device=dev.name,
-                        port=int(port_dir.name),
-                        rate=self._read(port_dir / "rate"),
-                        link_layer=self._read(port_dir / "link_layer"),
+                        port=int(name),
+                        rate=self._read(port_dir / "rate")[:MAX_TEXT],
+                        link_layer=self._read(port_dir / "link_layer")[:MAX_TEXT],
                     ),
                 )
         return found
@@ -181,9 +197,10 @@ class SysfsReader:
                 msg = f"{base}/counters/link_downed holds {downed_text[:40]!r}, not a number"
                 raise SourceError("sysfs", msg)
             downed = parsed
+        # Cut to what a sample may carry: a file of junk must not make the Report invalid.
         return IbPortStatus(
-            state=strip_enum(self._read(f"{base}/state")),
-            phys_state=strip_enum(self._read(f"{base}/phys_state")),
+            state=strip_enum(self._read(f"{base}/state"))[:MAX_TEXT],
+            phys_state=strip_enum(self._read(f"{base}/phys_state"))[:MAX_TEXT],
             link_downed=downed,
         )
 

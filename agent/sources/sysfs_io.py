@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 READ_LIMIT: Final = 4096  # every attribute we read is far smaller than a page
 _MISSING: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 _NO_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE})
+_U64_DIGITS: Final = 20
 
 
 @dataclass(slots=True)
@@ -73,10 +74,20 @@ def read_files(directory: str, names: Iterable[str]) -> FileBatch:
     return batch
 
 
+U64_MAX: Final = (1 << 64) - 1  # sysfs counters are at most 64 bits wide
+
+
 def parse_uint(raw: bytes | str) -> int | None:
-    """An unsigned decimal, surrounding whitespace allowed; None for anything else."""
+    """An unsigned decimal up to 2**64 - 1, surrounding whitespace allowed; None for anything else.
+
+    A larger number is no counter the kernel printed (and one of thousands of digits would not
+    even convert).
+    """
     value = raw.strip()
-    return int(value) if value.isdigit() and value.isascii() else None
+    if not (value.isdigit() and value.isascii()) or len(value) > _U64_DIGITS:
+        return None
+    number = int(value)
+    return number if number <= U64_MAX else None
 
 
 class OpenFiles:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 from collector.actions.dispatcher import SafetyConfig
 from collector.actions.webhook import WebhookSender
 from collector.exceptions import ConfigError
-from fleetwatch.config_file import check_number
+from fleetwatch.config_file import check_number, short_repr
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,7 +57,7 @@ SAFETY_KEYS: Final = {
 
 def _boolean(value: object, key: str) -> bool:
     if not isinstance(value, bool):
-        msg = f"collector config: {key} must be true or false, got {value!r}"
+        msg = f"collector config: {key} must be true or false, got {short_repr(value)}"
         raise ConfigError(msg)
     return value
 
@@ -162,14 +162,16 @@ def _webhook(raw: object, key: str) -> WebhookConfig:
         raise ConfigError(msg)
     for name in ("url", "secret_file", "secret_env"):
         if name in raw and (not isinstance(raw[name], str) or not raw[name]):
-            msg = f"collector config: {key}.{name} must be a non-empty string, got {raw[name]!r}"
+            shown = short_repr(raw[name])
+            msg = f"collector config: {key}.{name} must be a non-empty string, got {shown}"
             raise ConfigError(msg)
     if "secret_file" in raw and "secret_env" in raw:
         msg = f"collector config: {key} takes secret_file or secret_env, not both"
         raise ConfigError(msg)
     env = raw.get("secret_env")
     if env is not None and not _ENV_NAME.fullmatch(env):
-        msg = f"collector config: {key}.secret_env must name an environment variable, got {env!r}"
+        shown = short_repr(env)
+        msg = f"collector config: {key}.secret_env must name an environment variable, got {shown}"
         raise ConfigError(msg)
     timeout = raw.get("timeout", 5.0)
     attempts = raw.get("max_attempts", 5)
@@ -211,9 +213,13 @@ def parse_actions(raw: object) -> ActionsConfig:
         msg = "collector config: actions.slurm takes enabled, scontrol, slurm_conf"
         raise ConfigError(msg)
     conf = slurm_raw.get("slurm_conf")
+    scontrol = slurm_raw.get("scontrol", "scontrol")
+    if not isinstance(scontrol, str) or not scontrol or not isinstance(conf, str | None):
+        msg = "collector config: actions.slurm.scontrol and slurm_conf must be strings (paths)"
+        raise ConfigError(msg)
     slurm = SlurmConfig(
         enabled=_boolean(slurm_raw.get("enabled", False), "actions.slurm.enabled"),
-        scontrol=str(slurm_raw.get("scontrol", "scontrol")),
+        scontrol=scontrol,
         slurm_conf=Path(conf) if conf else None,
     )
     if not isinstance(notify_raw, dict):

@@ -16,7 +16,7 @@ async def test_agent_retries_until_nvml_starts(tmp_path: Path):
     hardware = sim_hardware(node)
     assert isinstance(hardware.nvml, SimNvmlLibrary)
     hardware.nvml.driver_loaded = False
-    agent = build_agent(AgentConfig(node="node-a"), hardware, clock)
+    agent = build_agent(AgentConfig(node="node-a", state_dir=None), hardware, clock)
     start = asyncio.create_task(agent.start())
     for _ in range(20):
         await asyncio.sleep(0)
@@ -32,7 +32,8 @@ async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
     """A poll puts each new event in the outbox with the next sequence number."""
     clock = FakeClock()
     node = SimNode("node-a", tmp_path / "sys", clock, gpus=2, nvlinks=2, ib_ports=1)
-    agent = build_agent(AgentConfig(node="node-a"), sim_hardware(node), clock)
+    cfg = AgentConfig(node="node-a", state_dir=tmp_path / "state")
+    agent = build_agent(cfg, sim_hardware(node), clock)
     await agent.start()
     agent.poll_once()
     node.xid(1, 13)

@@ -1,3 +1,5 @@
+import math
+
 from agent.changes import LiveSamples
 from fleetwatch.model import Target
 
@@ -43,3 +45,18 @@ class TestLiveSamples:
         live.update({(GPU, "gpu_present"): 1})
         assert live.changed.is_set()
         assert live.take_changes() == [((GPU, "gpu_present"), 1)]
+
+
+def test_values_the_collector_would_refuse_are_kept_back_and_counted():
+    """NaN, inf and overlong text never reach a report (the collector would refuse it, and
+    every report after a reconnect carries every value): the last good value stays."""
+    live = LiveSamples()
+    key = (Target.node(), "temperature_celsius")
+    text_key = (Target.node(), "ib_state")
+    live.update({key: 40.5, text_key: "ACTIVE"})
+    live.take_all()
+    assert live.update({key: math.nan, text_key: "x" * 300}) == 0
+    assert live.update({key: math.inf}) == 0
+    assert live.refused == 3
+    assert dict(live.take_all()) == {key: 40.5, text_key: "ACTIVE"}
+    assert live.update({key: 41.0}) == 1

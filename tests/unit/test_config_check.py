@@ -1,4 +1,5 @@
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from collector.main import CollectorService
 from fleetwatch import cli_config
 from fleetwatch.cli import main
 from fleetwatch.testing import FakeClock
+from tests.tls_pki import make_pki
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "config"
@@ -52,15 +54,22 @@ def full_collector(tmp_path: Path, **webhook: str) -> Path:
 
 
 class TestExamples:
-    def test_shipped_examples_pass(self, capsys):
-        """deploy/config's two files pass, each with a one-line summary, exit 0."""
-        code, out, err = run(capsys, str(EXAMPLES / "agent.toml"), str(EXAMPLES / "collector.toml"))
+    def test_shipped_examples_pass(self, capsys, tmp_path: Path):
+        """deploy/config's two files pass once the certificates they name exist (here made by
+        `fleetwatch certs`, installed in a scratch /etc/fleetwatch), each with a one-line
+        summary, exit 0."""
+        make_pki(tmp_path / "pki").install(tmp_path / "etc" / "tls", socket.gethostname())
+        for example in ("agent.toml", "collector.toml"):
+            text = (EXAMPLES / example).read_text().replace("/etc/fleetwatch/", f"{tmp_path}/etc/")
+            (tmp_path / example).write_text(text)
+        code, out, err = run(capsys, str(tmp_path / "agent.toml"), str(tmp_path / "collector.toml"))
         assert (code, err) == (0, "")
         agent_line, collector_line = out.splitlines()
-        assert agent_line.startswith(f"{EXAMPLES / 'agent.toml'}: agent config OK: node ")
-        assert "collector collector.example.internal:7070" in agent_line
+        assert agent_line.startswith(f"{tmp_path / 'agent.toml'}: agent config OK: node ")
+        assert "collector collector.example.internal:7070 (mTLS)" in agent_line
         assert "GPU resets off" in agent_line
-        assert collector_line.startswith(f"{EXAMPLES / 'collector.toml'}: collector config OK: ")
+        assert collector_line.startswith(f"{tmp_path / 'collector.toml'}: collector config OK: ")
+        assert "listen 0.0.0.0:7070 (mTLS)" in collector_line
         assert "rules (built-in)" in collector_line
 
     def test_every_documented_key_is_valid(self, capsys, tmp_path: Path, monkeypatch):
@@ -74,6 +83,7 @@ class TestExamples:
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
         for name in ("drain", "notify"):
             (etc / f"{name}.secret").write_text(f"{name}-secret\n")
+        make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
         for example in ("agent.toml", "collector.toml"):
@@ -111,7 +121,7 @@ class TestExamples:
     def test_files_without_a_table_need_their_kind(self, capsys, tmp_path: Path):
         """A file of bare keys is refused unless --agent or --collector says what it is."""
         bare = tmp_path / "bare.toml"
-        bare.write_text('collector = "c:7070"\npoll_interval = 2.0\n')
+        bare.write_text('collector = "127.0.0.1:7070"\npoll_interval = 2.0\n')
         code, _, err = run(capsys, str(bare))
         assert code == 2
         assert "has neither an [agent] nor a [collector] table" in err

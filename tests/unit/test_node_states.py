@@ -38,6 +38,9 @@ def test_hardware_down_degrades_without_an_incident():
     port.ports["mlx5_0", 1].state = "DOWN"
     assert node_state(port, NodeFlags()) == "degraded"
     assert node_state(node(), NodeFlags(firing=frozenset({"other"}))) == "healthy"
+    unknown = node()
+    unknown.ports["mlx5_0", 1].state = ""  # not reported yet: not down
+    assert node_state(unknown, NodeFlags()) == "healthy"
 
 
 def test_the_tally_counts_outcomes_not_unfinished_states():

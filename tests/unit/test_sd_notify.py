@@ -153,6 +153,7 @@ class TestAgentNotifies:
             node="node-a",
             collector=f"127.0.0.1:{free_port()}",
             job_socket=None,
+            state_dir=None,
             backoff_initial=0.05,
             backoff_max=0.05,
         )
