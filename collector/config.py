@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from collector.actions.config import ActionsConfig, parse_actions
+from collector.actions.config import ENV_NAME, ActionsConfig, parse_actions, read_secret
 from collector.exceptions import ConfigError
 from collector.jobs.config import JobsConfig
 from fleetwatch.config_file import check_number, check_text, merge_config, short_repr, to_path
 from fleetwatch.tls import check_tls_keys
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 def split_host_port(text: str, key: str) -> tuple[str, int]:
@@ -48,6 +51,11 @@ class CollectorConfig:
     tls_key: Path | None = None  # its private key, PEM
     tls_client_ca: Path | None = None  # the CA that signs node certificates, PEM
     insecure: bool = False
+    # The bearer token that state-changing API requests must carry (docs/deploy.md "The API
+    # token"): from a file or an environment variable, not both. Without one, changes are
+    # accepted from loopback clients only, and not at all when ``http`` is not loopback.
+    api_token_file: Path | None = None
+    api_token_env: str | None = None  # the name of the variable that holds the token
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -70,12 +78,44 @@ class CollectorConfig:
             what="collector config",
             error=ConfigError,
         )
+        self._check_api_token_keys()
+
+    def _check_api_token_keys(self) -> None:
+        token_file: object = self.api_token_file  # typed by the loader; code may pass anything
+        if token_file is not None and not isinstance(token_file, Path):
+            msg = f"collector config: api_token_file must be a path, got {short_repr(token_file)}"
+            raise ConfigError(msg)
+        env: object = self.api_token_env
+        if env is not None and (not isinstance(env, str) or not ENV_NAME.fullmatch(env)):
+            msg = (
+                "collector config: api_token_env must name an environment variable, "
+                f"got {short_repr(env)}"
+            )
+            raise ConfigError(msg)
+        if token_file is not None and env is not None:
+            msg = "collector config: takes api_token_file or api_token_env, not both"
+            raise ConfigError(msg)
+
+    def api_token(self, environ: Mapping[str, str]) -> bytes | None:
+        """The API token (whitespace around it dropped); None when none is configured.
+
+        Raises:
+            ConfigError: the file cannot be read, the variable is unset, or either is empty;
+                the message names the key and the file or variable, never the token.
+        """
+        return read_secret(
+            self.api_token_file,
+            self.api_token_env,
+            environ,
+            file_key="api_token_file",
+            env_key="api_token_env",
+        )
 
 
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
-    for key in ("journal", "xid_catalog"):
+    for key in ("journal", "xid_catalog", "api_token_file"):
         if values.get(key) is not None:
             values[key] = to_path(values[key], key, "collector config", ConfigError)
     for key in TLS_KEYS:

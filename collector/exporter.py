@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
+from collector.api_auth import REASONS
 from collector.metrics_catalog import BY_NAME, NODE_STATES, families
 from collector.node_states import NodeFlags, node_state
 
@@ -263,6 +264,9 @@ class FleetCollector(Collector):
         f["fleetwatch_collector_streams_active"].add_metric([], stats.streams_active)
         for reason, count in sorted(stats.rejected_snapshot().items()):
             f["fleetwatch_collector_messages_rejected_total"].add_metric([reason], count)
+        refused = dict.fromkeys(REASONS, 0) | stats.api_refused_snapshot()
+        for reason, count in sorted(refused.items()):
+            f["fleetwatch_api_requests_refused_total"].add_metric([reason], count)
         for name, value in (
             ("events_journaled", stats.events_journaled),
             ("events_duplicate", stats.events_duplicate),

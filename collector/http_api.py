@@ -8,6 +8,9 @@ GET /api/v1/events?node=&kind=&after=&limit=&order=asc|desc
 journaled events, paged by journal id
 GET /api/v1/jobs                  training jobs with their throughput, MFU, stragglers, drops
 GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio
+
+POST and DELETE (silences, drain releases: :mod:`collector.http_incidents`) pass the
+:class:`~collector.api_auth.ChangeGuard` first: a bearer token, or loopback when none is set.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.registry import CollectorRegistry
 
+    from collector.api_auth import ChangeGuard
     from collector.fleet import FleetModel, NodeState
     from collector.http_incidents import DrainKeeper, SilenceWriter
     from collector.jobs.book import JobBook
@@ -153,6 +157,7 @@ class ApiServer:
         *,
         host: str,
         port: int,
+        guard: ChangeGuard,
         fleet: FleetModel,
         journal: JournalReader,
         registry: CollectorRegistry,
@@ -164,8 +169,10 @@ class ApiServer:
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
-        ``node_flags`` says which nodes are drained, draining or have a firing incident.
+        ``guard`` decides who may make changes; ``node_flags`` says which nodes are drained,
+        draining or have a firing incident.
         """
+        self._guard = guard
         self._jobs = jobs
         self._node_flags = node_flags
         self._fleet = fleet
@@ -270,8 +277,20 @@ class ApiServer:
         return HTTPStatus.OK, self._drains.drains()
 
     def handle_change(self, req: BaseHTTPRequestHandler) -> None:
-        """Route a POST or DELETE (silences)."""
+        """Route a POST or DELETE (silences, drain releases) once the guard lets it through."""
         path = urlsplit(req.path).path.rstrip("/")
+        refusal = self._guard.check(
+            client=str(req.client_address[0]),
+            authorization=req.headers.get("Authorization"),
+            method=req.command,
+            path=path,
+        )
+        if refusal is not None:
+            extra = (
+                {"WWW-Authenticate": "Bearer"} if refusal.status == HTTPStatus.UNAUTHORIZED else {}
+            )
+            self._json(req, refusal.status, {"error": refusal.message}, extra)
+            return
         try:
             status, answer = incidents_api.change(
                 req,
@@ -308,14 +327,28 @@ class ApiServer:
             "last_id": rows[-1].id if rows else None,
         }
 
-    def _json(self, req: BaseHTTPRequestHandler, status: HTTPStatus, body: object) -> None:
+    def _json(
+        self,
+        req: BaseHTTPRequestHandler,
+        status: HTTPStatus,
+        body: object,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
-        self._send(req, status, data, "application/json")
+        self._send(req, status, data, "application/json", headers)
 
     @staticmethod
-    def _send(req: BaseHTTPRequestHandler, status: HTTPStatus, data: bytes, ctype: str) -> None:
+    def _send(
+        req: BaseHTTPRequestHandler,
+        status: HTTPStatus,
+        data: bytes,
+        ctype: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         req.send_response(status)
         req.send_header("Content-Type", ctype)
         req.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            req.send_header(name, value)
         req.end_headers()
         req.wfile.write(data)

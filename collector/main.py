@@ -12,6 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
 from collector.actions.dispatcher import Dispatcher, Drainer, GpuResetter
 from collector.actions.slurm import SlurmNodes
+from collector.api_auth import ChangeGuard
 from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
@@ -29,6 +30,7 @@ from collector.server import FleetServer
 from collector.stats import CollectorStats
 from collector.store_sqlite import JournalReader, SqliteStore
 from collector.tls import server_credentials
+from fleetwatch.tls import is_loopback
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.engine import Phase
 from rules.loader import load_rules
@@ -98,10 +100,11 @@ class CollectorService:
         """Build the parts; nothing listens until :meth:`start`.
 
         ``credentials`` None: mTLS from the config's TLS keys, or plaintext where the config
-        allows it (ConfigError otherwise). ``environ`` holds the webhook secrets' variables;
-        ``notifier`` tells systemd when the collector is ready and pings its watchdog from the
-        event loop (None: not under systemd).
+        allows it (ConfigError otherwise). ``environ`` holds the variables the webhook secrets
+        and the API token may come from; ``notifier`` tells systemd when the collector is ready
+        and pings its watchdog from the event loop (None: not under systemd).
         """
+        api_token = cfg.api_token(environ or {})  # a bad token file stops the start first
         if credentials is None:
             credentials = server_credentials(cfg)
             if credentials is None and cfg.insecure:
@@ -163,9 +166,17 @@ class CollectorService:
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
         host, port = split_host_port(cfg.http, "http")
+        guard = ChangeGuard(
+            token=api_token,
+            listen_host=host,
+            refused=self.stats.api_refused,
+        )
+        if not guard.requires_token and not is_loopback(host):
+            log.warning("api_changes_refused", http=cfg.http, reason="no api token configured")
         self.http = ApiServer(
             host=host,
             port=port,
+            guard=guard,
             fleet=self.fleet,
             journal=self.reader,
             registry=self.registry,

@@ -644,6 +644,16 @@ _COLLECTOR = _specs(
             (),
             "Streams whose first event skipped numbers the journal never saw.",
         ),
+        (
+            "fleetwatch_api_requests_refused_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "HTTP API changes refused, by reason: missing_token, bad_token (401); "
+                "no_token_configured, not_loopback (403)."
+            ),
+        ),
     ],
 )
 

@@ -19,7 +19,13 @@ class CollectorStats:
     reports: int = 0
     samples: int = 0
     job_steps: int = 0
+    # HTTP API changes refused, by reason (written by the HTTP threads under the guard's lock)
+    api_refused: Counter[str] = field(default_factory=Counter)
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""
         return dict(self.rejected)
+
+    def api_refused_snapshot(self) -> dict[str, int]:
+        """Copy the API refusal counts."""
+        return dict(self.api_refused)

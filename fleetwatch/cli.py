@@ -101,6 +101,9 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     test.add_argument("files", nargs="+", type=Path, help="rule test files")
 
     api_help = f"collector API address (default $FLEETWATCH_API or {_default_api()})"
+    key_file_help = (
+        "file holding the collector's API token, sent with changes (default: $FLEETWATCH_API_TOKEN)"
+    )
     incidents = sub.add_parser("incidents", help="list open incidents from the collector")
     incidents.add_argument("--api", default=_default_api(), help=api_help)
     incidents.add_argument("--all", action="store_true", help="resolved ones too")
@@ -121,6 +124,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--api", default=_default_api(), help=api_help)
     drains.add_argument("--json", action="store_true", help="print the API's JSON")
+    drains.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
     drains_sub = drains.add_subparsers(dest="drains_command")
     release = drains_sub.add_parser(
         "release", help="a node resumed outside fleetwatch: stop counting it toward the cap"
@@ -130,6 +134,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
     silence.add_argument("--api", default=_default_api(), help=api_help)
+    silence.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
     silence_sub = silence.add_subparsers(dest="silence_command", required=True)
     add = silence_sub.add_parser("add", help="silence a node and/or rule for a while")
     add.add_argument("--node", default="*", help="node name, or * for all (default)")
@@ -313,7 +318,7 @@ def _run_api_tool(args: argparse.Namespace) -> int:
         return cli_api.jobs(api, args.job, as_json=args.json, out=out)
     if args.command == "drains":
         if args.drains_command == "release":
-            return cli_api.release(api, args.node, args.reason, out)
+            return cli_api.release(api, args.node, args.reason, out, _token(args))
         return cli_api.drains(api, as_json=args.json, out=out)
     return _run_silence(cli_api, args)
 
@@ -328,10 +333,17 @@ def _run_silence(cli_api: Any, args: argparse.Namespace) -> int:  # noqa: ANN401
             "starts_in": args.starts_in,
             "reason": args.reason,
         }
-        return int(cli_api.add_silence(api, body, out))
+        return int(cli_api.add_silence(api, body, out, _token(args)))
     if args.silence_command == "remove":
-        return int(cli_api.remove_silence(api, args.id, out))
+        return int(cli_api.remove_silence(api, args.id, out, _token(args)))
     return int(cli_api.silences(api, as_json=args.json, out=out))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The API token for a change: ``--token-file``, else ``$FLEETWATCH_API_TOKEN``."""
+    from fleetwatch.cli_api import read_token  # noqa: PLC0415
+
+    return read_token(args.token_file, os.environ)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,9 @@
-"""``fleetwatch incidents``, ``actions`` and ``silence``: the collector's JSON API for people."""
+"""``fleetwatch incidents``, ``actions`` and ``silence``: the collector's JSON API for people.
+
+Changes (``silence add|remove``, ``drains release``) send the collector's API token as
+``Authorization: Bearer``, read from ``--token-file`` or else ``$FLEETWATCH_API_TOKEN``; reads
+send no token.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,54 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
 
 DEFAULT_API: Final = "http://127.0.0.1:9470"
 TIMEOUT_S: Final = 10.0
 EVIDENCE_WIDTH: Final = 72
+TOKEN_ENV: Final = "FLEETWATCH_API_TOKEN"  # noqa: S105 - the variable's name
 
 
 class ApiCallError(Exception):
     """The collector could not be reached or refused the request; the message says which."""
 
 
-def call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:  # noqa: ANN401 - JSON
-    """One request to the collector's API; the decoded JSON answer."""
+def read_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The API token from ``token_file``, else from ``$FLEETWATCH_API_TOKEN``; None: neither.
+
+    Whitespace around it is dropped. An unreadable or empty file is an ApiCallError (naming the
+    file, never its content); an empty variable counts as unset.
+    """
+    if token_file is None:
+        return environ.get(TOKEN_ENV, "").strip() or None
+    try:
+        token = token_file.read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"cannot read the API token file {token_file}: {getattr(exc, 'strerror', exc)}"
+        raise ApiCallError(msg) from exc
+    if not token:
+        msg = f"the API token file {token_file} is empty"
+        raise ApiCallError(msg)
+    return token
+
+
+def call(
+    api: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    token: str | None = None,
+) -> Any:  # noqa: ANN401 - JSON
+    """One request to the collector's API; the decoded JSON answer.
+
+    ``token`` goes out as ``Authorization: Bearer`` (pass it for changes only).
+    """
     url = api.rstrip("/") + path
     if not url.startswith(("http://", "https://")):
         msg = f"the API address must start with http:// or https://, not {api!r}"
@@ -31,6 +68,8 @@ def call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -
     req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - scheme checked above
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
             return json.loads(resp.read() or b"null")
@@ -40,6 +79,8 @@ def call(api: str, method: str, path: str, body: dict[str, Any] | None = None) -
         except (ValueError, AttributeError):
             detail = exc.reason
         msg = f"{method} {url}: {exc.code} {detail}"
+        if exc.code == HTTPStatus.UNAUTHORIZED and token is None:
+            msg += f" (set ${TOKEN_ENV} or pass --token-file)"
         raise ApiCallError(msg) from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -178,16 +219,16 @@ def silences(api: str, *, as_json: bool, out: TextIO) -> int:
     )
 
 
-def add_silence(api: str, body: dict[str, Any], out: TextIO) -> int:
+def add_silence(api: str, body: dict[str, Any], out: TextIO, token: str | None = None) -> int:
     """Add a silence (a maintenance window when it starts later); print its id."""
-    answer = call(api, "POST", "/api/v1/silences", body)
+    answer = call(api, "POST", "/api/v1/silences", body, token=token)
     print(f"silence {answer['id']} added", file=out)
     return 0
 
 
-def remove_silence(api: str, silence_id: int, out: TextIO) -> int:
+def remove_silence(api: str, silence_id: int, out: TextIO, token: str | None = None) -> int:
     """End a silence now."""
-    call(api, "DELETE", f"/api/v1/silences/{silence_id}")
+    call(api, "DELETE", f"/api/v1/silences/{silence_id}", token=token)
     print(f"silence {silence_id} removed", file=out)
     return 0
 
@@ -207,10 +248,10 @@ def drains(api: str, *, as_json: bool, out: TextIO) -> int:
     return 0
 
 
-def release(api: str, node: str, reason: str, out: TextIO) -> int:
+def release(api: str, node: str, reason: str, out: TextIO, token: str | None = None) -> int:
     """Tell fleetwatch a node it drained is back in service (resumed by hand, repaired)."""
     path = f"/api/v1/drains/{urllib.parse.quote(node, safe='')}/release"
-    call(api, "POST", path, {"reason": reason})
+    call(api, "POST", path, {"reason": reason}, token=token)
     print(f"{node} released: it no longer counts toward the drain cap", file=out)
     return 0
 

@@ -3,10 +3,11 @@
 An agent file is checked as ``fleetwatch agent`` loads it (the ``[agent]`` table, the Xid
 catalog it names, and its TLS files); a collector file as ``fleetwatch collector`` does (the
 ``[collector]`` table with its actions and jobs, the rule files, the Xid catalog, its TLS files,
-and every webhook's secret file or environment variable). TLS files must be readable PEM, each
-key must belong to its certificate, an agent's certificate must name its node, and a
-certificate that has expired or is not valid yet is a problem too. A file passes when the daemon
-would start with it (and could connect, as far as its certificates go).
+every webhook's secret and the API token, each from its file or environment variable). TLS
+files must be readable PEM, each key must belong to its certificate, an agent's certificate
+must name its node, and a certificate that has expired or is not valid yet is a problem too. A
+file passes when the daemon would start with it (and could connect, as far as its certificates
+go).
 """
 
 from __future__ import annotations
@@ -152,9 +153,14 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
             hook.sender(clock, key, environ)
         except CollectorError as exc:
             problems.append(str(exc))
+    try:
+        cfg.api_token(environ)
+    except CollectorError as exc:
+        problems.append(str(exc))
     drainers = {"slurm": actions.slurm.enabled, "webhook": actions.drain_webhook is not None}
     summary = (
-        f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http}, journal {cfg.journal}, "
+        f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http} ({_api_changes(cfg)}), "
+        f"journal {cfg.journal}, "
         f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels{', dry run' if actions.safety.dry_run else ''}"
@@ -230,6 +236,18 @@ def _transport(cfg: AgentConfig | CollectorConfig) -> str:
     if cfg.tls_cert is not None:
         return "mTLS"
     return "plaintext, insecure = true" if cfg.insecure else "plaintext, loopback"
+
+
+def _api_changes(cfg: CollectorConfig) -> str:
+    """Who may change state through the HTTP API (as :mod:`collector.api_auth` decides)."""
+    from collector.config import split_host_port  # noqa: PLC0415
+    from fleetwatch.tls import is_loopback  # noqa: PLC0415
+
+    if cfg.api_token_file is not None or cfg.api_token_env is not None:
+        return "changes with the API token"
+    if is_loopback(split_host_port(cfg.http, "http")[0]):
+        return "changes from loopback"
+    return "changes refused: no API token"
 
 
 def _located(path: Path, problem: str) -> str:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from fleetwatch.clock import Clock
 
 WEBHOOK_KEYS: Final = ("url", "secret_file", "secret_env", "timeout", "max_attempts")
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SAFETY_KEYS: Final = {
     "dry_run": "dry_run",
     "max_drained_nodes": "max_drained_nodes",
@@ -75,6 +75,43 @@ def _check_safety(values: dict[str, Any]) -> None:
             check_number(value, key, ConfigError, inclusive=attr == "max_drained_share")
 
 
+def read_secret(
+    file: Path | None,
+    env: str | None,
+    environ: Mapping[str, str],
+    *,
+    file_key: str,
+    env_key: str,
+) -> bytes | None:
+    """A secret from the variable ``env`` or the file ``file`` (whitespace around it dropped).
+
+    None when neither is configured. Raises ConfigError when the file cannot be read, the
+    variable is unset, or either is empty; the message names the key (``file_key`` or
+    ``env_key``) and the file or variable, never the secret.
+    """
+    if env is not None:
+        value = environ.get(env, "").strip()
+        if not value:
+            state = "empty" if env in environ else "not set"
+            msg = (
+                f"collector config: {env_key}: environment variable "
+                f"{env} is {state} in the collector's environment"
+            )
+            raise ConfigError(msg)
+        return value.encode()
+    if file is None:
+        return None
+    try:
+        secret = file.read_bytes().strip()
+    except OSError as exc:
+        msg = f"collector config: {file_key} {file}: {exc.strerror}"
+        raise ConfigError(msg) from exc
+    if not secret:
+        msg = f"collector config: {file_key} {file} is empty"
+        raise ConfigError(msg)
+    return secret
+
+
 @dataclass(frozen=True, slots=True)
 class WebhookConfig:
     """One webhook endpoint; its secret comes from a file or an environment variable."""
@@ -92,27 +129,13 @@ class WebhookConfig:
             ConfigError: the file cannot be read, the variable is unset, or either is empty;
                 the message names ``key`` and the file or variable, never the secret.
         """
-        if self.secret_env is not None:
-            value = environ.get(self.secret_env, "").strip()
-            if not value:
-                state = "empty" if self.secret_env in environ else "not set"
-                msg = (
-                    f"collector config: {key}.secret_env: environment variable "
-                    f"{self.secret_env} is {state} in the collector's environment"
-                )
-                raise ConfigError(msg)
-            return value.encode()
-        if self.secret_file is None:
-            return None
-        try:
-            secret = self.secret_file.read_bytes().strip()
-        except OSError as exc:
-            msg = f"collector config: {key}.secret_file {self.secret_file}: {exc.strerror}"
-            raise ConfigError(msg) from exc
-        if not secret:
-            msg = f"collector config: {key}.secret_file {self.secret_file} is empty"
-            raise ConfigError(msg)
-        return secret
+        return read_secret(
+            self.secret_file,
+            self.secret_env,
+            environ,
+            file_key=f"{key}.secret_file",
+            env_key=f"{key}.secret_env",
+        )
 
     def sender(self, clock: Clock, key: str, environ: Mapping[str, str]) -> WebhookSender:
         """Build the sender, reading the secret; ConfigError names ``key`` on any problem."""
@@ -169,7 +192,7 @@ def _webhook(raw: object, key: str) -> WebhookConfig:
         msg = f"collector config: {key} takes secret_file or secret_env, not both"
         raise ConfigError(msg)
     env = raw.get("secret_env")
-    if env is not None and not _ENV_NAME.fullmatch(env):
+    if env is not None and not ENV_NAME.fullmatch(env):
         shown = short_repr(env)
         msg = f"collector config: {key}.secret_env must name an environment variable, got {shown}"
         raise ConfigError(msg)

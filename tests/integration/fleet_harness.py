@@ -76,13 +76,24 @@ def kinds(receiver: WebhookReceiver) -> list[tuple[str, str]]:
     )
 
 
-def api(service: CollectorService, method: str, path: str, body: object = None) -> tuple[int, Any]:
+def api(
+    service: CollectorService,
+    method: str,
+    path: str,
+    body: object = None,
+    *,
+    token: str | None = None,
+) -> tuple[int, Any]:
+    """One request to the collector's API (``token``: sent as a bearer token); status, JSON."""
     data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(
         f"http://127.0.0.1:{service.http_port}{path}",
         data=data,
         method=method,
-        headers={"Content-Type": "application/json"},
+        headers=headers,
     )
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310

@@ -8,6 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rules.exceptions import CatalogError
+from rules.loader import RULE_KEYS as LOADER_KEYS
 from rules.loader import RulesFileError, parse_rules
 from rules.xid_catalog import parse_catalog
 from tests.property.hostile import (
@@ -23,21 +24,7 @@ from tests.property.hostile import (
 TARGET_RULES = "rules"
 TARGET_CATALOG = "xid_catalog"
 VALUES = st.one_of(SCALARS, nested())
-RULE_KEYS = [
-    "name",
-    "scope",
-    "when",
-    "for",
-    "keep_firing_for",
-    "severity",
-    "description",
-    "runbook",
-    "labels",
-    "actions",
-    "escalate",
-    "dry_run",
-    "extra",
-]
+RULE_KEYS = [*sorted(LOADER_KEYS), "extra"]  # every key a rule takes, and one it does not
 GOOD_RULE = {
     "name": "gpu_lost",
     "scope": "gpu",

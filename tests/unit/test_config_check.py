@@ -83,6 +83,7 @@ class TestExamples:
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
         for name in ("drain", "notify"):
             (etc / f"{name}.secret").write_text(f"{name}-secret\n")
+        (etc / "api.token").write_text("api-token\n")
         make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
@@ -100,6 +101,7 @@ class TestExamples:
         code, out, err = run(capsys, *switched)
         assert (code, err) == (0, "")
         assert "node gpu-node-017, " in out
+        assert "http 0.0.0.0:9470 (changes with the API token)" in out
         assert re.search(r"\d+ rules, drains via slurm and webhook, 2 notify channels\n", out)
 
     def test_every_part_of_a_full_collector_file(self, capsys, tmp_path: Path, monkeypatch):
@@ -205,6 +207,26 @@ class TestProblems:
                 "[collector.actions.drain_webhook]\nurl = 'ftp://d.example/x'\n",
                 "actions.drain_webhook: url must start with http:// or https://",
             ),
+            (
+                "[collector]\napi_token_file = '/nonexistent/api.token'\n",
+                "api_token_file /nonexistent/api.token: No such file or directory",
+            ),
+            (
+                "[collector]\napi_token_env = 'FLEETWATCH_TEST_UNSET'\n",
+                (
+                    "collector config: api_token_env: environment variable FLEETWATCH_TEST_UNSET "
+                    "is not set in the collector's environment"
+                ),
+            ),
+            (
+                "[collector]\napi_token_env = 'FLEETWATCH-TOKEN'\n",
+                "api_token_env must name an environment variable, got 'FLEETWATCH-TOKEN'",
+            ),
+            (
+                "[collector]\napi_token_env = 'A'\napi_token_file = '/x'\n",
+                "takes api_token_file or api_token_env, not both",
+            ),
+            ("[collector]\napi_token_file = 7\n", "api_token_file must be a non-empty string"),
             ("[collector]\nrules = ['/nonexistent/site.yaml']\n", "rules: /nonexistent/site.yaml"),
             ("[collector]\nxid_catalog = '/nonexistent/x.yaml'\n", "cannot read the Xid catalog"),
         ],
@@ -241,6 +263,50 @@ class TestProblems:
         assert code == 2
         assert f"{env}:2: expected NAME=VALUE" in err
         assert "SECRET-VALUE" not in err
+
+
+class TestApiToken:
+    def write(self, tmp_path: Path, line: str) -> Path:
+        path = tmp_path / "collector.toml"
+        path.write_text(f'[collector]\nlisten = "127.0.0.1:7070"\nhttp = "0.0.0.0:9470"\n{line}\n')
+        return path
+
+    def test_an_empty_token_file_is_refused(self, capsys, tmp_path: Path):
+        """An empty token file is an error naming the key and the file, not an open API."""
+        token = tmp_path / "api.token"
+        token.write_text("\n")
+        code, out, err = run(capsys, str(self.write(tmp_path, f'api_token_file = "{token}"')))
+        assert (code, out) == (2, "")
+        assert f"collector config: api_token_file {token} is empty" in err
+
+    def test_an_empty_token_variable_is_refused(self, capsys, tmp_path: Path, monkeypatch):
+        """A variable that is set but empty is named as empty."""
+        monkeypatch.setenv("FLEETWATCH_TEST_TOKEN", "  ")
+        code, _, err = run(
+            capsys, str(self.write(tmp_path, 'api_token_env = "FLEETWATCH_TEST_TOKEN"'))
+        )
+        assert code == 2
+        assert "environment variable FLEETWATCH_TEST_TOKEN is empty" in err
+
+    def test_the_summary_says_who_may_change_state(self, capsys, tmp_path: Path, monkeypatch):
+        """With a readable token the file passes (the token never printed); without one, a
+        non-loopback http address is reported as refusing changes."""
+        monkeypatch.setenv("FLEETWATCH_TEST_TOKEN", "t0ken-value")
+        code, out, err = run(
+            capsys, str(self.write(tmp_path, 'api_token_env = "FLEETWATCH_TEST_TOKEN"'))
+        )
+        assert (code, err) == (0, "")
+        assert "http 0.0.0.0:9470 (changes with the API token)" in out
+        assert "t0ken-value" not in out
+        code, out, _ = run(capsys, str(self.write(tmp_path, "")))
+        assert code == 0
+        assert "http 0.0.0.0:9470 (changes refused: no API token)" in out
+
+    def test_the_collector_refuses_to_start_without_its_token(self, tmp_path: Path):
+        """The daemon reads the token at start and stops on the same error the check reports."""
+        cfg = load_collector_config(self.write(tmp_path, 'api_token_env = "FLEETWATCH_T"'), {})
+        with pytest.raises(ConfigError, match="FLEETWATCH_T is not set"):
+            CollectorService(cfg, FakeClock(), environ={})
 
 
 class TestDaemonAgrees:
