@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
+from agent.poll_ib import RATE_HW_COUNTERS
 from collector.api_auth import REASONS
 from collector.metrics_catalog import BY_NAME, NODE_STATES, families
 from collector.node_states import NodeFlags, node_state
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from prometheus_client.metrics_core import Metric
 
     from collector.fleet import FleetModel, GpuState, NodeState, PortState
     from collector.stats import CollectorStats
+    from fleetwatch.model import SampleValue
 
 # Bits of NVML's clock event reasons, by the reason label they count under.
 THROTTLE_REASONS: Final = (
@@ -106,16 +108,8 @@ PORT_ERRORS: Final = (
     ("excessive_buffer_overrun", "ib_excessive_buffer_overrun_errors"),
     ("vl15_dropped", "ib_vl15_dropped"),
 )
-# fleetwatch_ib_port_hw_events_total{counter}: the mlx5 hw_counters worth a series.
-PORT_HW_COUNTERS: Final = (
-    "out_of_buffer",
-    "out_of_sequence",
-    "packet_seq_err",
-    "local_ack_timeout_err",
-    "rnr_nak_retry_err",
-    "np_cnp_sent",
-    "rp_cnp_handled",
-)
+# fleetwatch_ib_port_hw_events_total{counter}: the mlx5 hw_counters the agent also sends rates of.
+PORT_HW_COUNTERS: Final = tuple(sorted(RATE_HW_COUNTERS))
 # Node signals of the agent's own health: (metric, signal).
 AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_outbox_pending", "agent_outbox_pending"),
@@ -136,9 +130,9 @@ FLEET_FAMILIES: Final = tuple(
 _NOT_HERE: Final = frozenset({"fleetwatch_node_failures_total"})  # rendered by RulesCollector
 
 
-def _number(signals: dict[str, object], name: str) -> float | None:
+def _number(signals: Mapping[str, SampleValue], name: str) -> float | None:
     value = signals.get(name)
-    return None if value is None or isinstance(value, str) else float(value)  # type: ignore[arg-type]
+    return None if value is None or isinstance(value, str) else float(value)
 
 
 class _Families:
@@ -160,7 +154,7 @@ class _Families:
         f["fleetwatch_node_info"].add_metric([n, node.agent_version, node.driver_version], 1)
         for kind, count in sorted(node.events.items()):
             f["fleetwatch_node_events_total"].add_metric([n, kind], count)
-        signals: dict[str, object] = dict(node.signals)
+        signals = node.signals  # the scrape's own snapshot: no copy needed
         for metric, signal in AGENT_SIGNALS:
             if (value := _number(signals, signal)) is not None:
                 f[metric].add_metric([n], value)

@@ -87,28 +87,43 @@ def file_kinds(path: Path) -> tuple[list[str], str | None]:
     return kinds, None
 
 
+def _catalog_and_tls(
+    catalog: Path | None,
+    material: Callable[[], TlsMaterial | None],
+    error: type[Exception],
+    what: str,
+    clock: Clock,
+) -> list[str]:
+    """Problems loading the Xid catalog and the TLS files (``error`` is the daemon's own)."""
+    from rules.xid_catalog import load_catalog  # noqa: PLC0415
+
+    problems: list[str] = []
+    try:
+        load_catalog(catalog)
+    except RulesError as exc:
+        problems.append(str(exc))
+    try:
+        loaded = material()
+    except error as exc:
+        problems.append(str(exc))
+    else:
+        problems.extend(_validity(loaded, f"{what}: tls_cert", clock))
+    return problems
+
+
 def check_agent(path: Path, clock: Clock) -> Outcome:
     """Load ``path`` as the agent does at start; certificates are checked for ``clock``'s now."""
     from agent.config import load_agent_config  # noqa: PLC0415 - each kind loads its own code
     from agent.exceptions import AgentError  # noqa: PLC0415
     from agent.tls import tls_material  # noqa: PLC0415
-    from rules.xid_catalog import load_catalog  # noqa: PLC0415
 
     try:
         cfg = load_agent_config(path, {})
     except AgentError as exc:
         return Outcome("", (str(exc),))
-    problems: list[str] = []
-    try:
-        load_catalog(cfg.xid_catalog)
-    except RulesError as exc:
-        problems.append(str(exc))
-    try:
-        material = tls_material(cfg)
-    except AgentError as exc:
-        problems.append(str(exc))
-    else:
-        problems.extend(_validity(material, "agent config: tls_cert", clock))
+    problems = _catalog_and_tls(
+        cfg.xid_catalog, lambda: tls_material(cfg), AgentError, "agent config", clock
+    )
     summary = (
         f"node {cfg.node}, collector {cfg.collector} ({_transport(cfg)}), "
         f"poll every {cfg.poll_interval:g} s, "
@@ -122,7 +137,6 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
     from collector.config import load_collector_config  # noqa: PLC0415
     from collector.tls import tls_material  # noqa: PLC0415
     from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
-    from rules.xid_catalog import load_catalog  # noqa: PLC0415
 
     try:
         cfg = load_collector_config(path, {})
@@ -134,16 +148,9 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         rule_count = len(load_rules(list(cfg.rules)).rules)
     except RulesError as exc:
         problems.extend(f"rules: {line}" for line in str(exc).splitlines())
-    try:
-        load_catalog(cfg.xid_catalog)
-    except RulesError as exc:
-        problems.append(str(exc))
-    try:
-        material = tls_material(cfg)
-    except CollectorError as exc:
-        problems.append(str(exc))
-    else:
-        problems.extend(_validity(material, "collector config: tls_cert", clock))
+    problems += _catalog_and_tls(
+        cfg.xid_catalog, lambda: tls_material(cfg), CollectorError, "collector config", clock
+    )
     actions = cfg.actions
     hooks = [(f"actions.notify.{name}", hook) for name, hook in actions.notify.items()]
     if actions.drain_webhook is not None:
