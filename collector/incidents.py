@@ -197,7 +197,24 @@ class Evaluator:
 
     def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
         """An event was journaled: remember it for windows and mark its targets for a look."""
-        at = self.clock.monotonic()
+        self._remember(node, kind, target, xid, self.clock.monotonic())
+        category = self.failure_category(kind, xid)
+        if category is not None:
+            self.failures[node, category] += 1
+            if self.jobs is not None:
+                self.jobs.note_failure(node)
+        self.on_event()
+
+    def restore_event(
+        self, node: str, kind: EventKind, target: Target, xid: int, age_s: float
+    ) -> None:
+        """An event journaled ``age_s`` ago by an earlier process: back into the windows.
+
+        Only the windows: it was counted (failures) and woke the rules when it came in.
+        """
+        self._remember(node, kind, target, xid, self.clock.monotonic() - max(age_s, 0.0))
+
+    def _remember(self, node: str, kind: EventKind, target: Target, xid: int, at: float) -> None:
         state = self.fleet.view().get(node)
         key = self.target_key(state, target) if state is not None else node_key(node)
         past = PastEvent(at, kind.value, xid)
@@ -207,12 +224,6 @@ class Evaluator:
         for k in keys:
             self.history.add_event(k, past)
             self._dirty.add((node, k))
-        category = self.failure_category(kind, xid)
-        if category is not None:
-            self.failures[node, category] += 1
-            if self.jobs is not None:
-                self.jobs.note_failure(node)
-        self.on_event()
 
     def failure_category(self, kind: EventKind, xid: int) -> str | None:
         """The category of an event that interrupts a training job, or None for others.

@@ -19,6 +19,7 @@ from collector.exporter import FleetCollector
 from collector.exporter_jobs import JobsCollector
 from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
+from collector.history_restore import restore_history
 from collector.http_api import ApiServer
 from collector.incident_service import DrainDesk, IncidentService, SilenceBook
 from collector.incidents import Evaluator
@@ -229,6 +230,7 @@ class CollectorService:
         self.silences.bind(asyncio.get_running_loop())
         self.drains.bind(asyncio.get_running_loop())
         await self._restore_nodes()
+        await restore_history(self.journal, self.evaluator, self.clock)
         await self.dispatcher.start()
         await self.incidents.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)

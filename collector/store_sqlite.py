@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3  # 3: events_by_received (the rules' history is read back at start)
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_node ON events (node, id);
 CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, id);
+CREATE INDEX IF NOT EXISTS events_by_received ON events (received_ms);
 CREATE TABLE IF NOT EXISTS nodes (
     name          TEXT PRIMARY KEY,
     boot_id       TEXT    NOT NULL,
@@ -191,6 +192,15 @@ class SqliteStore:
             (node, boot_id),
         ).fetchone()
         return int(high)
+
+    def received_since(self, since_ms: int, limit: int) -> list[EventRow]:
+        """Events journaled at or after ``since_ms``, oldest first, at most the newest ``limit``."""
+        rows = self._conn.execute(
+            f"SELECT id, {_EVENT_COLUMNS} FROM events WHERE received_ms >= ? "  # noqa: S608
+            "ORDER BY id DESC LIMIT ?",
+            (since_ms, limit),
+        ).fetchall()
+        return [_from_db(r) for r in reversed(rows)]
 
     def save_node(self, row: NodeRow) -> None:
         """Remember a node's latest Hello, last contact and reachability."""
