@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from agent.link import CollectorLink
     from agent.outbox import Outbox
     from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
+    from agent.self_limits import SelfLimits
     from fleetwatch.clock import Clock
+    from fleetwatch.model import SampleKey, SampleValue
     from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("agent")
@@ -86,12 +88,15 @@ class Agent:
         job_socket: Path | None = None,
         job_socket_mode: int = 0o666,
         notifier: SdNotifier | None = None,
+        limits: SelfLimits | None = None,
     ) -> None:
         """Wire the parts together; nothing runs until :meth:`run`.
 
         ``jobs`` is where step reports from the job socket at ``job_socket`` wait for the link
         (no socket: the agent takes no step reports). ``notifier`` tells systemd when the first
         poll is done and pings its watchdog from the event loop (None: not under systemd).
+        ``limits`` watches the process's own memory and CPU (None: not watched, as where many
+        simulated agents share one process).
         """
         self.node = node
         self.boot_id = boot_id
@@ -106,6 +111,7 @@ class Agent:
         self._job_socket = job_socket
         self._job_socket_mode = job_socket_mode
         self._notifier = notifier
+        self.limits = limits
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
         if outbox.spool is not None and outbox.spool.previous_boot_events:
@@ -128,6 +134,7 @@ class Agent:
                     self._notifier.extend_timeout(delay + START_GRACE_S, why)
                 await self.clock.sleep(delay)
                 continue
+            self.sampler.resume_kmsg_after(self.outbox.kmsg_seq())
             inv = self.sampler.inventory
             log.info(
                 "agent_started",
@@ -166,6 +173,16 @@ class Agent:
         self._take(self.sampler.poll())
         self.polls += 1
 
+    def timed_poll(self) -> float:
+        """Run one poll; return the seconds to wait for the next (stretched if polls cost much)."""
+        limits = self.limits
+        if limits is None:
+            self.poll_once()
+            return self.intervals.poll
+        began = limits.cpu_now()
+        self.poll_once()
+        return limits.next_interval(limits.cpu_now() - began, self.intervals.poll)
+
     def poll_events(self) -> None:
         """Read only the event sources (a source woke us): events go out at once."""
         self._take(self.sampler.poll_events())
@@ -176,6 +193,10 @@ class Agent:
             self._accept(event)
             log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
         self.outbox.sync()  # one fsync for the poll's events, before the link sends them
+        if result.kmsg_seq is not None and self.outbox.durable:
+            self.sampler.commit_kmsg(result.kmsg_seq)  # only now may the cursor pass them
+        if self.limits is not None:  # first: what it sheds shows in the samples below
+            self._watch_self(self.limits, result.samples)
         node = Target.node()
         outbox, spool, samples = self.outbox, self.outbox.spool, result.samples
         samples[node, "agent_outbox_pending"] = len(outbox)
@@ -191,6 +212,12 @@ class Agent:
         self.live.update(result.samples)
         if result.events:
             self.live.changed.set()  # the sender sends what the outbox holds when woken
+
+    def _watch_self(self, limits: SelfLimits, samples: dict[SampleKey, SampleValue]) -> None:
+        """Over the memory ceiling, drop every held step report (events are never dropped)."""
+        if limits.check_memory() and self.jobs is not None:
+            self.jobs.shed(self.outbox.budget.telemetry)
+        samples.update(limits.samples(self.intervals.poll))
 
     async def _open_job_socket(self) -> asyncio.DatagramTransport | None:
         """Listen for step reports; a socket that cannot be bound is logged, not fatal."""
@@ -229,7 +256,7 @@ class Agent:
         await self.start()
         wakeup = Wakeup(asyncio.get_running_loop())
         self.sampler.watch(wakeup)
-        self.poll_once()
+        wait = self.timed_poll()
         if self._notifier is not None:
             inv = self.sampler.inventory
             self._notifier.ready(
@@ -238,7 +265,7 @@ class Agent:
             )
         job_transport = await self._open_job_socket()
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
-        next_poll = self.clock.monotonic() + self.intervals.poll
+        next_poll = self.clock.monotonic() + wait
         try:
             while True:
                 woke = await wakeup.wait(next_poll - self.clock.monotonic(), self.clock)
@@ -246,8 +273,8 @@ class Agent:
                     self.poll_events()
                     wakeup.rearm()
                 if self.clock.monotonic() >= next_poll:
-                    self.poll_once()
-                    next_poll = self.clock.monotonic() + self.intervals.poll
+                    wait = self.timed_poll()
+                    next_poll = self.clock.monotonic() + wait
                 elif woke:
                     await self.clock.sleep(MIN_EVENT_GAP_S)  # merge a burst into one read
         finally:

@@ -9,11 +9,21 @@ from typing import Any
 
 from agent.budget import DEFAULT_MAX_BYTES
 from agent.exceptions import ConfigError
-from fleetwatch.config_file import check_number, check_text, merge_config, short_repr, to_path
+from agent.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
+from fleetwatch.config_file import (
+    check_log_level,
+    check_number,
+    check_text,
+    merge_config,
+    short_repr,
+    to_path,
+)
 from fleetwatch.tls import check_tls_keys
 
 # The spool must hold at least one event of the largest size the wire takes (1 MiB).
 MIN_SPOOL_BYTES = 2 << 20
+# An idle agent's Python, gRPC and NVML take about 55 MiB: a ceiling below 64 MiB sheds always.
+MIN_MEMORY_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +40,12 @@ class AgentConfig:
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
+    # Self limits (docs/signals.md): NVML work waits this long before the poll goes on without
+    # it; above this RSS the agent sheds held step reports (0: off); polls costing more CPU than
+    # this share of the poll interval stretch the interval (0: off).
+    nvml_call_timeout: float = 5.0
+    memory_max_bytes: int = DEFAULT_MEMORY_MAX_BYTES
+    poll_cpu_max_share: float = DEFAULT_POLL_CPU_MAX_SHARE
     state_dir: Path | None = Path("/var/lib/fleetwatch")  # kmsg cursor, spool; None: keep none
     # Unacknowledged events (spooled under state_dir/spool) and held step reports, in bytes.
     spool_max_bytes: int = DEFAULT_MAX_BYTES
@@ -48,6 +64,7 @@ class AgentConfig:
     tls_ca: Path | None = None  # the CA that signed the collector's certificate, PEM
     tls_server_name: str | None = None  # the name to expect in the collector's certificate
     insecure: bool = False
+    log_level: str | None = None  # debug, info, warning, error; None: --log-level, or info
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -57,8 +74,10 @@ class AgentConfig:
             "backoff_initial",
             "backoff_max",
             "counter_interval",
+            "nvml_call_timeout",
         ):
             check_number(getattr(self, key), key, ConfigError)
+        _check_self_limits(self)
         size: object = self.spool_max_bytes  # TOML may give anything
         if isinstance(size, bool) or not isinstance(size, int) or size < MIN_SPOOL_BYTES:
             msg = (
@@ -89,6 +108,27 @@ class AgentConfig:
             msg = f"agent config: collector must be host:port, got {short_repr(collector)}"
             raise ConfigError(msg)
         _check_tls(self)
+        check_log_level(self.log_level, "agent config", ConfigError)
+
+
+def _check_self_limits(cfg: AgentConfig) -> None:
+    size: object = cfg.memory_max_bytes  # TOML may give anything
+    if (
+        isinstance(size, bool)
+        or not isinstance(size, int)
+        or (size != 0 and size < MIN_MEMORY_MAX_BYTES)
+    ):
+        msg = (
+            "agent config: memory_max_bytes must be 0 (off) or a whole number of bytes, at "
+            f"least {MIN_MEMORY_MAX_BYTES} (64 MiB), got {short_repr(size)}"
+        )
+        raise ConfigError(msg)
+    share = cfg.poll_cpu_max_share
+    if share != 0:
+        check_number(share, "poll_cpu_max_share", ConfigError)
+        if share > 1:
+            msg = f"agent config: poll_cpu_max_share must be at most 1, got {short_repr(share)}"
+            raise ConfigError(msg)
 
 
 def _check_tls(cfg: AgentConfig) -> None:

@@ -18,6 +18,7 @@ class PendingEvent:
     xid: int = 0
     xid_class: str = ""
     detail: str = ""
+    kmsg_seq: int = 0  # the kernel log record read up to when it was made (0: another source)
 
     def to_pb(self, seq: int) -> pb.Event:
         """Render as a wire event numbered ``seq``."""
@@ -29,6 +30,7 @@ class PendingEvent:
             xid=self.xid,
             xid_class=self.xid_class,
             detail=self.detail,
+            kmsg_seq=self.kmsg_seq,
         )
 
 
@@ -38,6 +40,9 @@ class PollResult:
 
     samples: dict[SampleKey, SampleValue] = field(default_factory=dict)
     events: list[PendingEvent] = field(default_factory=list)
+    # The last kernel log record this poll read (None: none): the cursor moves there once the
+    # poll's events are durable in the outbox (see KernelLogPoller.commit).
+    kmsg_seq: int | None = None
 
     def event(self, kind: EventKind, target: Target, now_ms: int, detail: str = "") -> None:
         """Add an event without an Xid."""

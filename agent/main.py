@@ -20,6 +20,7 @@ from agent.job_socket import JobQueue
 from agent.link import CollectorLink
 from agent.outbox import Outbox
 from agent.sampler import Sampler
+from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
 from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import NvmlSource, load_pynvml
@@ -137,7 +138,7 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         if credentials is None and cfg.insecure:
             log.warning("grpc_plaintext", collector=cfg.collector, reason="insecure = true")
     sampler = Sampler(
-        nvml=NvmlSource(hardware.nvml),
+        nvml=NvmlSource(hardware.nvml, call_timeout_s=cfg.nvml_call_timeout),
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
         sysfs=SysfsReader(hardware.sysfs_root, fd_budget),
         pci=PciSysfsReader(hardware.sysfs_root),
@@ -170,6 +171,13 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         commands=commands,
         jobs=jobs,
     )
+    limits = None
+    if cfg.memory_max_bytes or cfg.poll_cpu_max_share:
+        limits = SelfLimits(
+            ProcessUsage(cfg.proc_root),
+            memory_max_bytes=cfg.memory_max_bytes,
+            poll_cpu_max_share=cfg.poll_cpu_max_share,
+        )
     return Agent(
         node=cfg.node,
         boot_id=hardware.boot_id,
@@ -184,4 +192,5 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         job_socket=cfg.job_socket,
         job_socket_mode=cfg.job_socket_mode,
         notifier=notifier,
+        limits=limits,
     )

@@ -180,6 +180,20 @@ class Outbox:
             self.spool.sync()
             self.spool.close()
 
+    @property
+    def durable(self) -> bool:
+        """Whether every event added so far is on disk (always False without a spool)."""
+        return self.spool is not None and self.spool.backlog == 0
+
+    def kmsg_seq(self) -> int:
+        """The highest kernel log record any held event was made from (0: none).
+
+        Events of a poll reach the spool (one fsync) before the kernel log cursor file moves
+        past their records, so after a crash between the two this, not the cursor file, says
+        where the kernel log was read up to: reading on from here reports nothing twice.
+        """
+        return max((event.kmsg_seq for event in self._pending), default=0)
+
     def after(self, seq: int) -> list[pb.Event]:
         """Return the pending events with a sequence number above ``seq``, in order."""
         return [event for event in self._pending if event.seq > seq]

@@ -2,12 +2,16 @@
 
 A cursor (the last record's sequence number, per boot) lets a restarted agent skip what it has
 already reported. AER reports are folded per device and severity within one poll, so an error
-storm that the kernel prints line by line becomes one event per poll, with a count.
+storm that the kernel prints line by line becomes one event per poll, with a count. An Xid storm
+(the same Xid on the same GPU printed over and over) is coalesced by the merger
+(:mod:`agent.probes.xid_merge`): after the first occurrences, one event per window that says how
+many it stands for; ``agent_events_coalesced`` counts the occurrences held back.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Protocol
 
 import structlog
@@ -18,6 +22,7 @@ from agent.probes.aer import AerReport, group_reports, parse_aer_line
 from agent.probes.xid import parse_xid_line
 from agent.sources.kmsg_cursor import filter_new
 from fleetwatch.model import EventKind, Target
+from fleetwatch.wire.repeats import mark_repeats
 from fleetwatch.wire.validate import MAX_DETAIL
 
 if TYPE_CHECKING:
@@ -25,7 +30,7 @@ if TYPE_CHECKING:
 
     from agent.findings import PollResult
     from agent.probes.aer import AerLine
-    from agent.probes.xid_merge import XidMerger
+    from agent.probes.xid_merge import XidMerger, XidRepeats
     from agent.sources.kmsg import KmsgSource
     from agent.sources.kmsg_cursor import KmsgCursor
     from agent.sources.nvml import GpuIdentity
@@ -73,6 +78,38 @@ def aer_detail(reports: list[AerReport]) -> str:
     return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
 
 
+def repeat_event(
+    repeats: XidRepeats, catalog: XidCatalog, *, on_gpu: bool, now_ms: int
+) -> PendingEvent:
+    """The event of a storm's window, saying how many occurrences it stands for.
+
+    ``on_gpu``: the storm's key is a GPU's UUID (else a PCI bus id NVML does not know).
+    """
+    target = Target.gpu(repeats.gpu) if on_gpu else Target.pci(repeats.gpu)
+    text = repeats.text or f"Xid {repeats.xid}"
+    return PendingEvent(
+        kind=EventKind.XID,
+        target=target,
+        time_unix_ms=now_ms,
+        xid=repeats.xid,
+        xid_class=catalog.class_of(repeats.xid),
+        detail=mark_repeats(text, repeats.times, repeats.span_s),
+    )
+
+
+def repeat_events(
+    merger: XidMerger,
+    catalog: XidCatalog,
+    gpus: set[str],
+    mono: float,
+    now_ms: int,
+) -> list[PendingEvent]:
+    """The events of every storm window that ended by ``mono`` (``gpus``: the known UUIDs)."""
+    return [
+        repeat_event(r, catalog, on_gpu=r.gpu in gpus, now_ms=now_ms) for r in merger.flush(mono)
+    ]
+
+
 class KernelLogPoller:
     """Turns new kernel log records into Xid, GPU-lost and AER events."""
 
@@ -91,6 +128,7 @@ class KernelLogPoller:
         self._clock = clock
         self._cursor = cursor
         self._last_seq = cursor.load() if cursor is not None else None
+        self._cursor_on_disk = self._last_seq is not None
 
     def watch(self, waker: Waker) -> None:
         """Wake the poll loop when new records arrive."""
@@ -109,13 +147,26 @@ class KernelLogPoller:
         now_ms: int,
         errors: Counter[str],
     ) -> None:
-        """Read what the kernel logged since the last poll."""
+        """Read what the kernel logged since the last poll.
+
+        The events made here carry the poll's last record number (``kmsg_seq``), and so does
+        ``result``; the cursor file moves only when the agent says the events are durable
+        (:meth:`commit`). A crash in between leaves the cursor behind, and the restarted agent
+        resumes after the highest ``kmsg_seq`` its outbox restored (:meth:`resume_after`).
+        """
         try:
             records = filter_new(self._kmsg.read(), self._last_seq)
         except SourceError as exc:
             errors["kmsg"] += 1
             log.warning("kmsg_read_failed", error=str(exc))
             return
+        if records and self._cursor is not None and not self._cursor_on_disk:
+            # The first records of this boot: a cursor file must exist before they can be in
+            # the outbox, or a restarted agent would read the kernel log from its end and miss
+            # what came after them. Just before them is a place that skips nothing unreported.
+            self._cursor.save(records[0].seq - 1)
+            self._cursor_on_disk = True
+        first_event = len(result.events)
         aer_lines: list[AerLine | None] = []
         for record in records:
             aer_lines.append(parse_aer_line(record.text))
@@ -127,16 +178,34 @@ class KernelLogPoller:
                 gpu_lost(gpu, result, now_ms, xid=line.xid, detail=line.text)
                 continue
             mono = self._clock.monotonic()
-            if gpu is not None and not self._merger.offer("kmsg", gpu.uuid, line.xid, mono):
+            key = gpu.uuid if gpu is not None else line.pci_bus_id
+            if not self._merger.offer("kmsg", key, line.xid, mono, line.text):
                 continue
             result.events.append(
                 self._xid_event(line.xid, gpu, line.pci_bus_id, line.text, now_ms),
             )
+        known = {gpu.uuid for gpu in by_bus.values()}
+        result.events.extend(
+            repeat_events(self._merger, self._catalog, known, self._clock.monotonic(), now_ms)
+        )
+        result.samples[Target.node(), "agent_events_coalesced"] = self._merger.coalesced
         self._aer_events(aer_lines, by_bus, result, now_ms)
         if records:
-            self._last_seq = records[-1].seq
-            if self._cursor is not None:
-                self._cursor.save(self._last_seq)
+            last = self._last_seq = records[-1].seq
+            result.kmsg_seq = last
+            made = result.events[first_event:]
+            result.events[first_event:] = [replace(e, kmsg_seq=last) for e in made]
+
+    def commit(self, seq: int) -> None:
+        """The events of the records up to ``seq`` are durable: move the cursor file there."""
+        if self._cursor is not None:
+            self._cursor.save(seq)
+
+    def resume_after(self, seq: int) -> None:
+        """Skip records up to ``seq`` too (the outbox holds events made from them)."""
+        if seq > (self._last_seq or 0):
+            log.info("kmsg_resumed_from_outbox", seq=seq, cursor=self._last_seq)
+            self._last_seq = seq
 
     def _xid_event(
         self,

@@ -5,18 +5,25 @@ the GPUs through NVML itself and hands the kernel log, udev, InfiniBand and PCIe
 poller each. A failed read is counted per source and costs only the values it would have given;
 it never stops the poll. A GPU is reported lost once per loss, whichever source saw it first
 (the kernel's Xid 79 line, NVML's GPU-lost error or event, or udev removing its PCI function).
+
+Every GPU of a poll is read in one hand-off to the NVML guard's worker thread
+(:mod:`agent.nvml_guard`). When NVML hangs, the poll goes on after the deadline with the GPUs
+read so far; later polls leave NVML out at once until the stuck call returns, while the kernel
+log, udev and sysfs are read as usual. ``agent_nvml_hung`` says so.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import structlog
 
 from agent.exceptions import GpuLostError, SourceError
 from agent.findings import PendingEvent, PollResult
+from agent.nvml_guard import NvmlHungError
 from agent.poll_ib import IbPoller
 from agent.poll_kernel_log import KernelLogPoller
 from agent.poll_pcie import PciePoller
@@ -29,7 +36,7 @@ from fleetwatch.model import EventKind, Target
 if TYPE_CHECKING:
     from agent.sources.kmsg import KmsgSource
     from agent.sources.kmsg_cursor import KmsgCursor
-    from agent.sources.nvml import GpuIdentity, NvmlSource
+    from agent.sources.nvml import GpuIdentity, GpuReading, NvmlSource
     from agent.sources.nvml_events import NvmlEventWatcher
     from agent.sources.pci_sysfs import PciSysfsReader
     from agent.sources.sysfs import IbPortInfo, SysfsReader
@@ -54,6 +61,18 @@ class NodeInventory:
     nvml_version: str
     gpus: tuple[GpuIdentity, ...]
     ib_ports: tuple[IbPortInfo, ...]
+
+
+@dataclass(slots=True)
+class _GpuReads:
+    """One poll's GPU readings, filled on the NVML worker thread, GPU by GPU.
+
+    A caller that stops waiting (NVML hung) takes what is there and sets ``abandoned``: the
+    worker then stops after the call it is stuck in.
+    """
+
+    done: list[tuple[GpuIdentity, GpuReading | SourceError]] = field(default_factory=list)
+    abandoned: bool = False
 
 
 class Sampler:
@@ -97,12 +116,18 @@ class Sampler:
         self._nvlink_prev: dict[tuple[str, int], bool] = {}
 
     def discover(self) -> NodeInventory:
-        """Start NVML and list GPUs and IB ports. A GPU that cannot be identified is skipped."""
+        """Start NVML and list GPUs and IB ports. A GPU that cannot be identified is skipped.
+
+        NVML that hangs fails discovery as a whole (NvmlHungError): a GPU must not be left out
+        of the inventory because the driver was slow to answer.
+        """
         driver, nvml_version = self._nvml.start()
         gpus: list[GpuIdentity] = []
         for index in range(self._nvml.device_count()):
             try:
                 gpus.append(self._nvml.identify(index))
+            except NvmlHungError:
+                raise
             except SourceError as exc:
                 self.source_errors["nvml"] += 1
                 log.warning("gpu_identify_failed", gpu_index=index, error=str(exc))
@@ -116,19 +141,41 @@ class Sampler:
         self._by_bus = {gpu.pci_bus_id: gpu for gpu in gpus}
         self._by_uuid = {gpu.uuid: gpu for gpu in gpus}
         if self._nvml_events is not None and gpus:
-            handles = {gpu.uuid: self._nvml.handle(gpu.index) for gpu in gpus}
-            if not self._nvml_events.start(handles):
-                self._nvml_events = None
+            self._start_nvml_events(self._nvml_events, gpus)
         return self.inventory
+
+    def _start_nvml_events(self, watcher: NvmlEventWatcher, gpus: list[GpuIdentity]) -> None:
+        """Register the GPUs for Xid events; NVML hanging here leaves the events off."""
+
+        def register() -> bool:
+            handles = {gpu.uuid: self._nvml.handle(gpu.index) for gpu in gpus}
+            return watcher.start(handles)
+
+        try:
+            started = self._nvml.guarded("register for NVML events", register)
+        except NvmlHungError as exc:
+            watcher.cancel()  # should registration end after all, no thread starts
+            log.warning("nvml_events_unavailable", error=str(exc))
+            started = False
+        if not started:
+            self._nvml_events = None
 
     def compute_processes(self, gpu: GpuIdentity) -> list[int]:
         """Pids using ``gpu`` (SourceError, GpuLostError included, when NVML cannot say)."""
         return self._nvml.compute_processes(gpu)
 
     def close(self) -> None:
-        """Stop the NVML event thread, if one runs, and close kept sysfs files."""
+        """Stop the NVML event thread, if one runs, and close kept sysfs files.
+
+        Never waits on a hung NVML for longer than the guard's deadline.
+        """
         if self._nvml_events is not None:
-            self._nvml_events.stop()
+            self._nvml_events.cancel()  # the thread ends even if NVML hangs now and returns later
+            try:
+                self._nvml.guarded("stop NVML events", self._nvml_events.stop)
+            except NvmlHungError as exc:
+                log.warning("nvml_events_stop_hung", error=str(exc))
+        self._nvml.close()
         self._sysfs.close()
 
     def watch(self, waker: Waker) -> None:
@@ -139,6 +186,16 @@ class Sampler:
             self._nvml_events.watch(waker)
         if self._udev is not None:
             self._udev.watch(waker)
+
+    def commit_kmsg(self, seq: int) -> None:
+        """The events of kernel log records up to ``seq`` are durable: move the cursor there."""
+        if self._kernel_log is not None:
+            self._kernel_log.commit(seq)
+
+    def resume_kmsg_after(self, seq: int) -> None:
+        """Skip kernel log records up to ``seq`` too (the restored outbox holds their events)."""
+        if self._kernel_log is not None and seq > 0:
+            self._kernel_log.resume_after(seq)
 
     def poll_events(self) -> PollResult:
         """Read only the event sources: what a wake-up from :meth:`watch` asks for."""
@@ -160,8 +217,8 @@ class Sampler:
         now_ms = unix_ms(self._clock)
         errors = self.source_errors
         self._read_events(result, now_ms)
-        for gpu in self.inventory.gpus:
-            self._poll_gpu(gpu, result, now_ms)
+        for gpu, reading in self._read_gpus():
+            self._take_gpu(gpu, reading, result, now_ms)
         # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.
         mono = self._clock.monotonic()
         due = self._last_counters is None or mono - self._last_counters >= self._counter_interval
@@ -181,6 +238,9 @@ class Sampler:
         if self._kernel_log is not None:
             result.samples[node, "agent_kmsg_overruns"] = self._kernel_log.overruns
         result.samples[node, "agent_ib_counter_resets"] = self._ib.counter_resets
+        guard = self._nvml.guard
+        result.samples[node, "agent_nvml_hung"] = int(guard.hung)
+        result.samples[node, "agent_nvml_calls_timed_out"] = guard.timed_out
 
     def _gpu_lost(
         self,
@@ -231,18 +291,61 @@ class Sampler:
                 ),
             )
 
-    def _poll_gpu(self, gpu: GpuIdentity, result: PollResult, now_ms: int) -> None:
+    def _read_gpus(self) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
+        """Every GPU's reading (or why there is none), in one hand-off to the NVML thread.
+
+        When NVML hangs, the GPUs read before the stuck call; none while it stays stuck.
+        """
+        gpus = self.inventory.gpus
+        if not gpus:
+            return []
+        reads = _GpuReads()
         try:
-            if gpu.uuid in self._lost:
-                self._reprobe(gpu)
-            reading = self._nvml.read(gpu)
-        except GpuLostError as exc:
-            self._nvml.forget(gpu.index)
-            self._gpu_lost(gpu, result, now_ms, detail=str(exc))
+            self._nvml.guarded("read GPUs", partial(self._read_all, reads, frozenset(self._lost)))
+        except NvmlHungError as exc:
+            done = list(reads.done)
+            reads.abandoned = True
+            if exc.timed_out:  # the first poll of a hang; later ones are refused quietly
+                stuck = gpus[len(done)] if len(done) < len(gpus) else None
+                log.error(
+                    "gpu_read_hung",
+                    gpu_index=None if stuck is None else stuck.index,
+                    gpu_uuid=None if stuck is None else stuck.uuid,
+                    error=str(exc),
+                )
+            return done
+        return reads.done
+
+    def _read_all(self, reads: _GpuReads, lost: frozenset[str]) -> None:
+        """On the NVML thread: read each GPU (a lost one is identified again first)."""
+        nvml = self._nvml
+        for gpu in self.inventory.gpus:
+            if reads.abandoned:
+                return
+            try:
+                if gpu.uuid in lost:
+                    self._reprobe(gpu)
+                reading: GpuReading | SourceError = nvml.read(gpu)
+            except GpuLostError as exc:
+                nvml.forget(gpu.index)
+                reading = exc
+            except SourceError as exc:
+                reading = exc
+            reads.done.append((gpu, reading))
+
+    def _take_gpu(
+        self,
+        gpu: GpuIdentity,
+        reading: GpuReading | SourceError,
+        result: PollResult,
+        now_ms: int,
+    ) -> None:
+        if isinstance(reading, GpuLostError):
+            self._gpu_lost(gpu, result, now_ms, detail=str(reading))
             return
-        except SourceError as exc:
+        if isinstance(reading, SourceError):
             self.source_errors["nvml"] += 1
-            log.warning("gpu_read_failed", gpu_uuid=gpu.uuid, error=str(exc))
+            log.warning("gpu_read_failed", gpu_uuid=gpu.uuid, error=str(reading))
             return
         if gpu.uuid in self._lost:
             self._lost.discard(gpu.uuid)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collector.actions.config import ENV_NAME, ActionsConfig, parse_actions, read_secret
 from collector.exceptions import ConfigError
+from collector.ingest_throttle import DEFAULT_LIMITS, IngestLimits
 from collector.jobs.config import JobsConfig
-from fleetwatch.config_file import check_number, check_text, merge_config, short_repr, to_path
+from fleetwatch.config_file import (
+    check_log_level,
+    check_number,
+    check_text,
+    merge_config,
+    short_repr,
+    to_path,
+)
 from fleetwatch.tls import check_tls_keys
 
 if TYPE_CHECKING:
@@ -45,6 +53,7 @@ class CollectorConfig:
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    ingest: IngestLimits = DEFAULT_LIMITS  # per-node budgets ([collector.ingest], docs/ingest.md)
     # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
     # listen address accepts only with insecure = true.
     tls_cert: Path | None = None  # the collector's certificate (chain), PEM
@@ -56,6 +65,7 @@ class CollectorConfig:
     # accepted from loopback clients only, and not at all when ``http`` is not loopback.
     api_token_file: Path | None = None
     api_token_env: str | None = None  # the name of the variable that holds the token
+    log_level: str | None = None  # debug, info, warning, error; None: --log-level, or info
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -79,6 +89,7 @@ class CollectorConfig:
             error=ConfigError,
         )
         self._check_api_token_keys()
+        check_log_level(self.log_level, "collector config", ConfigError)
 
     def _check_api_token_keys(self) -> None:
         token_file: object = self.api_token_file  # typed by the loader; code may pass anything
@@ -112,6 +123,32 @@ class CollectorConfig:
         )
 
 
+def parse_jobs(table: object) -> JobsConfig:
+    """The ``[collector.jobs]`` table."""
+    if not isinstance(table, dict):
+        msg = "collector.jobs must be a table"
+        raise ConfigError(msg)
+    return JobsConfig.from_table(table)
+
+
+def parse_ingest(table: object) -> IngestLimits:
+    """The ``[collector.ingest]`` table: every key a positive number; unknown keys named."""
+    if not isinstance(table, dict):
+        msg = "collector.ingest must be a table"
+        raise ConfigError(msg)
+    known = {f.name for f in fields(IngestLimits)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        msg = (
+            f"collector.ingest: unknown keys {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+        raise ConfigError(msg)
+    for key, value in table.items():
+        check_number(value, f"ingest.{key}", ConfigError, integer=key == "repeat_burst")
+    return IngestLimits(**table)
+
+
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
@@ -123,12 +160,10 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
             values[key] = Path(values[key])  # anything else: the dataclass says what is wrong
     if "actions" in values:
         values["actions"] = parse_actions(values["actions"])
+    if "ingest" in values:
+        values["ingest"] = parse_ingest(values["ingest"])
     if "jobs" in values:
-        table = values["jobs"]
-        if not isinstance(table, dict):
-            msg = "collector.jobs must be a table"
-            raise ConfigError(msg)
-        values["jobs"] = JobsConfig.from_table(table)
+        values["jobs"] = parse_jobs(values["jobs"])
     if "rules" in values:
         rules = values["rules"]
         if isinstance(rules, str) or not isinstance(rules, list | tuple):

@@ -121,6 +121,16 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_spool_damaged_total", "agent_spool_damaged"),
     ("fleetwatch_agent_kmsg_overruns_total", "agent_kmsg_overruns"),
     ("fleetwatch_agent_ib_resets_total", "agent_ib_counter_resets"),
+    ("fleetwatch_agent_config_last_reload_successful", "agent_config_last_reload_successful"),
+    ("fleetwatch_agent_config_reload_failures_total", "agent_config_reload_failures"),
+    ("fleetwatch_agent_events_coalesced_total", "agent_events_coalesced"),
+    ("fleetwatch_agent_nvml_hung", "agent_nvml_hung"),
+    ("fleetwatch_agent_nvml_calls_timed_out_total", "agent_nvml_calls_timed_out"),
+    ("fleetwatch_agent_rss_bytes", "agent_rss_bytes"),
+    ("fleetwatch_agent_cpu_seconds_total", "agent_cpu_seconds"),
+    ("fleetwatch_agent_poll_interval_seconds", "agent_poll_interval_seconds"),
+    ("fleetwatch_agent_poll_stretches_total", "agent_poll_stretches"),
+    ("fleetwatch_agent_memory_sheds_total", "agent_memory_sheds"),
 )
 AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev")
 

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_value_from_pb
+from fleetwatch.wire.plausible import is_counter
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 # Signals this collector does not model yet are kept as-is for the JSON API, up to this many per
@@ -215,74 +218,105 @@ class FleetModel:
             self.observer.note_node(name)
         return node.last_seen_unix
 
-    def apply_report(self, name: str, report: pb.Report) -> None:
-        """Apply a (validated) Report's samples."""
+    def apply_report(self, name: str, report: pb.Report) -> int:
+        """Apply a (validated) Report's samples; return how many counters went down."""
+        return self.apply_samples(name, report.samples)
+
+    def apply_samples(self, name: str, samples: Iterable[pb.Sample]) -> int:
+        """Apply (validated) samples; return how many counters went down.
+
+        A counter lower than its previous value is taken as it is: a driver reload or an HCA
+        reset starts counting again, and the rules' ``increase()`` counts from the new value.
+        """
         observer = self.observer
+        resets = 0
         with self._lock:
             node = self._nodes[name]
-            for sample in report.samples:
+            for sample in samples:
                 target = Target.from_pb(sample.target)
-                _apply_sample(node, target, sample)
+                resets += _apply_sample(node, target, sample)
                 if observer is not None:
                     observer.note_sample(node, target, sample.signal, sample_value_from_pb(sample))
+        return resets
 
-    def apply_event(self, name: str, kind: EventKind, target: Target, xid: int) -> None:
-        """Count a newly journaled event against its node and target."""
+    def apply_event(
+        self,
+        name: str,
+        kind: EventKind,
+        target: Target,
+        xid: int,
+        count: int = 1,
+    ) -> None:
+        """Count a newly journaled event against its node and target.
+
+        ``count``: the occurrences the event stands for (more than 1 for a coalesced storm, see
+        :mod:`fleetwatch.wire.repeats`); the rules' observer is told once.
+        """
         with self._lock:
             node = self._nodes.get(name)
             if node is None:
                 return
-            node.events[kind.value] += 1
+            node.events[kind.value] += count
             gpu = node.gpus.get(target.gpu_uuid)
             if gpu is not None and kind in (EventKind.XID, EventKind.GPU_LOST) and xid:
-                gpu.xid_counts[xid] += 1
+                gpu.xid_counts[xid] += count
                 gpu.last_xid = xid
             if gpu is not None and kind in (EventKind.GPU_LOST, EventKind.PCI_REMOVED):
                 gpu.present = False
             port = node.ports.get((target.device, target.index))
             if port is not None and kind == EventKind.IB_PORT_DOWN:
-                port.down_events += 1
+                port.down_events += count
         if self.observer is not None:
             self.observer.note_event(name, kind, target, xid)
 
 
-def _bounded_set(values: dict[str, SampleValue], signal: str, value: SampleValue) -> None:
-    if signal in values or len(values) < MAX_SIGNALS_PER_TARGET:
-        values[signal] = value
+def _bounded_set(
+    values: dict[str, SampleValue],
+    key: str,
+    value: SampleValue,
+    *,
+    signal: str = "",
+    limit: int = MAX_SIGNALS_PER_TARGET,
+) -> int:
+    """Set ``key`` (within ``limit`` keys); return 1 when a counter went down, else 0."""
+    old = values.get(key)
+    if old is not None or len(values) < limit:
+        values[key] = value
+    if old is None or isinstance(old, str) or isinstance(value, str) or value >= old:
+        return 0
+    return int(is_counter(signal or key))
 
 
-def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> None:
+def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> int:
     if target.kind == TargetKind.NVLINK:
-        _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)
         if signal == "nvlink_up":
             gpu.nvlink_up[target.index] = bool(value)
-        return
-    _bounded_set(gpu.signals, signal, value)
+        return _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)
     if signal == "gpu_present":
         gpu.present = bool(value)
     elif signal == "pcie_replay_count":
         gpu.pcie_replay_count = int(value)
+    return _bounded_set(gpu.signals, signal, value)
 
 
-def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> None:
+def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> int:
+    """Apply one sample; return 1 when it was a counter that went down, else 0."""
     value = sample_value_from_pb(sample)
     signal = sample.signal
     kind = target.kind
     gpu = node.gpus.get(target.gpu_uuid) if kind in (TargetKind.GPU, TargetKind.NVLINK) else None
     port = node.ports.get((target.device, target.index)) if kind == TargetKind.IB_PORT else None
     if kind == TargetKind.NODE:
-        _bounded_set(node.signals, signal, value)
-    elif gpu is not None:
-        _apply_gpu(gpu, target, signal, value)
-    elif port is not None:
-        _bounded_set(port.signals, signal, value)
+        return _bounded_set(node.signals, signal, value)
+    if gpu is not None:
+        return _apply_gpu(gpu, target, signal, value)
+    if port is not None:
         if signal == "ib_state":
             port.state = str(value)
         elif signal == "ib_phys_state":
             port.phys_state = str(value)
         elif signal == "ib_link_downed":
             port.link_downed = int(value)
-    else:
-        key = f"{target.label()}:{signal}"
-        if key in node.other or len(node.other) < MAX_OTHER_SIGNALS:
-            node.other[key] = value
+        return _bounded_set(port.signals, signal, value)
+    key = f"{target.label()}:{signal}"
+    return _bounded_set(node.other, key, value, signal=signal, limit=MAX_OTHER_SIGNALS)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
-from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
-from collector.actions.dispatcher import Dispatcher, Drainer, GpuResetter
-from collector.actions.slurm import SlurmNodes
+from collector.actions.dispatcher import Dispatcher, GpuResetter
+from collector.actuators import LiveActuators, build_actuators
 from collector.api_auth import ChangeGuard
 from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.exporter import FleetCollector
+from collector.exporter_ingest import IngestCollector
 from collector.exporter_jobs import JobsCollector
 from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
@@ -27,10 +27,21 @@ from collector.jobs.book import JobBook
 from collector.journal import Journal
 from collector.liveness import LivenessMonitor
 from collector.node_states import NodeFlags
+from collector.reload import (
+    LIVE_KEYS,
+    ReloadCollector,
+    ReloadError,
+    SwappableCollector,
+    read_candidate,
+    rule_changes,
+    successor,
+)
 from collector.server import FleetServer
 from collector.stats import CollectorStats
 from collector.store_sqlite import JournalReader, SqliteStore
 from collector.tls import server_credentials
+from fleetwatch.config_file import short_repr
+from fleetwatch.reload import ReloadTally, changed_keys, one_line
 from fleetwatch.tls import is_loopback
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.engine import Phase
@@ -38,12 +49,13 @@ from rules.loader import load_rules
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     import grpc
 
     from collector.actions.config import ActionsConfig
     from collector.config import CollectorConfig
+    from collector.reload import Candidate, ConfigSource
     from fleetwatch.clock import Clock
     from fleetwatch.sd_notify import SdNotifier
 
@@ -57,31 +69,19 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
     clock: Clock,
     resetter: GpuResetter | None = None,
     *,
-    environ: Mapping[str, str] | None = None,
+    actuators: LiveActuators,
 ) -> Dispatcher:
-    """The dispatcher with the drain adapters and notify channels the configuration names.
+    """The dispatcher with ``cfg``'s safety limits, acting through ``actuators``.
 
-    ``environ`` holds the variables webhook ``secret_env`` keys name (none: no variables).
+    A reload re-points ``actuators`` at what the new configuration names.
     """
-    env_vars = environ or {}
-    drainers: list[Drainer] = []
-    if cfg.slurm.enabled:
-        env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
-        drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
-    if cfg.drain_webhook is not None:
-        hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
-        drainers.append(WebhookDrainer(hook))
-    channels = {
-        name: hook.sender(clock, f"actions.notify.{name}", env_vars)
-        for name, hook in cfg.notify.items()
-    }
     return Dispatcher(
         journal=journal,
         fleet=fleet,
         clock=clock,
         safety=cfg.safety,
-        drainers=tuple(drainers),
-        notifier=WebhookNotifier(channels) if channels else None,
+        drainers=(actuators.drainer,),
+        notifier=actuators.notifier,
         resetter=resetter,
     )
 
@@ -89,7 +89,7 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
 class CollectorService:
     """Everything the collector runs, started and stopped together."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the composition root's inputs
         self,
         cfg: CollectorConfig,
         clock: Clock,
@@ -97,13 +97,15 @@ class CollectorService:
         *,
         environ: Mapping[str, str] | None = None,
         notifier: SdNotifier | None = None,
+        set_log_level: Callable[[str], None] | None = None,
     ) -> None:
         """Build the parts; nothing listens until :meth:`start`.
 
         ``credentials`` None: mTLS from the config's TLS keys, or plaintext where the config
         allows it (ConfigError otherwise). ``environ`` holds the variables the webhook secrets
         and the API token may come from; ``notifier`` tells systemd when the collector is ready
-        and pings its watchdog from the event loop (None: not under systemd).
+        and pings its watchdog from the event loop (None: not under systemd);
+        ``set_log_level`` applies a reloaded ``log_level`` (None: reloads leave logging alone).
         """
         api_token = cfg.api_token(environ or {})  # a bad token file stops the start first
         if credentials is None:
@@ -113,6 +115,9 @@ class CollectorService:
         self.cfg = cfg
         self.clock = clock
         self._notifier = notifier
+        self._environ: Mapping[str, str] = environ or {}
+        self._set_log_level = set_log_level
+        self.reloads = ReloadTally(last_success_unix=clock.now())
         self._watchdog_task: asyncio.Task[None] | None = None
         self.fleet = FleetModel()
         self.stats = CollectorStats()
@@ -132,6 +137,7 @@ class CollectorService:
             config=config,
             credentials=credentials,
             jobs=self.jobs,
+            limits=cfg.ingest,
         )
         self.ruleset = load_rules(list(cfg.rules))
         self.evaluator = Evaluator(
@@ -144,8 +150,9 @@ class CollectorService:
         self.fleet.observer = self.evaluator
         self.registry.register(JobsCollector(self.jobs))
         broker = CommandBroker(self.grpc.registry, self.fleet)
+        self.actuators = LiveActuators(build_actuators(cfg.actions, clock, environ))
         self.dispatcher = build_dispatcher(
-            cfg.actions, self.journal, self.fleet, clock, broker, environ=environ
+            cfg.actions, self.journal, self.fleet, clock, broker, actuators=self.actuators
         )
         self.evaluator.fleet_extras = self.dispatcher.status
         self.registry.register(
@@ -153,10 +160,13 @@ class CollectorService:
                 self.fleet,
                 self.stats,
                 flags=self.node_flags,
-                xid_class=self.evaluator.catalog.class_of,
+                xid_class=self._xid_class,
             )
         )
-        self.registry.register(RulesCollector(self.evaluator, self.dispatcher))
+        self._rule_metrics = SwappableCollector(RulesCollector(self.evaluator, self.dispatcher))
+        self.registry.register(self._rule_metrics)
+        self.registry.register(ReloadCollector(self.reloads))
+        self.registry.register(IngestCollector(self.grpc.registry.throttle, self.stats))
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,
@@ -202,6 +212,10 @@ class CollectorService:
         """The bound HTTP port."""
         return self.http.port
 
+    def _xid_class(self, xid: int) -> str:
+        """The class of ``xid`` in the catalog in use now (a reload may replace it)."""
+        return self.evaluator.catalog.class_of(xid)
+
     def node_flags(self) -> NodeFlags:
         """Drained, draining and incident-bearing nodes now (called by the scrape thread)."""
         firing = frozenset(
@@ -244,13 +258,101 @@ class CollectorService:
             nodes_known=len(self.fleet.node_names()),
         )
         if self._notifier is not None:
-            self._notifier.ready(
-                f"serving: gRPC port {self.grpc_port}, HTTP port {self.http_port}, "
-                f"{len(self.fleet.node_names())} nodes known"
-            )
+            self._notifier.ready(self._serving_status())
             self._watchdog_task = asyncio.create_task(
                 self._notifier.keep_alive(self.clock), name="watchdog"
             )
+
+    def _serving_status(self) -> str:
+        """The line ``systemctl status`` shows while the collector serves."""
+        status = (
+            f"serving: gRPC port {self.grpc_port}, HTTP port {self.http_port}, "
+            f"{len(self.fleet.node_names())} nodes known"
+        )
+        if not self.reloads.successful:
+            status += f"; last reload failed, running the files before: {self.reloads.last_error}"
+        return status
+
+    def reload(self, source: ConfigSource) -> bool:
+        """Read every file again and swap in what may change live; all or nothing.
+
+        Returns whether the new files are in use. A problem in any file leaves everything as it
+        was, is logged once (``config_reload_failed``, naming the file and line) and counted in
+        ``fleetwatch_config_*``. systemd hears RELOADING=1, then READY=1 with the outcome.
+        """
+        if self._notifier is not None:
+            self._notifier.reloading(self.clock.monotonic(), "reloading configuration")
+        try:
+            candidate = read_candidate(source, self.cfg, self._environ, self.clock)
+        except ReloadError as exc:
+            self._reload_failed(exc)
+        except Exception as exc:  # a bug must not take the running collector down
+            log.exception("config_reload_crashed")
+            self.reloads.failure(one_line(f"{type(exc).__name__}: {exc}"))
+        else:
+            self._apply(candidate)
+        if self._notifier is not None:
+            self._notifier.ready(self._serving_status())
+        return self.reloads.successful
+
+    def _reload_failed(self, exc: ReloadError) -> None:
+        first, *more = exc.problems
+        error = one_line(str(first))
+        log.error(
+            "config_reload_failed",
+            file=first.file,
+            line=first.line,
+            column=first.column,
+            error=error,
+            more=[one_line(str(p)) for p in more],
+            kept="the files before",
+        )
+        self.reloads.failure(error)
+
+    def _apply(self, candidate: Candidate) -> None:
+        """Swap in a checked configuration; nothing here can fail halfway."""
+        old, cfg = self.cfg, candidate.cfg
+        for key, (running, configured) in candidate.needs_restart.items():
+            log.warning(
+                "config_reload_needs_restart",
+                key=key,
+                running=short_repr(running),
+                configured=short_repr(configured),
+            )
+        added, removed, changed = rule_changes(self.evaluator.rules, candidate.rules)
+        if added or removed or changed:
+            evaluator, dropped = successor(self.evaluator, candidate.rules, candidate.catalog)
+            self.evaluator = evaluator
+            self.fleet.observer = evaluator
+            self.incidents.evaluator = evaluator
+            self._rule_metrics.inner = RulesCollector(evaluator, self.dispatcher)
+            for incident in dropped:
+                log.warning(
+                    "incident_dropped_with_rule",
+                    incident=incident.id,
+                    rule=incident.rule,
+                    target=incident.target,
+                )
+        else:
+            self.evaluator.catalog = candidate.catalog
+        self.dispatcher.safety = cfg.actions.safety
+        self.actuators.swap(candidate.actuators)
+        self.incidents.interval_s = cfg.rules_interval
+        self.liveness.missed = cfg.missed_heartbeats
+        self.liveness.silence_s = cfg.heartbeat_interval * cfg.missed_heartbeats
+        if cfg.log_level != old.log_level and self._set_log_level is not None:
+            self._set_log_level(cfg.log_level or "info")
+        self.cfg = cfg
+        self.reloads.success(self.clock.now())
+        log.info(
+            "config_reloaded",
+            changed=changed_keys(old, cfg, LIVE_KEYS),
+            rules=len(candidate.rules.rules),
+            rules_added=added,
+            rules_removed=removed,
+            rules_changed=changed,
+            needs_restart=sorted(candidate.needs_restart),
+        )
 
     async def stop(self, grace: float | None = 2.0) -> None:
         """Stop serving, then close the journal."""

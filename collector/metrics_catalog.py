@@ -193,11 +193,96 @@ _NODES = _specs(
             "IB counters the node's agent saw go backwards (HCA reset, driver reload).",
         ),
         (
+            "fleetwatch_agent_nvml_hung",
+            "gauge",
+            "",
+            NODE,
+            (
+                "1 while an NVML call of the node's agent has passed its nvml_call_timeout and "
+                "not returned (a wedged driver): the node's GPU values are stale meanwhile."
+            ),
+        ),
+        (
+            "fleetwatch_agent_nvml_calls_timed_out_total",
+            "counter",
+            "",
+            NODE,
+            "NVML calls (a poll's GPU reads count as one) that passed the agent's deadline.",
+        ),
+        (
+            "fleetwatch_agent_rss_bytes",
+            "gauge",
+            "bytes",
+            NODE,
+            "Resident memory of the node's agent process, in whole MiB.",
+        ),
+        (
+            "fleetwatch_agent_cpu_seconds_total",
+            "counter",
+            "seconds",
+            NODE,
+            "CPU time (user and system, every thread) the node's agent process has used.",
+        ),
+        (
+            "fleetwatch_agent_poll_interval_seconds",
+            "gauge",
+            "seconds",
+            NODE,
+            (
+                "The node's agent's poll interval in force: the configured one, or longer while "
+                "its polls cost more CPU than poll_cpu_max_share of it."
+            ),
+        ),
+        (
+            "fleetwatch_agent_poll_stretches_total",
+            "counter",
+            "",
+            NODE,
+            "Times the node's agent stretched its poll interval because polls cost too much CPU.",
+        ),
+        (
+            "fleetwatch_agent_memory_sheds_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Polls at which the node's agent was above memory_max_bytes and dropped the step "
+                "reports it held (events are never dropped for memory)."
+            ),
+        ),
+        (
+            "fleetwatch_agent_events_coalesced_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Xid occurrences the node's agent held back in storms (the same Xid on the same "
+                "GPU past its burst): each storm window sent one event that counts them."
+            ),
+        ),
+        (
             "fleetwatch_agent_source_errors_total",
             "counter",
             "",
             (*NODE, "source"),
             "Failed reads by the node's agent, by source (nvml, sysfs, kmsg, udev).",
+        ),
+        (
+            "fleetwatch_agent_config_last_reload_successful",
+            "gauge",
+            "",
+            NODE,
+            (
+                "0 when the node's agent refused the files of its last reload (SIGHUP) and runs "
+                "the ones before; 1 otherwise."
+            ),
+        ),
+        (
+            "fleetwatch_agent_config_reload_failures_total",
+            "counter",
+            "",
+            NODE,
+            "Reloads the node's agent refused since it started (bad file; nothing changed).",
         ),
     ],
 )
@@ -539,8 +624,8 @@ _RULES = _specs(
             "",
             ("action", "outcome", "node"),
             (
-                "Actions that reached an outcome (succeeded, failed, skipped, dry_run), by action "
-                "and node."
+                "Actions that reached an outcome (succeeded, failed, skipped, dry_run, refused: "
+                "an argument failed its check or the agent refused for good), by action and node."
             ),
         ),
         (
@@ -657,7 +742,105 @@ _COLLECTOR = _specs(
     ],
 )
 
-CATALOG: Final[tuple[MetricSpec, ...]] = (*_NODES, *_GPUS, *_PORTS, *_JOBS, *_RULES, *_COLLECTOR)
+_RELOADS = _specs(
+    "Configuration reloads",
+    [
+        (
+            "fleetwatch_config_last_reload_successful",
+            "gauge",
+            "",
+            (),
+            (
+                "1 when the collector's last reload (SIGHUP) applied its files, 0 when it found "
+                "a problem and kept running the files before."
+            ),
+        ),
+        (
+            "fleetwatch_config_last_reload_success_timestamp_seconds",
+            "gauge",
+            "seconds",
+            (),
+            "Unix time of the last reload that applied its files (or of the start).",
+        ),
+        (
+            "fleetwatch_config_reloads_total",
+            "counter",
+            "",
+            ("result",),
+            "Reloads of the collector's config, rule files and Xid catalog, by result.",
+        ),
+    ],
+)
+
+_INGEST = _specs(
+    "Ingest budgets and hostile values",
+    [
+        (
+            "fleetwatch_node_ingest_throttled_seconds_total",
+            "counter",
+            "seconds",
+            (*NODE, "budget"),
+            (
+                "Time the collector stopped reading the node's stream because the node was over "
+                "its budget (events or samples per second); what waited stayed with its agent."
+            ),
+        ),
+        (
+            "fleetwatch_node_events_coalesced_total",
+            "counter",
+            "",
+            NODE,
+            "Events of the node journaled as part of one row for a flood of alike events.",
+        ),
+        (
+            "fleetwatch_collector_ingest_throttled_total",
+            "counter",
+            "",
+            ("budget",),
+            "Messages after which the collector paused a stream over its budget, by budget.",
+        ),
+        (
+            "fleetwatch_collector_samples_rejected_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "Report samples refused on their own (the rest of the report is taken), by "
+                "reason: bad_signal, bad_target, no_value, not_finite, text_too_long, "
+                "wrong_type, negative, out_of_range."
+            ),
+        ),
+        (
+            "fleetwatch_collector_bad_times_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "Agent times that cannot be right, by reason: event_time_past (before 2000) and "
+                "event_time_future (journaled with the time received instead), "
+                "report_time_past, report_time_future, report_time_backwards (counted only)."
+            ),
+        ),
+        (
+            "fleetwatch_collector_sample_resets_total",
+            "counter",
+            "",
+            (),
+            "Counter samples lower than the value before them, taken as a reset.",
+        ),
+    ],
+)
+
+CATALOG: Final[tuple[MetricSpec, ...]] = (
+    *_NODES,
+    *_GPUS,
+    *_PORTS,
+    *_JOBS,
+    *_RULES,
+    *_COLLECTOR,
+    *_RELOADS,
+    *_INGEST,
+)
 BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG}
 
 

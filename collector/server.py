@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from collector.ingest_throttle import DEFAULT_LIMITS
 from collector.session import SessionRegistry, StreamSession, handle_stream
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
     from collector.fleet import FleetModel
+    from collector.ingest_throttle import IngestLimits
     from collector.jobs.book import JobBook
     from collector.journal import Journal
     from collector.stats import CollectorStats
@@ -35,8 +37,9 @@ class FleetServer:
         config: pb.Config,
         credentials: grpc.ServerCredentials | None = None,
         jobs: JobBook | None = None,
+        limits: IngestLimits = DEFAULT_LIMITS,
     ) -> None:
-        """Build the server; call :meth:`start` with an address."""
+        """Build the server; call :meth:`start` with an address. ``limits``: per-node budgets."""
         self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
@@ -44,7 +47,7 @@ class FleetServer:
         self._clock = clock
         self._config = config
         self._credentials = credentials
-        self.registry = SessionRegistry()
+        self.registry = SessionRegistry(limits)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=settings.server_options())
         # Requests arrive as raw bytes: parsing them in the session lets a malformed or

@@ -6,35 +6,40 @@ journaled for that boot. After that: Reports update the fleet model, Events are 
 journaled (deduplicated by node, boot and sequence) and acked only after the commit. Anything
 that breaks the contract ends the stream with a status that says what was wrong, and is counted;
 what was already journaled stays journaled.
+
+Hostile load (see docs/ingest.md): each node has a budget of events and of report samples per
+second (:mod:`collector.ingest_throttle`); past it, the session stops reading the node's stream
+until the budget allows, so the node's own agent holds what waits and no other node is slowed. A
+flood of alike events is journaled as one row standing for many (:mod:`collector.ingest_coalesce`).
+A report sample that breaks the contract or holds an impossible value is refused on its own; an
+event stamped by a clock that cannot be right is journaled with the time it was received.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from collector.ingest_throttle import DEFAULT_LIMITS, IngestThrottle
+from collector.session_events import StreamEvents, Warnings
 from collector.store_sqlite import EventRow, NodeRow
 from fleetwatch import __version__
 from fleetwatch.clock import unix_ms
-from fleetwatch.model import EventKind, Target, event_kind_from_pb
+from fleetwatch.model import EventKind, Target
+from fleetwatch.wire.plausible import time_problem
 from fleetwatch.wire.settings import MAX_MESSAGE_BYTES
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import (
-    Inventory,
-    WireError,
-    validate_event,
-    validate_hello,
-    validate_report,
-)
+from fleetwatch.wire.validate import Inventory, WireError, screen_report, validate_hello
 from fleetwatch.wire.validate_jobs import validate_job_report
 
 if TYPE_CHECKING:
     from collector.fleet import FleetModel
+    from collector.ingest_throttle import Budget, IngestLimits, NodeIngest
     from collector.jobs.book import JobBook
     from collector.journal import Journal
     from collector.stats import CollectorStats
@@ -43,6 +48,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.session")
 
 HELLO_TIMEOUT_S: Final = 30.0
+# A long wait for a node's budget is slept in steps this long, the node marked alive after each.
+PACE_STEP_S: Final = 1.0
 
 _STATUS: Final = {
     "oversized": grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -70,13 +77,23 @@ def parse_message(raw: bytes) -> pb.AgentMessage:
     return message
 
 
-class SessionRegistry:
-    """At most one live stream per node: a new Hello for a node replaces the old stream."""
+class StreamNotReadyError(ConnectionError):
+    """The node's new stream has not finished its Hello: ask again shortly."""
 
-    def __init__(self) -> None:
-        """No streams yet."""
+
+class SessionRegistry:
+    """At most one live stream per node: a new Hello for a node replaces the old stream.
+
+    It also holds what must outlive one stream: every node's ingest budget, and the journal
+    write a node's previous stream may still have in flight.
+    """
+
+    def __init__(self, limits: IngestLimits = DEFAULT_LIMITS) -> None:
+        """No streams yet; every node gets ``limits``."""
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._sessions: dict[str, StreamSession] = {}
+        self._writes: dict[str, asyncio.Future[None]] = {}
+        self.throttle = IngestThrottle(limits)
 
     def session(self, node: str) -> StreamSession | None:
         """The node's live stream, to send it a command."""
@@ -102,6 +119,29 @@ class SessionRegistry:
             self._sessions.pop(node, None)
             return True
         return False
+
+    def track_write(self, node: str, write: asyncio.Future[None]) -> None:
+        """Remember the node's journal write in flight (it finishes even if its stream ends)."""
+        self._writes[node] = write
+
+        def done(finished: asyncio.Future[None]) -> None:
+            if self._writes.get(node) is write:
+                del self._writes[node]
+            if not finished.cancelled():
+                finished.exception()  # its stream saw it, or is gone: not "never retrieved"
+
+        write.add_done_callback(done)
+
+    async def settle(self, node: str) -> None:
+        """Wait until no journal write of an earlier stream of ``node`` is in flight.
+
+        A stream cancelled while its commit ran leaves the commit running; the next stream must
+        not read the journal's highest sequence number before that commit lands, or it would
+        take events the commit covers for new ones.
+        """
+        write = self._writes.get(node)
+        if write is not None and not write.done():
+            await asyncio.wait({write})  # never cancels the write, even if this task is
 
 
 class StreamSession:
@@ -135,17 +175,19 @@ class StreamSession:
         self._node = ""
         self._boot_id = ""
         self._inventory = Inventory()
-        self._next_seq: int | None = None
-        self._journaled = 0
         self._context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage] | None = None
         self._write_lock = asyncio.Lock()
         self._commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
+        self._ingest: NodeIngest | None = None
+        self._events: StreamEvents | None = None
+        self._last_report_ms = 0
+        self._warnings = Warnings()
 
     async def _send(self, message: pb.CollectorMessage) -> None:
         """Write to the agent; one write at a time (acks and commands share the stream)."""
         if self._context is None:
             msg = "the stream has not said Hello yet"
-            raise RuntimeError(msg)
+            raise StreamNotReadyError(msg)
         async with self._write_lock:
             await self._context.write(message)
 
@@ -211,8 +253,56 @@ class StreamSession:
             msg = f"the first message must be a Hello, not {first.WhichOneof('body')}"
             raise WireError("protocol", msg)
         await self._hello(first.hello, context)
-        while (message := await self._read(context)) is not None:
-            await self._dispatch(message)
+        await self._messages(context)
+
+    async def _messages(
+        self, context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage]
+    ) -> None:
+        """Dispatch messages until the agent closes its side.
+
+        While a run of alike events is held, the next read runs beside a timer so that the run
+        is journaled by its deadline even if nothing more comes.
+        """
+        events = self._events
+        if events is None:  # pragma: no cover - set by the Hello
+            return
+        pending: asyncio.Future[pb.AgentMessage | None] | None = None
+        try:
+            while True:
+                held_until = events.held_until
+                if held_until is None and pending is None:
+                    message = await self._read(context)
+                else:
+                    if pending is None:
+                        pending = asyncio.ensure_future(self._read(context))
+                    if held_until is not None and not await self._ready_by(pending, held_until):
+                        await events.flush()
+                        continue
+                    message = await pending
+                    pending = None
+                if message is None:
+                    await events.flush()  # the agent closed cleanly: journal and ack the run
+                    return
+                await self._dispatch(message, events)
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def _ready_by(
+        self, pending: asyncio.Future[pb.AgentMessage | None], deadline: float
+    ) -> bool:
+        """Wait for ``pending`` until ``deadline`` (monotonic); True when it is done."""
+        await asyncio.sleep(0)  # a message already there is taken without a timer
+        wait = deadline - self._clock.monotonic()
+        if pending.done() or wait <= 0:
+            return pending.done()
+        sleeper = asyncio.ensure_future(self._clock.sleep(wait))
+        waiting: set[asyncio.Future[Any]] = {pending, sleeper}
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+        return pending.done()
 
     async def _hello(
         self,
@@ -223,8 +313,11 @@ class StreamSession:
         if self._verify_identity:
             check_identity(hello.node, context)  # before it can replace the node's stream
         self._node, self._boot_id = hello.node, hello.boot_id
+        self._warnings.node = self._node
         self._registry.claim(self._node, self)
+        await self._registry.settle(self._node)  # an earlier stream's commit lands first
         mono, unix = self._clock.monotonic(), self._clock.now()
+        ingest = self._ingest = self._registry.throttle.node(self._node, mono)
         was_unreachable = self._fleet.on_hello(hello, mono, unix)
         await self._journal.save_node(
             NodeRow(
@@ -238,7 +331,20 @@ class StreamSession:
         if was_unreachable:
             await self.node_reachable()
         high = await self._journal.high_seq(self._node, self._boot_id)
-        self._journaled = high
+        self._events = StreamEvents(
+            node=self._node,
+            boot_id=self._boot_id,
+            journaled=high,
+            journal=self._journal,
+            fleet=self._fleet,
+            stats=self._stats,
+            clock=self._clock,
+            limits=self._registry.throttle.limits,
+            ingest=ingest,
+            ack=self._ack,
+            track_write=self._registry.track_write,
+            warnings=self._warnings,
+        )
         log.info(
             "stream_open",
             node=self._node,
@@ -268,18 +374,16 @@ class StreamSession:
             last_seen_ms=unix_ms(self._clock),
         )
 
-    async def _dispatch(self, message: pb.AgentMessage) -> None:
+    async def _dispatch(self, message: pb.AgentMessage, events: StreamEvents) -> None:
         if self._fleet.touch(self._node, self._clock.monotonic(), self._clock.now()):
             await self.node_reachable()
         body = message.WhichOneof("body")
         if body == "report":
-            validate_report(message.report, self._inventory)
-            self._fleet.apply_report(self._node, message.report)
-            self._stats.reports += 1
-            self._stats.samples += len(message.report.samples)
+            self._report(message.report)
+            await self._pace("samples", len(message.report.samples))
         elif body == "event":
-            seq = await self._event(message.event)
-            await self._send(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
+            await events.take(message.event, self._inventory)
+            await self._pace("events", 1)
         elif body == "job_report":
             validate_job_report(message.job_report, self._inventory)
             self._stats.job_steps += len(message.job_report.steps)
@@ -295,49 +399,50 @@ class StreamSession:
             msg = "Hello sent twice on one stream"
             raise WireError("protocol", msg)
 
-    async def _event(self, event: pb.Event) -> int:
-        validate_event(event, self._inventory)
-        if self._next_seq is None:
-            if event.seq > self._journaled + 1:
-                self._stats.seq_gaps += 1
-                log.warning(
-                    "seq_gap",
-                    node=self._node,
-                    boot_id=self._boot_id,
-                    journaled=self._journaled,
-                    first_seq=event.seq,
-                )
-        elif event.seq != self._next_seq:
-            msg = f"event seq {event.seq} out of order: expected {self._next_seq}"
-            raise WireError("out_of_order", msg)
-        self._next_seq = event.seq + 1
-        kind = event_kind_from_pb(event.kind)
-        target = Target.from_pb(event.target)
-        row_id = await self._journal.append(
-            EventRow(
-                node=self._node,
-                boot_id=self._boot_id,
-                seq=event.seq,
-                time_ms=event.time_unix_ms,
-                received_ms=unix_ms(self._clock),
-                kind=kind.value,
-                target_kind=target.kind,
-                gpu_uuid=target.gpu_uuid,
-                target_index=target.index,
-                device=target.device,
-                xid=event.xid,
-                xid_class=event.xid_class,
-                detail=event.detail,
-            ),
-        )
-        if row_id:
-            self._stats.events_journaled += 1
-            self._fleet.apply_event(self._node, kind, target, event.xid)
-            log.info("event_journaled", node=self._node, seq=event.seq, kind=kind.value, id=row_id)
-        else:
-            self._stats.events_duplicate += 1
-        self._journaled = max(self._journaled, event.seq)
-        return event.seq
+    async def _pace(self, budget: Budget, cost: int) -> None:
+        """Charge the node's budget; when over it, stop reading the stream until it allows."""
+        if self._ingest is None or self._events is None or cost <= 0:
+            return
+        wait = self._ingest.take(budget, cost, self._clock.monotonic())
+        if wait <= 0:
+            return
+        self._warnings.warn("ingest_throttled", budget=budget, wait_s=round(wait, 3))
+        end = self._clock.monotonic() + wait
+        while (left := end - self._clock.monotonic()) > 0:
+            held_until = self._events.held_until
+            if held_until is not None and held_until < end:  # a held run is due meanwhile
+                await self._clock.sleep(max(held_until - self._clock.monotonic(), 0.0))
+                await self._events.flush()
+                continue
+            await self._clock.sleep(min(left, PACE_STEP_S))
+            # The node is talking; only we are not listening: it must not look silent.
+            if self._fleet.touch(self._node, self._clock.monotonic(), self._clock.now()):
+                await self.node_reachable()
+
+    def _report(self, report: pb.Report) -> None:
+        screened = screen_report(report, self._inventory)
+        self._check_report_time(report.time_unix_ms)
+        for reason, count in screened.rejected.items():
+            self._stats.samples_rejected[reason] += count
+            self._warnings.warn("sample_refused", reason=reason, error=screened.examples[reason])
+        self._stats.counter_resets += self._fleet.apply_samples(self._node, screened.accepted)
+        self._stats.reports += 1
+        self._stats.samples += len(report.samples)
+
+    def _check_report_time(self, time_ms: int) -> None:
+        """Count a report time that cannot be right (reports are placed by receipt anyway)."""
+        if time_ms <= 0:  # not stamped
+            return
+        problem = time_problem(time_ms, unix_ms(self._clock))
+        if problem is None and time_ms < self._last_report_ms:
+            problem = "backwards"
+        if problem is not None:
+            self._stats.bad_times[f"report_time_{problem}"] += 1
+            self._warnings.warn("report_time_wrong", problem=problem, time_unix_ms=time_ms)
+        self._last_report_ms = max(self._last_report_ms, time_ms)
+
+    async def _ack(self, seq: int) -> None:
+        await self._send(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
 
 
 def check_identity(

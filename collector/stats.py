@@ -19,12 +19,28 @@ class CollectorStats:
     reports: int = 0
     samples: int = 0
     job_steps: int = 0
+    # events journaled as part of a coalesced row (a flood of alike events)
+    events_coalesced: int = 0
+    # report samples refused on their own (bad name or target, impossible value), by reason
+    samples_rejected: Counter[str] = field(default_factory=Counter)
+    # agent clocks that cannot be right (event_time_future, report_time_backwards, ...)
+    bad_times: Counter[str] = field(default_factory=Counter)
+    # counter samples lower than the value before them (taken as a reset)
+    counter_resets: int = 0
     # HTTP API changes refused, by reason (written by the HTTP threads under the guard's lock)
     api_refused: Counter[str] = field(default_factory=Counter)
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""
         return dict(self.rejected)
+
+    def samples_rejected_snapshot(self) -> dict[str, int]:
+        """Copy the sample refusal counts."""
+        return dict(self.samples_rejected)
+
+    def bad_times_snapshot(self) -> dict[str, int]:
+        """Copy the bad-time counts."""
+        return dict(self.bad_times)
 
     def api_refused_snapshot(self) -> dict[str, int]:
         """Copy the API refusal counts."""

@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS actions (
     node            TEXT    NOT NULL,
     target          TEXT    NOT NULL,
     params          TEXT    NOT NULL DEFAULT '{}',
-    state           TEXT    NOT NULL,  -- planned, running, succeeded, failed, skipped, dry_run
+    state           TEXT    NOT NULL,  -- planned, running, succeeded, failed, skipped, dry_run,
+                                     -- deferred, refused
     detail          TEXT    NOT NULL DEFAULT '',
     created_ms      INTEGER NOT NULL,
     finished_ms     INTEGER

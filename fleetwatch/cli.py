@@ -1,6 +1,7 @@
 """The ``fleetwatch`` command: the daemons, the demo, and tools for people.
 
-Daemons: ``agent``, ``collector``. Tools: ``config check``, ``certs ca|node|collector``,
+Daemons: ``agent``, ``collector`` (SIGHUP, or ``systemctl reload``, makes them read their files
+again). Tools: ``config check``, ``certs ca|node|collector``,
 ``rules check|test``, ``incidents``, ``actions``, ``drains [release NODE]``,
 ``silence add|list|remove``, ``jobs [JOB]``.
 """
@@ -22,12 +23,15 @@ import structlog
 
 from fleetwatch import __version__, cli_certs
 from fleetwatch.clock import SystemClock
-from fleetwatch.logs import configure_logging
+from fleetwatch.logs import LogFormat, configure_logging
+from fleetwatch.reload import Hangups
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
     from typing import Any
 
+    from agent.agent import Agent
+    from agent.config import AgentConfig
     from fleetwatch.sd_notify import SdNotifier
 
 log = structlog.get_logger("fleetwatch")
@@ -36,7 +40,10 @@ log = structlog.get_logger("fleetwatch")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fleetwatch {__version__}")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    parser.add_argument(
+        "--log-level",
+        help="debug, info, warning or error (default: the config's log_level, or info)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -187,12 +194,16 @@ def _default_api() -> str:
     return os.environ.get("FLEETWATCH_API", DEFAULT_API)
 
 
-async def _until_signal(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``run`` until it ends or SIGTERM/SIGINT arrives."""
+async def _until_signal(
+    run: Callable[[], Coroutine[Any, Any, None]], hangups: Hangups | None = None
+) -> None:
+    """Run ``run`` until it ends or SIGTERM/SIGINT arrives; SIGHUP goes to ``hangups``."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if hangups is not None:
+        hangups.install(loop)
     task = asyncio.create_task(run())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -203,10 +214,34 @@ async def _until_signal(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
     stopper.cancel()
 
 
+def _log_setter(fmt: LogFormat) -> Callable[[str], None]:
+    """Apply a reloaded log level, keeping the format the command line chose."""
+
+    def set_level(level: str) -> None:
+        configure_logging(level, fmt)
+        log.info("log_level_set", level=level)
+
+    return set_level
+
+
+def _agent_status(agent: Agent) -> str | None:
+    """What ``systemctl status`` shows for a ready agent (None before its first poll)."""
+    if not agent.polls:
+        return None
+    inv = agent.sampler.inventory
+    return (
+        f"polling {len(inv.gpus)} GPUs and {len(inv.ib_ports)} IB ports "
+        f"every {agent.intervals.poll:g} s"
+    )
+
+
 def _run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config  # noqa: PLC0415 - keep start-up lean per command
     from agent.main import build_agent, fd_budget_for_process, real_hardware  # noqa: PLC0415
+    from agent.reload import AgentReloader  # noqa: PLC0415
 
+    hangups = Hangups()
+    hangups.catch_early()
     overrides = {
         k: getattr(args, k)
         for k in (
@@ -220,45 +255,83 @@ def _run_agent(args: argparse.Namespace) -> int:
             "xid_catalog",
             "state_dir",
             "job_socket",
+            "log_level",
         )
     }
-    cfg = load_agent_config(args.config, overrides)
     clock = SystemClock()
     with tempfile.TemporaryDirectory(prefix="fleetwatch-sim-") as tmp:
+
+        def load() -> AgentConfig:
+            cfg = load_agent_config(args.config, overrides)
+            return dataclasses.replace(cfg, state_dir=Path(tmp) / "state") if args.simulate else cfg
+
+        cfg = load()
+        set_log_level = _log_setter(args.log_format)
+        if cfg.log_level is not None and args.log_level is None:  # the file's, not the flag's
+            set_log_level(cfg.log_level)
         if args.simulate:
             from agent.sim.cluster import sim_hardware  # noqa: PLC0415
             from agent.sim.hardware import SimNode  # noqa: PLC0415
 
             hardware = sim_hardware(SimNode(cfg.node, Path(tmp) / "sys", clock))
-            cfg = dataclasses.replace(cfg, state_dir=Path(tmp) / "state")
         else:
             hardware = real_hardware(cfg)
+        notifier = _sd_notifier()
         agent = build_agent(
-            cfg, hardware, clock, fd_budget=fd_budget_for_process(), notifier=_sd_notifier()
+            cfg, hardware, clock, fd_budget=fd_budget_for_process(), notifier=notifier
         )
-        asyncio.run(_until_signal(agent.run))
+        reloader = AgentReloader(
+            cfg=cfg,
+            load=load,
+            path=args.config,
+            intervals=agent.intervals,
+            live=agent.live,
+            clock=clock,
+            set_log_level=set_log_level,
+            notifier=notifier,
+            status=lambda: _agent_status(agent),
+        )
+
+        async def run() -> None:
+            hangups.attach(reloader.reload)
+            await agent.run()
+
+        asyncio.run(_until_signal(run, hangups))
     return 0
 
 
 def _run_collector(args: argparse.Namespace) -> int:
-    from collector.config import load_collector_config  # noqa: PLC0415
     from collector.main import CollectorService  # noqa: PLC0415
+    from collector.reload import ConfigSource  # noqa: PLC0415
 
+    hangups = Hangups()
+    hangups.catch_early()
     overrides = {
         k: getattr(args, k)
         for k in ("listen", "http", "journal", "heartbeat_interval", "missed_heartbeats")
     }
-    cfg = load_collector_config(args.config, overrides)
+    source = ConfigSource(args.config, {**overrides, "log_level": args.log_level})
+    cfg = source.load()
+    set_log_level = _log_setter(args.log_format)
+    if cfg.log_level is not None and args.log_level is None:  # the file's, not the flag's
+        set_log_level(cfg.log_level)
 
     async def serve() -> None:
-        service = CollectorService(cfg, SystemClock(), environ=os.environ, notifier=_sd_notifier())
+        service = CollectorService(
+            cfg,
+            SystemClock(),
+            environ=os.environ,
+            notifier=_sd_notifier(),
+            set_log_level=set_log_level,
+        )
         await service.start()
+        hangups.attach(lambda: service.reload(source))
         try:
             await service.wait()
         finally:
             await service.stop()
 
-    asyncio.run(_until_signal(serve))
+    asyncio.run(_until_signal(serve, hangups))
     return 0
 
 
@@ -356,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     # The demo prints what the collector sees; its logs would only repeat it.
-    level = args.log_level if args.command in ("agent", "collector") else "error"
+    level = (args.log_level or "info") if args.command in ("agent", "collector") else "error"
     configure_logging(level, args.log_format if args.command != "demo" else "console")
     runners = {
         "agent": _run_agent,

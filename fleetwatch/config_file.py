@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 SHORT_REPR_LIMIT = 80
+LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_NUMBER = 1e12  # the largest number a config key takes (31,000 years in seconds)
 _INT_DIGITS = 40  # an integer longer than this shows as its digit count
 
@@ -66,6 +67,13 @@ def check_text(
         msg += f"got {short_repr(value)}"
         raise error(msg)
     return value
+
+
+def check_log_level(value: object, what: str, error: type[Exception]) -> None:
+    """Raise ``error`` unless ``value`` is None (not set) or one of :data:`LOG_LEVELS`."""
+    if value is not None and value not in LOG_LEVELS:
+        msg = f"{what}: log_level must be one of {', '.join(LOG_LEVELS)}, got {short_repr(value)}"
+        raise error(msg)
 
 
 def to_path(value: object, key: str, what: str, error: type[Exception]) -> Path:

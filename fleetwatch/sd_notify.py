@@ -5,8 +5,9 @@ socket (a leading ``@`` names an abstract one) to which the service sends newlin
 ``KEY=VALUE`` lines. fleetwatch sends ``READY=1`` once it serves, ``STATUS=...`` for
 ``systemctl status``, ``WATCHDOG=1`` every half ``WATCHDOG_USEC`` from its event loop (a wedged
 loop stops pinging, and systemd restarts the daemon), ``EXTEND_TIMEOUT_USEC=...`` while it
-waits for hardware before it is ready, and ``STOPPING=1`` when it begins to stop. Without
-``NOTIFY_SOCKET`` (a terminal, a test) every call does nothing.
+waits for hardware before it is ready, ``RELOADING=1`` (with ``MONOTONIC_USEC``) when a SIGHUP
+makes it read its files again and ``READY=1`` once that is done, and ``STOPPING=1`` when it
+begins to stop. Without ``NOTIFY_SOCKET`` (a terminal, a test) every call does nothing.
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ class SdNotifier:
     def status(self, status: str) -> bool:
         """A one-line state for ``systemctl status``."""
         return self.send(_status(status))
+
+    def reloading(self, monotonic_s: float, status: str = "reloading") -> bool:
+        """The daemon begins to read its files again; :meth:`ready` says when it is done.
+
+        ``monotonic_s`` is ``CLOCK_MONOTONIC`` now (the system clock's ``monotonic()``): systemd
+        tells this reload from an earlier one by it.
+        """
+        usec = max(1, int(monotonic_s * 1e6))
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", _status(status))
 
     def stopping(self, status: str = "stopping") -> bool:
         """The daemon begins to shut down."""

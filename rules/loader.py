@@ -80,6 +80,7 @@ class RuleProblem:
     line: int
     rule: str
     message: str
+    column: int = 0  # 0: not known (only YAML syntax errors have one)
 
     def __str__(self) -> str:
         """``file:line: rule NAME: message``."""
@@ -301,14 +302,24 @@ def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
             loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise RulesFileError([RuleProblem(source, line, "", f"not valid YAML: {exc}")]) from exc
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 0)
+        problem = RuleProblem(source, line, "", f"not valid YAML: {exc}", column)
+        raise RulesFileError([problem]) from exc
     except (ValueError, RecursionError) as exc:  # a huge integer; absurd nesting
         problem = RuleProblem(source, 1, "", f"not valid YAML: {str(exc)[:200]}")
         raise RulesFileError([problem]) from exc
     if node is None:
         raise RulesFileError([RuleProblem(source, 1, "", "the file is empty")])
     return data, node
+
+
+def _top_line(node: yaml.Node, key: str) -> int:
+    """The line of a top-level key (the last one, as YAML reads it); 1 when there is none."""
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in reversed(node.value):
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return int(k.start_mark.line) + 1
+    return 1
 
 
 def _rule_lines(node: yaml.Node) -> list[tuple[int, dict[str, int]]]:
@@ -340,10 +351,12 @@ def parse_rules(text: str, source: str, env: RuleEnvironment | None = None) -> R
     """Parse and check a rule file; RulesFileError lists every problem found."""
     data, node = _compose(text, source)
     if not isinstance(data, dict) or data.get("version") != 1:
-        raise RulesFileError([RuleProblem(source, 1, "", "expected 'version: 1' and 'rules'")])
+        line = _top_line(node, "version")
+        raise RulesFileError([RuleProblem(source, line, "", "expected 'version: 1' and 'rules'")])
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list):
-        raise RulesFileError([RuleProblem(source, 1, "", "'rules' must be a list")])
+        line = _top_line(node, "rules")
+        raise RulesFileError([RuleProblem(source, line, "", "'rules' must be a list")])
     checker = _Checker(source, env or RuleEnvironment())
     lines = _rule_lines(node)
     rules: list[Rule] = []

@@ -49,12 +49,15 @@ class SimCluster:
         ib_traffic_bytes_per_s: float = 0.0,
         job_socket_dir: Path | None = None,
         state_dir: Path | None = None,
+        nvml_call_timeout: float = 5.0,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
 
         Each agent listens for step reports at ``job_socket_dir/<node>.sock`` (``root`` by
         default; a Unix socket path must stay under 108 bytes) and keeps its state (the outbox
-        spool) in ``state_dir/<node>`` (None: in memory only).
+        spool) in ``state_dir/<node>`` (None: in memory only). The agents share this process,
+        so none of them bounds the process's memory or CPU (``memory_max_bytes`` and
+        ``poll_cpu_max_share`` are 0).
         """
         self.nodes: dict[str, SimNode] = {}
         self.agents: dict[str, Agent] = {}
@@ -81,6 +84,9 @@ class SimCluster:
                 counter_interval=max(poll_interval, 1.0),
                 state_dir=None if state_dir is None else state_dir / name,
                 job_socket=self.job_sockets[name],
+                nvml_call_timeout=nvml_call_timeout,
+                memory_max_bytes=0,
+                poll_cpu_max_share=0.0,
             )
             self.nodes[name] = node
             self.configs[name] = cfg
@@ -140,10 +146,12 @@ class SimCluster:
         return sum(len(a.outbox) for n, a in self.agents.items() if self.running(n))
 
     async def stop(self) -> None:
-        """Stop every agent and the ticker."""
+        """Stop every agent and the ticker; NVML calls left hanging return."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         for name in list(self._tasks):
             await self.crash(name)
+        for node in self.nodes.values():
+            node.nvml_hang_clear()

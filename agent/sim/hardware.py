@@ -304,6 +304,18 @@ class SimNode:
         self.kmsg.write(f"NVRM: GPU at PCI:{g.kernel_bus_id}: GPU reset completed")
         return True, f"GPU {gpu} reset"
 
+    def nvml_hang(self, gpu: int) -> None:
+        """NVML calls on ``gpu`` (and NVML event waits) block until :meth:`nvml_hang_clear`.
+
+        What a wedged driver or a GPU falling off the bus mid-call does; the kernel log, udev
+        and sysfs go on working.
+        """
+        self.nvml.hang(self.gpus[gpu])
+
+    def nvml_hang_clear(self, gpu: int | None = None) -> None:
+        """The blocked NVML calls on ``gpu`` (None: on every GPU) return."""
+        self.nvml.release(None if gpu is None else self.gpus[gpu])
+
     def slow(self, gpu: int, factor: float) -> None:
         """The GPU computes ``factor`` times slower (a training job's step time grows)."""
         self.gpus[gpu].slowdown = max(factor, 1.0)

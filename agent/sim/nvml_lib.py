@@ -4,7 +4,8 @@ It is handed to the real :class:`agent.sources.nvml.NvmlSource` in place of the 
 module. Errors are pynvml's own ``NVMLError`` subclasses built from NVML's return codes, so the
 source's error translation runs exactly as it does against a real driver. A capability listed in
 ``SimGpu.unsupported`` (a field id or a function name) answers NOT_SUPPORTED, as on architectures
-that lack it.
+that lack it. :meth:`SimNvmlLibrary.hang` makes every call on a GPU block, and every event wait
+with it, until :meth:`SimNvmlLibrary.release`: what a wedged driver does.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class SimNvmlLibrary:
         self._answers: dict[
             str, tuple[tuple[object, ...], list[tuple[int, int]], list[SimFieldValue]]
         ] = {}
+        self._hung: dict[str, threading.Event] = {}  # by GPU uuid: set once released
+        self.blocked = 0  # calls blocked in a hang right now
 
     # ---- plumbing ----------------------------------------------------------------------------
 
@@ -173,9 +176,38 @@ class SimNvmlLibrary:
         if self._init_count == 0:
             raise self._error(UNINITIALIZED)
 
+    def hang(self, gpu: SimGpu) -> None:
+        """From now on, calls on ``gpu`` and event waits block until :meth:`release`."""
+        with self._lock:
+            gate = self._hung.get(gpu.uuid)
+            if gate is None or gate.is_set():
+                self._hung[gpu.uuid] = threading.Event()
+
+    def release(self, gpu: SimGpu | None = None) -> None:
+        """Let the blocked calls on ``gpu`` (None: on every GPU) return."""
+        with self._lock:
+            uuids = list(self._hung) if gpu is None else [gpu.uuid]
+            for uuid in uuids:
+                gate = self._hung.pop(uuid, None)
+                if gate is not None:
+                    gate.set()
+
+    def _hold(self, uuid: str | None) -> None:
+        """Block while ``uuid`` (None: any GPU) hangs."""
+        gates = list(self._hung.values()) if uuid is None else [self._hung.get(uuid)]
+        for gate in gates:
+            if gate is not None and not gate.is_set():
+                with self._lock:
+                    self.blocked += 1
+                gate.wait()
+                with self._lock:
+                    self.blocked -= 1
+
     def _gpu(self, handle: Any, capability: str = "") -> SimGpu:  # noqa: ANN401 - opaque handle
         self._ready()
         gpu: SimGpu = handle
+        if self._hung:
+            self._hold(gpu.uuid)
         if gpu.lost:
             raise self._error(GPU_IS_LOST)
         if capability and capability in gpu.unsupported:
@@ -229,6 +261,8 @@ class SimNvmlLibrary:
         if not 0 <= index < len(self.node.gpus):
             raise self._error(INVALID_ARGUMENT)
         gpu = self.node.gpus[index]
+        if self._hung:
+            self._hold(gpu.uuid)
         if gpu.lost:
             raise self._error(GPU_IS_LOST)
         return gpu
@@ -388,8 +422,13 @@ class SimNvmlLibrary:
         event_set.masks[gpu.uuid] = event_set.masks.get(gpu.uuid, 0) | eventTypes
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> SimEventData:  # noqa: ANN401, N802, N803
-        """Block up to ``timeoutms`` for the next event; NVML_ERROR_TIMEOUT when none came."""
+        """Block up to ``timeoutms`` for the next event; NVML_ERROR_TIMEOUT when none came.
+
+        While a GPU hangs, the wait blocks past its timeout until the GPU is released.
+        """
         self._ready()
+        if self._hung:
+            self._hold(None)
         event_set: SimEventSet = eventSet
         try:
             return event_set.pending.get(timeout=max(timeoutms, 0) / 1000)

@@ -50,6 +50,8 @@ class FaultKind(StrEnum):
     REMAP_FAILURE = "remap_failure"
     THERMAL = "thermal"
     THERMAL_CLEAR = "thermal_clear"
+    NVML_HANG = "nvml_hang"
+    NVML_HANG_CLEAR = "nvml_hang_clear"
     IB_DOWN = "ib_down"
     IB_UP = "ib_up"
     IB_FLAP = "ib_flap"
@@ -75,6 +77,8 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.REMAP_FAILURE: {"gpu": int},
     FaultKind.THERMAL: {"gpu": int, "temperature": int},
     FaultKind.THERMAL_CLEAR: {"gpu": int},
+    FaultKind.NVML_HANG: {"gpu": int},
+    FaultKind.NVML_HANG_CLEAR: {"gpu": int},
     FaultKind.IB_DOWN: {"port": int},
     FaultKind.IB_UP: {"port": int},
     FaultKind.IB_FLAP: {"port": int, "times": int, "every": float},
@@ -113,6 +117,8 @@ class Fault:
             FaultKind.NODE_CRASH: lambda: "node crashes (agent silent)",
             FaultKind.ECC_DBE: lambda: f"double-bit ECC error on GPU {p['gpu']}",
             FaultKind.THERMAL: lambda: f"GPU {p['gpu']} throttles at {p['temperature']} °C",
+            FaultKind.NVML_HANG: lambda: f"NVML calls on GPU {p['gpu']} hang (driver wedged)",
+            FaultKind.NVML_HANG_CLEAR: lambda: f"NVML calls on GPU {p['gpu']} return again",
             FaultKind.SLOW_GPU: lambda: (
                 f"GPU {p['gpu']} computes {p['factor']:g}x slower (its training rank straggles)"
             ),
@@ -293,6 +299,8 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.REMAP_FAILURE: lambda n, p: n.remap(p["gpu"], failure=True),
     FaultKind.THERMAL: lambda n, p: n.thermal(p["gpu"], p["temperature"]),
     FaultKind.THERMAL_CLEAR: lambda n, p: n.thermal(p["gpu"], None),
+    FaultKind.NVML_HANG: lambda n, p: n.nvml_hang(p["gpu"]),
+    FaultKind.NVML_HANG_CLEAR: lambda n, p: n.nvml_hang_clear(p["gpu"]),
     FaultKind.IB_DOWN: lambda n, p: n.ib_port_down(p["port"]),
     FaultKind.IB_UP: lambda n, p: n.ib_port_up(p["port"]),
     FaultKind.IB_SYMBOL_ERRORS: lambda n, p: n.ib_errors(p["port"], symbol_errors=p["count"]),

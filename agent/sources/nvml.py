@@ -10,6 +10,11 @@ the per-call API for what it supports only that way, and nothing for what it sup
 way. What is supported is found once, at :meth:`NvmlSource.identify`, and remembered; a call that
 later says NOT_SUPPORTED is dropped for good. No call on the poll path blocks (no 20 ms PCIe
 throughput sampling).
+
+Every public method runs its NVML calls on the worker thread of an :class:`~agent.nvml_guard.
+NvmlGuard` and waits at most ``call_timeout_s`` for them: a call that hangs raises
+:class:`~agent.nvml_guard.NvmlHungError`, and so does every call after it until it returns.
+:meth:`NvmlSource.guarded` runs a caller's batch (every GPU of a poll) in one hand-off.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from agent.exceptions import GpuLostError, NvmlError
+from agent.nvml_guard import DEFAULT_TIMEOUT_S, NvmlGuard
 from agent.pci import normalize_bus_id
 from agent.sources import nvml_fields as fi
 
@@ -122,15 +128,31 @@ class _Plan:
 class NvmlSource:
     """Reads GPUs through an injected NVML library and translates its errors at the boundary."""
 
-    __slots__ = ("_handles", "_lib", "_plans", "_started", "calls")
+    __slots__ = ("_handles", "_lib", "_plans", "_started", "calls", "guard")
 
-    def __init__(self, lib: NvmlLibrary) -> None:
-        """Keep the library; nothing is called until :meth:`start`."""
+    def __init__(self, lib: NvmlLibrary, call_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Keep the library; nothing is called until :meth:`start`.
+
+        ``call_timeout_s`` bounds each public method (and each :meth:`guarded` batch).
+        """
         self._lib = lib
         self._handles: dict[int, Any] = {}
         self._plans: dict[int, _Plan] = {}
         self._started = False
         self.calls = 0
+        self.guard = NvmlGuard(call_timeout_s)
+
+    def guarded(self, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (which may call this source's methods) under the deadline, in one hand-off.
+
+        Raises :class:`~agent.nvml_guard.NvmlHungError` when it does not return in time, or
+        at once while an earlier call is still stuck.
+        """
+        return self.guard.run(what, fn)
+
+    def close(self) -> None:
+        """Let the worker thread end (NVML itself stays initialised: see :meth:`stop`)."""
+        self.guard.close()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         self.calls += 1
@@ -159,6 +181,9 @@ class NvmlSource:
 
     def start(self) -> tuple[str, str]:
         """Initialise NVML; return (driver version, NVML version)."""
+        return self.guard.run("nvmlInit", self._start)
+
+    def _start(self) -> tuple[str, str]:
         lib = self._lib
         self._call("nvmlInit", lib.nvmlInit)
         self._started = True
@@ -167,18 +192,26 @@ class NvmlSource:
         return driver, version
 
     def stop(self) -> None:
-        """Shut NVML down (reference-counted by NVML itself)."""
-        if self._started:
-            self._started = False
-            self._handles.clear()
-            self._call("nvmlShutdown", self._lib.nvmlShutdown)
+        """Shut NVML down (reference-counted by NVML itself), and end the worker thread."""
+        try:
+            if self._started:
+                self._started = False
+                self._handles.clear()
+                shutdown = partial(self._call, "nvmlShutdown", self._lib.nvmlShutdown)
+                self.guard.run("nvmlShutdown", shutdown)
+        finally:
+            self.close()
 
     def device_count(self) -> int:
         """Return how many GPUs the driver reports (lost ones included)."""
-        return self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount)
+        count = partial(self._call, "nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount)
+        return self.guard.run("nvmlDeviceGetCount", count)
 
     def handle(self, index: int) -> Any:  # noqa: ANN401 - NVML handles are opaque
         """Return (and cache) the NVML handle of GPU ``index``."""
+        return self.guard.run(f"handle of GPU {index}", partial(self._handle, index))
+
+    def _handle(self, index: int) -> Any:  # noqa: ANN401 - NVML handles are opaque
         handle = self._handles.get(index)
         if handle is None:
             handle = self._call(
@@ -195,8 +228,11 @@ class NvmlSource:
 
     def identify(self, index: int) -> GpuIdentity:
         """Read the identity of GPU ``index`` and probe, once, what it can report."""
+        return self.guard.run(f"identify GPU {index}", partial(self._identify, index))
+
+    def _identify(self, index: int) -> GpuIdentity:
         lib = self._lib
-        handle = self.handle(index)
+        handle = self._handle(index)
         uuid = self._call("nvmlDeviceGetUUID", partial(lib.nvmlDeviceGetUUID, handle))
         model = self._call("nvmlDeviceGetName", partial(lib.nvmlDeviceGetName, handle))
         pci = self._call("nvmlDeviceGetPciInfo", partial(lib.nvmlDeviceGetPciInfo, handle))
@@ -282,7 +318,11 @@ class NvmlSource:
 
     def compute_processes(self, gpu: GpuIdentity) -> list[int]:
         """Pids of the compute processes using the GPU (GpuLostError when it is gone)."""
-        handle = self.handle(gpu.index)
+        what = f"compute processes of GPU {gpu.index}"
+        return self.guard.run(what, partial(self._compute_processes, gpu))
+
+    def _compute_processes(self, gpu: GpuIdentity) -> list[int]:
+        handle = self._handle(gpu.index)
         processes = self._call(
             "nvmlDeviceGetComputeRunningProcesses",
             partial(self._lib.nvmlDeviceGetComputeRunningProcesses, handle),
@@ -291,8 +331,11 @@ class NvmlSource:
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
         """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""
+        return self.guard.run(f"read GPU {gpu.index}", partial(self._read, gpu))
+
+    def _read(self, gpu: GpuIdentity) -> GpuReading:
         lib = self._lib
-        h = self.handle(gpu.index)
+        h = self._handle(gpu.index)
         plan = self._plans.setdefault(gpu.index, _Plan())
         got = self._fields(h, plan, plan.fields)
         batched = plan.batched

@@ -1,7 +1,10 @@
 """Xid events from NVML: a thread blocks in ``nvmlEventSetWait_v2`` and queues what arrives.
 
 NVML is thread-safe and ctypes releases the GIL while the call blocks, so the wait costs the
-event loop nothing. The poll loop drains the queue; the thread stops within one wait timeout.
+event loop nothing. The poll loop drains the queue, which never blocks; the thread stops within
+one wait timeout. A wait that hangs past its timeout (a wedged driver) stops only the NVML
+events: the poll loop never waits on this thread, and :meth:`NvmlEventWatcher.stop` leaves the
+event set alone (freeing it under a waiting call is not safe) and lets the daemon thread be.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class NvmlEventWatcher:
     def start(self, handles: dict[str, Any]) -> bool:
         """Register every GPU (uuid -> handle) for Xid events and start waiting.
 
-        Returns False, having logged why, when this driver or GPU cannot deliver events.
+        Returns False, having logged why, when this driver or GPU cannot deliver events, or
+        when :meth:`cancel` was called while it registered.
         """
         lib = self._lib
         try:
@@ -100,7 +104,9 @@ class NvmlEventWatcher:
             log.warning("nvml_events_unavailable", error="no GPU supports Xid events")
             self._free()
             return False
-        self._stop.clear()
+        if self._stop.is_set():  # cancelled: the caller stopped waiting for this start
+            self._free()
+            return False
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
         self._thread.start()
         return True
@@ -151,10 +157,21 @@ class NvmlEventWatcher:
                 self._lib.nvmlEventSetFree(self._event_set)
             self._event_set = None
 
-    def stop(self) -> None:
-        """Stop the thread (within one wait timeout) and free the event set."""
+    def cancel(self) -> None:
+        """Ask the thread to stop, without waiting or calling NVML; a pending start gives up."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(2 * self._timeout_ms / 1000, 1.0))
+
+    def stop(self) -> None:
+        """Stop the thread (within one wait timeout) and free the event set.
+
+        A thread still in its wait after that (NVML hung) keeps the set; it is not freed.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=max(2 * self._timeout_ms / 1000, 1.0))
+            if thread.is_alive():
+                log.warning("nvml_event_wait_hung", timeout_ms=self._timeout_ms)
+                return
             self._thread = None
         self._free()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from collector.actions.dispatcher import ActionOutcome
-from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError
+from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError, SlurmRefusedError
 
 if TYPE_CHECKING:
     from collector.actions.slurm import SlurmNodes
@@ -71,6 +71,8 @@ class SlurmDrainer:
         """``scontrol update State=DRAIN``; a node held by someone else is left as it is."""
         try:
             result = await self._nodes.drain(node, reason)
+        except SlurmRefusedError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}", refused=True)
         except SlurmError as exc:
             return ActionOutcome(ok=False, detail=f"slurm: {exc}")
         if result.outcome == DrainOutcome.HELD_BY_OTHER:
@@ -86,6 +88,8 @@ class SlurmDrainer:
         """``scontrol update State=RESUME``, only for our own drain."""
         try:
             result = await self._nodes.resume(node)
+        except SlurmRefusedError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}", refused=True)
         except SlurmError as exc:
             return ActionOutcome(ok=False, detail=f"slurm: {exc}")
         if result.outcome == ResumeOutcome.RESUMED:

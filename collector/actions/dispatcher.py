@@ -22,6 +22,11 @@ comes back while its incident still fires, and is dropped when the incident reso
 drains survive a restart (they are read back from the journal). :meth:`Dispatcher.status` feeds
 the ``fleet`` variables of the rules, so the built-in ``drain_cap_reached`` rule raises a
 fleet-level incident while drains wait.
+
+What leaves the collector is built from fixed words and checked names only
+(:mod:`collector.actions.guards`): a drain's node and reason, a webhook's idempotency key, the
+GPU a reset names. An action whose arguments fail those checks, or that the agent refuses for
+good, is journaled as ``refused`` (and counted as that outcome) and runs nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from collector.actions.guards import (
+    REASON_PREFIX,
+    UnsafeArgumentError,
+    check_node,
+    delivery_key,
+    drain_reason,
+)
 from collector.actions.tally import UNFINISHED, ActionTally
 from collector.store_incidents import ActionRow
 from rules.model import ActionSpec
@@ -49,7 +61,17 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector.actions")
 
-REASON_PREFIX = "fleetwatch:"
+__all__ = [
+    "REASON_PREFIX",
+    "ActionOutcome",
+    "Dispatcher",
+    "Drainer",
+    "GpuResetter",
+    "Notifier",
+    "SafetyConfig",
+    "refused",
+]
+
 # Actions safe to send again with the same idempotency key after a crash cut them short.
 REPEATABLE = frozenset({"drain_node", "notify"})
 
@@ -61,6 +83,12 @@ class ActionOutcome:
     ok: bool
     detail: str
     retry: bool = False  # not done, not failed: ask again later (a busy GPU)
+    refused: bool = False  # never ran: an argument failed its check, or the agent said no
+
+
+def refused(detail: str) -> ActionOutcome:
+    """An action that ran nothing because a check said no; journaled as ``refused``."""
+    return ActionOutcome(ok=False, detail=f"refused: {detail}", refused=True)
 
 
 class Drainer(Protocol):
@@ -425,7 +453,8 @@ class Dispatcher:
             self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at, name)
             await self._finish(action_id, "deferred", f"waiting: {outcome.detail}")
             return outcome
-        await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+        state = "refused" if outcome.refused else "succeeded" if outcome.ok else "failed"
+        await self._finish(action_id, state, outcome.detail)
         log.info(
             "action_done",
             action=spec.name,
@@ -493,9 +522,17 @@ class Dispatcher:
     async def _actuate(
         self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
     ) -> ActionOutcome:
-        key = f"{name}:{incident.id}"  # escalated_notify is not the first notify again
+        try:
+            # escalated_notify is not the first notify again; the key becomes a header
+            key = delivery_key(name, incident.id)
+            reason = (
+                drain_reason(rule.name, incident.node, incident.target, incident.id)
+                if spec.name == "drain_node"
+                else ""
+            )
+        except UnsafeArgumentError as exc:
+            return _refuse(name, incident, exc)
         if spec.name == "drain_node":
-            reason = f"{REASON_PREFIX} {rule.name}: {incident.evidence}"
             return await self._all(d.drain(incident.node, reason, key) for d in self._drainers)
         if spec.name == "notify" and self._notifier is not None:
             payload = _incident_payload(incident, rule)
@@ -515,6 +552,7 @@ class Dispatcher:
         return ActionOutcome(
             ok=all(o.ok for o in outcomes),
             detail="; ".join(o.detail for o in outcomes),
+            refused=all(o.refused for o in outcomes),
         )
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
@@ -529,11 +567,30 @@ class Dispatcher:
         action_id, new = await self._journal_action(incident, spec, "running", "", "resume_node")
         if not new:
             return
-        key = f"resume_node:{incident.id}"
-        outcome = await self._all(d.resume(incident.node, key) for d in self._drainers)
+        try:
+            key = delivery_key("resume_node", incident.id)
+            node = check_node(incident.node)
+        except UnsafeArgumentError as exc:
+            outcome = _refuse("resume_node", incident, exc)
+        else:
+            outcome = await self._all(d.resume(node, key) for d in self._drainers)
         if outcome.ok:
             self.drained.pop(incident.node, None)
-        await self._finish(action_id, "succeeded" if outcome.ok else "failed", outcome.detail)
+        state = "refused" if outcome.refused else "succeeded" if outcome.ok else "failed"
+        await self._finish(action_id, state, outcome.detail)
+
+
+def _refuse(action: str, incident: IncidentRow, exc: UnsafeArgumentError) -> ActionOutcome:
+    """Log and answer an action whose arguments failed their checks: nothing runs."""
+    log.error(
+        "action_refused",
+        action=action,
+        incident=incident.id[:80],
+        node=incident.node[:80],
+        argument=exc.what,
+        why=str(exc),
+    )
+    return refused(str(exc))
 
 
 def _cooldown_key(incident: IncidentRow, spec: ActionSpec) -> str:

@@ -9,6 +9,13 @@ fleetwatch knows a drain is its own (NHC's ``node-mark-offline``/``node-mark-onl
 - ``resume`` resumes only nodes that are drained or draining with a reason that starts with our
   prefix; anything else is refused and reported, never forced.
 
+Every argument is checked before scontrol runs (`SlurmRefusedError` otherwise): the node is one
+node name (never a hostlist expression or an option), and the reason, once sanitised, holds only
+letters, digits, spaces and ``. _ : / ( ) , -``. Reasons are read back by people and by scripts
+(NHC's are shell functions), so no quote, ``$``, ``;``, ``|``, ``&``, backquote, glob or
+redirection character ever reaches one. fleetwatch builds its reasons from its own words and
+checked names (:mod:`collector.actions.guards`), so a refusal here means a bug upstream.
+
 ``scontrol`` runs as an argument list (never through a shell) under a timeout, with
 ``SLURM_TIME_FORMAT=standard`` so that the reason's ``[user@time]`` stamp has one known form.
 What it prints is read by the pure function `parse_node_line`. Reading the state and updating it
@@ -44,6 +51,7 @@ __all__ = [
     "SlurmError",
     "SlurmNodeState",
     "SlurmNodes",
+    "SlurmRefusedError",
     "parse_node_line",
     "sanitize_reason",
 ]
@@ -61,6 +69,9 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _NAME_FIELD = re.compile(r"NodeName=(\S+)")
 _STATE_FIELD = re.compile(r"(?:^|\s)State=(\S+)")
 _REASON_FIELD: Final = " Reason="
+# What a reason we write may hold (after sanitize_reason): no shell or Slurm syntax at all.
+_REASON_TEXT = re.compile(r"[A-Za-z0-9 ._:/(),-]+")
+_REASON_CHARS: Final = "letters, digits, spaces and . _ : / ( ) , -"
 # Slurm appends " [user@time]" to the reason; SLURM_TIME_FORMAT=standard makes time ISO 8601.
 _REASON_STAMP = re.compile(r" \[[^\[\]\s@]+@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\]")
 # Free-text fields that scontrol prints after Reason (22.05); a comment may contain "Reason=".
@@ -81,6 +92,10 @@ class SlurmError(CollectorError):
         super().__init__(message)
         self.node = node
         self.stderr = stderr
+
+
+class SlurmRefusedError(SlurmError):
+    """An argument failed its check, so scontrol was not run at all."""
 
 
 class DrainOutcome(StrEnum):
@@ -289,13 +304,12 @@ class SlurmNodes:
             raise ValueError(msg)
         if not (
             0 < len(reason_prefix) <= _MAX_PREFIX_CHARS
-            and reason_prefix.isprintable()
+            and _REASON_TEXT.fullmatch(reason_prefix)
             and reason_prefix == reason_prefix.strip()
-            and '"' not in reason_prefix
         ):
             msg = (
-                f"reason_prefix must be 1 to {_MAX_PREFIX_CHARS} printable characters without "
-                f"outer spaces or double quotes, got {reason_prefix!r}"
+                f"reason_prefix must be 1 to {_MAX_PREFIX_CHARS} of {_REASON_CHARS} without "
+                f"outer spaces, got {reason_prefix!r}"
             )
             raise ValueError(msg)
         self._scontrol = scontrol
@@ -341,9 +355,16 @@ class SlurmNodes:
         stays); a node with any other reason is left alone and reported as held by someone else.
 
         Raises:
+            SlurmRefusedError: the node name or the sanitised reason failed its check; nothing
+                was run.
             SlurmError: scontrol failed, timed out or is missing; the message names the node.
         """
+        _check_node_name(node)
         wanted = self.reason_for(reason)
+        if not _REASON_TEXT.fullmatch(wanted):
+            msg = f"refusing reason {wanted[:80]!r} for node {node!r}: only {_REASON_CHARS}"
+            log.error("slurm_argument_refused", node=node, argument="reason", error=msg)
+            raise SlurmRefusedError(msg, node=node)
         before = await self.state(node)
         outcome = self._skip_drain(before)
         if outcome is not None:
@@ -442,4 +463,5 @@ def _check_node_name(node: str) -> None:
     """Refuse anything but one node name: scontrol would expand "a,b" or "n[1-9]" to many."""
     if not _NODE_NAME.fullmatch(node):
         msg = f"refusing node name {node[:80]!r}: not a single Slurm node name"
-        raise SlurmError(msg, node=node)
+        log.error("slurm_argument_refused", node=node[:80], argument="node", error=msg)
+        raise SlurmRefusedError(msg, node=node)

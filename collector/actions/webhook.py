@@ -56,7 +56,8 @@ ENVELOPE_VERSION: Final = 1
 _SIGNATURE_PREFIX: Final = "sha256="
 _MAX_TIMESTAMP_DIGITS: Final = 12
 _KIND = re.compile(r"[a-z][a-z0-9_.]{0,63}")
-_KEY = re.compile(r"[!-~]{1,200}")  # visible ASCII: safe in a header, no spaces or line breaks
+# Names and ids only (collector.actions.guards builds them): no spaces, quotes or line breaks.
+_KEY = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
 _ERROR_BODY_CHARS: Final = 200
 _MAX_BACKOFF_EXPONENT: Final = 30
 
@@ -273,7 +274,8 @@ class WebhookSender:
         Args:
             payload: the action's fields, placed under ``"payload"`` in the envelope.
             idempotency_key: names this delivery for the receiver's de-duplication; the same
-                logical action must always use the same key (visible ASCII, 1-200 characters).
+                logical action must always use the same key (1-200 of A-Z, a-z, 0-9 and
+                ``. _ : / -``; it goes into a header).
             kind: what the delivery is, e.g. ``drain_request`` or ``notification``.
 
         Returns:
@@ -287,7 +289,8 @@ class WebhookSender:
             msg = f"kind must be lowercase snake_case (a-z, 0-9, _ and .), got {kind!r}"
             raise ValueError(msg)
         if not _KEY.fullmatch(idempotency_key):
-            raise ValueError("idempotency_key must be 1-200 visible ASCII characters")
+            msg = "idempotency_key must be 1-200 of A-Z, a-z, 0-9 and . _ : / -"
+            raise ValueError(msg)
         started = self._clock.monotonic()
         body = encode_envelope(
             kind=kind, idempotency_key=idempotency_key, sent_at=self._clock.now(), payload=payload

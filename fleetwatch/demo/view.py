@@ -145,7 +145,9 @@ def events_by_kind(rows: list[EventRow]) -> str:
 
 # ---- incidents and actions --------------------------------------------------------------------
 
-FINAL_STATES: Final = frozenset({"succeeded", "failed", "skipped", "deferred", "dry_run"})
+FINAL_STATES: Final = frozenset(
+    {"succeeded", "failed", "skipped", "deferred", "dry_run", "refused"}
+)
 _DELIVERED: Final = re.compile(r"[\w .-]+: delivered \(HTTP (\d+)\)")
 DETAIL_WIDTH: Final = 70
 

@@ -2,6 +2,9 @@
 
 The collector runs these on everything it receives; the agent runs the event check on what it
 produces so that a bug of its own cannot wedge its outbox behind an event the collector refuses.
+A Report is screened sample by sample (:func:`screen_report`): a sample that breaks the contract
+or holds a value that cannot be true (:mod:`fleetwatch.wire.plausible`) is refused on its own and
+counted by reason, and the rest of the report is taken.
 
 Exception tree::
 
@@ -12,10 +15,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
 from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import sample_value_from_pb
+from fleetwatch.wire.plausible import value_problem
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -167,35 +173,76 @@ def validate_target(target: pb.Target, inventory: Inventory, reason: str) -> Non
     raise WireError(reason, f"target kind {kind} is not allowed")
 
 
-def validate_report(report: pb.Report, inventory: Inventory) -> None:
-    """Check every sample of a Report."""
-    r = "invalid_report"
+@dataclass(slots=True)
+class ScreenedReport:
+    """A report's samples split into those taken and those refused, with the reasons."""
+
+    accepted: list[pb.Sample] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    # the first refusal of each reason, in words, for the log
+    examples: dict[str, str] = field(default_factory=dict)
+
+
+def sample_problem(sample: pb.Sample, inventory: Inventory) -> tuple[str, str] | None:
+    """(reason, message) when one sample breaks the contract, else None.
+
+    Reasons: ``bad_signal``, ``bad_target``, ``no_value``, ``not_finite``, ``text_too_long``.
+    """
+    if not _full(SIGNAL_NAME, sample.signal):
+        return "bad_signal", f"signal name {sample.signal[:80]!r} is not snake_case"
+    try:
+        validate_target(sample.target, inventory, "bad_target")
+    except WireError as exc:
+        return "bad_target", f"sample {sample.signal}: {exc}"
+    which = sample.WhichOneof("value")
+    if which is None:
+        return "no_value", f"sample {sample.signal} has no value"
+    if which == "real_value" and not math.isfinite(sample.real_value):
+        return "not_finite", f"sample {sample.signal} value {sample.real_value} is not finite"
+    if which == "text_value" and len(sample.text_value) > MAX_TEXT:
+        return "text_too_long", f"sample {sample.signal} text longer than {MAX_TEXT} characters"
+    return None
+
+
+def _check_size(report: pb.Report) -> None:
     _require(
         len(report.samples) <= MAX_SAMPLES,
-        r,
+        "invalid_report",
         f"{len(report.samples)} samples in one report; limit {MAX_SAMPLES}",
     )
+
+
+def validate_report(report: pb.Report, inventory: Inventory) -> None:
+    """Check every sample of a Report against the contract; raise at the first that breaks it."""
+    _check_size(report)
     for sample in report.samples:
-        _require(
-            _full(SIGNAL_NAME, sample.signal),
-            r,
-            f"signal name {sample.signal[:80]!r} is not snake_case",
-        )
-        validate_target(sample.target, inventory, r)
-        which = sample.WhichOneof("value")
-        _require(which is not None, r, f"sample {sample.signal} has no value")
-        if which == "real_value":
-            _require(
-                math.isfinite(sample.real_value),
-                r,
-                f"sample {sample.signal} value {sample.real_value} is not finite",
-            )
-        elif which == "text_value":
-            _require(
-                len(sample.text_value) <= MAX_TEXT,
-                r,
-                f"sample {sample.signal} text longer than {MAX_TEXT} characters",
-            )
+        problem = sample_problem(sample, inventory)
+        if problem is not None:
+            raise WireError("invalid_report", problem[1])
+
+
+def screen_report(report: pb.Report, inventory: Inventory) -> ScreenedReport:
+    """Take the samples of a Report that keep the contract and hold a plausible value.
+
+    Only a report too large to be a report at all raises (WireError ``invalid_report``); a bad
+    sample is refused on its own, by reason: one of :func:`sample_problem`'s, or ``negative``,
+    ``out_of_range`` or ``wrong_type`` from the table in :mod:`fleetwatch.wire.plausible`.
+    """
+    _check_size(report)
+    out = ScreenedReport()
+    for sample in report.samples:
+        problem = sample_problem(sample, inventory)
+        if problem is None:
+            problem = value_problem(sample.signal, sample_value_from_pb(sample))
+            if problem is not None:
+                problem = problem[0], f"sample {sample.signal}: {problem[1]}"
+        if problem is None:
+            out.accepted.append(sample)
+            continue
+        reason, message = problem
+        out.rejected[reason] += 1
+        out.examples.setdefault(reason, message)
+    return out
 
 
 def validate_event(event: pb.Event, inventory: Inventory) -> None:

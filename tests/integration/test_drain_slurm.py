@@ -28,7 +28,7 @@ rules:
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
-    with slurm_cluster(spares=2) as running:
+    with slurm_cluster(spares=3) as running:
         yield running
 
 
@@ -80,3 +80,61 @@ async def test_xid_79_drains_in_slurm_and_resolution_resumes(
     finally:
         await cluster.stop()
         await service.stop(grace=None)
+
+
+HOSTILE_PORT_RULES = """\
+version: 1
+rules:
+  - name: ib_port_not_active
+    scope: ib_port
+    when: 'port.state != "" && port.state != "ACTIVE"'
+    severity: critical
+    actions: [drain_node]
+"""
+HOSTILE_STATE = "DOWN; scontrol update NodeName=ALL State=DOWN $(reboot) `id` \"q\" 'q'\n--help"
+
+
+async def test_telemetry_text_never_reaches_slurm(slurm, collector_config, tmp_path: Path):
+    """An IB port whose state file says something hostile (a broken driver, a tampered node)
+    fires a drain, and Slurm's reason holds only fleetwatch's words and checked names: the rule,
+    the port, the incident. The hostile text stays in the incident's evidence (data)."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(HOSTILE_PORT_RULES)
+    acts = ActionsConfig(slurm=SlurmConfig(enabled=True, slurm_conf=slurm.conf))
+    service = CollectorService(
+        collector_config(actions=acts, rules=(rules,), rules_interval=0.1),
+        SystemClock(),
+    )
+    await service.start()
+    cluster = SimCluster(
+        ["node-04"],
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.05,
+    )
+    cluster.start()
+    try:
+        await wait_until(lambda: len(service.fleet.snapshot()) == 1, what="agent")
+        port = cluster.nodes["node-04"].ib_ports[0]
+        cluster.nodes["node-04"].sysfs.write_ib_port(
+            port.device,
+            port.port,
+            state=f"1: {HOSTILE_STATE}",
+            phys_state="2: Polling",
+            rate="400 Gb/sec (4X NDR)",
+            link_layer="InfiniBand",
+            counters={},
+        )
+        await wait_until(lambda: slurm.node("node-04").drained, timeout=20, what="drain in Slurm")
+        (row,) = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
+        assert "$(reboot)" in row.evidence  # the telemetry did carry it ...
+        target = f"{port.device}/{port.port}"
+        assert slurm.node("node-04").reason == (  # ... and Slurm never saw it
+            f"fleetwatch: ib_port_not_active: IB {target} (incident {row.id})"
+        )
+        assert all("DOWN" not in slurm.node(n).states for n in ("node-01", "node-03"))
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)
+        slurm.run("scontrol", "update", "NodeName=node-04", "State=RESUME", check=False)

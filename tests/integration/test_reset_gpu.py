@@ -1,14 +1,18 @@
 """reset_gpu from a rule to the agent and back, over the real stream."""
 
 import asyncio
+import urllib.request
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent.sim.cluster import SimCluster
 from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.dispatcher import SafetyConfig
+from collector.commands import CommandBroker
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
@@ -29,7 +33,11 @@ rules:
 
 
 async def run(
-    collector_config: Any, tmp_path: Path, acts: ActionsConfig, text: str = RULES
+    collector_config: Any,
+    tmp_path: Path,
+    acts: ActionsConfig,
+    text: str = RULES,
+    names: tuple[str, ...] = ("n1",),
 ) -> tuple[CollectorService, SimCluster]:
     rules = tmp_path / "rules.yaml"
     rules.write_text(text)
@@ -39,14 +47,18 @@ async def run(
     )
     await service.start()
     cluster = SimCluster(
-        ["n1"],
+        names,
         tmp_path / "nodes",
         SystemClock(),
         f"127.0.0.1:{service.grpc_port}",
         poll_interval=0.05,
     )
     cluster.start()
-    await wait_until(lambda: bool(service.grpc.registry.session("n1")), what="agent")
+    # The first samples are applied once the stream's Hello is done: commands may go out.
+    await wait_until(
+        lambda: all(n in service.fleet.view() and service.fleet.view()[n].signals for n in names),
+        what="agents",
+    )
     return service, cluster
 
 
@@ -153,3 +165,82 @@ class TestResetGpu:
             finally:
                 await cluster.stop()
                 await service.stop(grace=None)
+
+
+def scrape(service: CollectorService) -> str:
+    url = f"http://127.0.0.1:{service.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+class TestResetTargets:
+    async def test_hostile_targets_are_refused_before_any_command(self, collector_config, tmp_path):
+        """A reset whose node or target is not a GPU of that node's inventory is refused by the
+        collector: no command reaches the agent, forced or not, and no GPU is reset. A GPU the
+        inventory has is reset."""
+        service, cluster = await run(collector_config, tmp_path, ActionsConfig())
+        try:
+            broker = CommandBroker(service.grpc.registry, service.fleet)
+            node = cluster.nodes["n1"]
+            hostile = [
+                ("n1", "n1/gpu/9"),  # no GPU 9 in the Hello
+                ("n1", "n1/gpu/0; rm -rf /"),
+                ("n1", "n1/gpu/0\n--help"),
+                ("n1", "n1/gpu/0/nvlink/$(reboot)"),
+                ("n1", "n2/gpu/0"),
+                ("n1", "n1/ib/mlx5_0/1"),
+                ("n1", "n1"),
+                ("n1", "n1/gpu/-1"),
+                ("n1; rm -rf /", "n1; rm -rf //gpu/0"),
+                ("--help", "--help/gpu/0"),
+            ]
+            with capture_logs() as logs:
+                for name, target in hostile:
+                    for force in (False, True):
+                        outcome = await broker.reset(name, target, force=force)
+                        assert (outcome.ok, outcome.refused) == (False, True), target
+                        assert outcome.detail.startswith("refused: ")
+            assert [e for e in logs if e["event"] == "command_done"] == []  # the agent heard none
+            assert len([e for e in logs if e["event"] == "reset_refused"]) == 2 * len(hostile)
+            assert [g.resets for g in node.gpus] == [0] * len(node.gpus)
+            done = await broker.reset("n1", "n1/gpu/2/nvlink/1", force=False)
+            assert (done.ok, done.detail) == (True, "n1 agent: GPU 2 reset")
+            assert [g.resets for g in node.gpus].count(1) == node.gpus[2].resets == 1
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
+
+    async def test_agent_refuses_a_gpu_of_another_node(self, collector_config, tmp_path):
+        """Should the collector ever name another node's GPU (a bug, a stale model), the agent
+        refuses it against its own inventory: nothing is reset on either node, and the action is
+        journaled and counted as refused (then escalates, as a reset that cannot help)."""
+        service, cluster = await run(
+            collector_config, tmp_path, ActionsConfig(), names=("n1", "n2")
+        )
+        try:
+            n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+            gpu0 = next(g for g in service.fleet.view()["n1"].gpus.values() if g.index == 0)
+            gpu0.uuid = n2.gpus[0].uuid  # the collector's model is wrong about n1's GPU 0
+            with capture_logs() as logs:
+                n1.nvlink_down(0, 1)
+                await wait_until(lambda: bool(rows_of(logs)), what="agent's refusal")
+            assert rows_of(logs) == ["unknown_gpu"]
+            (first, *_) = await actions_of(service)
+            assert first == (
+                "reset_gpu",
+                "refused",
+                f"n1 agent: refused: no GPU {n2.gpus[0].uuid!r} on this node",
+            )
+            assert [g.resets for g in n1.gpus + n2.gpus] == [0] * (len(n1.gpus) + len(n2.gpus))
+            metrics = await asyncio.to_thread(scrape, service)
+            assert (
+                'fleetwatch_actions_total{action="reset_gpu",node="n1",outcome="refused"} 1.0'
+                in metrics
+            )
+        finally:
+            await cluster.stop()
+            await service.stop(grace=None)
+
+
+def rows_of(logs: list[MutableMapping[str, Any]]) -> list[str]:
+    return [e["reason"] for e in logs if e["event"] == "command_refused"]

@@ -11,6 +11,7 @@ from collector.actions.slurm import (
     ResumeOutcome,
     SlurmError,
     SlurmNodes,
+    SlurmRefusedError,
     parse_node_line,
     sanitize_reason,
 )
@@ -112,16 +113,27 @@ class TestDrain:
         assert HUMAN_REASON == cluster.node(spare).reason == result.state.reason
 
     async def test_reason_is_sanitised(self, nodes, cluster, spare):
-        """Newlines, control characters and quotes never reach Slurm, and length is bounded."""
-        raw = '"xid 79"\non GPU\t3\x00\x1b[31m\r\n' + "evidence " * 40
+        """Newlines and control characters never reach Slurm, and length is bounded."""
+        raw = "xid 79\non GPU\t3\x00\r\n" + "evidence " * 40
         result = await nodes.drain(spare, raw)
         reason = cluster.node(spare).reason
         assert result.reason == reason
         assert reason is not None
-        assert reason.startswith("fleetwatch: 'xid 79' on GPU 3 [31m evidence")
+        assert reason.startswith("fleetwatch: xid 79 on GPU 3 evidence")
         assert reason.endswith("...")
         assert len(reason) <= MAX_REASON_CHARS
         assert all(ch.isprintable() for ch in reason)
+
+    @pytest.mark.parametrize(
+        "raw",
+        ['"xid 79"', "\x1b[31m", "; rm -rf /", "$(reboot)", "`id`", "a | b", "a > b", "a=b"],
+    )
+    async def test_reason_with_shell_or_slurm_syntax_is_refused(self, raw):
+        """Quotes, escapes and shell or Slurm syntax are refused before scontrol runs (it
+        does not exist here: running it would fail differently)."""
+        nodes = SlurmNodes(scontrol="/nonexistent/scontrol")
+        with pytest.raises(SlurmRefusedError, match="refusing reason"):
+            await nodes.drain("node-02", f"xid 79 {raw}")
 
     async def test_busy_node_reads_draining_then_drained(self, nodes, cluster, real_node):
         """A drained node that runs a job is DRAINING, and DRAINED once the job ends."""
@@ -207,6 +219,8 @@ class TestScontrolFailures:
             {"reason_prefix": ""},
             {"reason_prefix": "fw\n"},
             {"reason_prefix": " fw:"},
+            {"reason_prefix": "fw;"},
+            {"reason_prefix": "$fw:"},
         ):
             with pytest.raises(ValueError, match=next(iter(kwargs))):
                 SlurmNodes(**kwargs)

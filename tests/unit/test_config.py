@@ -36,6 +36,30 @@ class TestAgentConfig:
             load_agent_config(path, {})
 
 
+class TestCollectorIngestConfig:
+    def test_the_ingest_table_sets_the_budgets(self, tmp_path: Path):
+        path = tmp_path / "collector.toml"
+        path.write_text("[collector.ingest]\nevents_per_s = 50\nrepeat_burst = 7\n")
+        limits = load_collector_config(path, {}).ingest
+        assert (limits.events_per_s, limits.repeat_burst, limits.event_burst) == (50, 7, 10_000)
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("[collector.ingest]\nevents_per_sec = 5\n", "unknown keys events_per_sec"),
+            ('[collector.ingest]\nevents_per_s = "lots"\n', "ingest.events_per_s must be"),
+            ("[collector.ingest]\nsample_burst = 0\n", "ingest.sample_burst must be"),
+            ("[collector.ingest]\nrepeat_burst = 2.5\n", "ingest.repeat_burst must be an int"),
+            ("[collector]\ningest = 3\n", "collector.ingest must be a table"),
+        ],
+    )
+    def test_bad_ingest_values_are_named(self, tmp_path: Path, text: str, message: str):
+        path = tmp_path / "collector.toml"
+        path.write_text(text)
+        with pytest.raises(CollectorConfigError, match=message):
+            load_collector_config(path, {})
+
+
 class TestCollectorConfig:
     @pytest.mark.parametrize(
         ("overrides", "message"),

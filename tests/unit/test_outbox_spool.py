@@ -1,5 +1,6 @@
 import errno
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,18 @@ def pending(box: Outbox) -> list[tuple[int, str]]:
 
 
 class TestRestart:
+    def test_the_kernel_log_position_comes_back_with_the_events(self, tmp_path: Path):
+        """Held events say which kernel log record they were read up to, after a restart too."""
+        box = outbox(tmp_path)
+        box.welcome(0)
+        box.add(replace(event(1), kmsg_seq=1201))
+        box.add(replace(event(2), kmsg_seq=1207))
+        box.add(event(3))  # NVML's: no kernel log record
+        box.sync()
+        assert box.durable
+        box.close()
+        assert outbox(tmp_path).kmsg_seq() == 1207
+
     def test_a_restarted_agent_replays_with_the_original_numbers(self, tmp_path: Path):
         """Events of a process that got its Welcome come back numbered as they were sent; the
         next Welcome is an ack for what the journal holds and nothing is renumbered."""

@@ -150,7 +150,7 @@ class TestCli:
     def test_rules_check(self, tmp_path, capsys):
         """`rules check` names file, line and rule of each problem and exits 1."""
         assert main(["rules", "check"]) == 0
-        assert "22 rules, no problems" in capsys.readouterr().out
+        assert "23 rules, no problems" in capsys.readouterr().out
         bad = tmp_path / "bad.yaml"
         bad.write_text(RULES.replace("for: 10s", "for: 10s\n    colour: red").replace("> 90", "> "))
         assert main(["rules", "check", str(bad)]) == 1

@@ -283,11 +283,49 @@ class TestSamplerSysfsAndKernelLog:
 
         first = make()
         node.xid(0, 13)
-        assert [e.xid for e in first.poll().events] == [13]
+        result = first.poll()
+        assert [e.xid for e in result.events] == [13]
+        assert result.kmsg_seq is not None
+        first.commit_kmsg(result.kmsg_seq)  # what the agent does once the events are on disk
         replayed = node.kmsg.replay_all()  # a new reader of /dev/kmsg sees the whole buffer
         assert replayed
         node.xid(1, 31)
         assert [e.xid for e in make().poll().events] == [31]
+
+    def test_a_crash_before_the_cursor_moved_repeats_nothing(self, node: SimNode, tmp_path: Path):
+        """The agent died after its events reached the spool and before the cursor file moved:
+        the cursor is behind, but the events carry the record they were read up to, and the
+        restarted agent resumes after the highest one its outbox restored."""
+        cursor_path = tmp_path / "state" / "kmsg-cursor.json"
+
+        def make() -> Sampler:
+            s = Sampler(
+                nvml=NvmlSource(node.nvml),
+                sysfs=SysfsReader(node.sysfs.root),
+                kmsg=node.kmsg,
+                udev=None,
+                catalog=load_catalog(),
+                clock=node.clock,
+                kmsg_cursor=KmsgCursor(cursor_path, node.boot_id),
+            )
+            s.discover()
+            return s
+
+        first = make()
+        node.xid(0, 13)
+        node.xid(2, 43)
+        events = first.poll().events  # ... and no commit: the crash
+        assert [e.xid for e in events] == [13, 43]
+        assert cursor_path.exists()  # placed before the first records, so a restart reads them
+        restored = max(e.kmsg_seq for e in events)  # what Outbox.kmsg_seq() gives after a restart
+        node.kmsg.replay_all()
+        node.xid(1, 31)
+        behind = make()
+        assert [e.xid for e in behind.poll().events] == [13, 43, 31]  # the cursor alone repeats
+        node.kmsg.replay_all()
+        again = make()
+        again.resume_kmsg_after(restored)
+        assert [e.xid for e in again.poll().events] == [31]
 
 
 class TestCounterResets:

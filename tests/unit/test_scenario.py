@@ -127,6 +127,8 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.REMAP_FAILURE: [(EventKind.XID, 64)],
     FaultKind.THERMAL: [],
     FaultKind.THERMAL_CLEAR: [],
+    FaultKind.NVML_HANG: [],  # NVML values are left out; agent_nvml_hung says why
+    FaultKind.NVML_HANG_CLEAR: [],
     FaultKind.IB_DOWN: [(EventKind.IB_PORT_DOWN, 0)],
     FaultKind.IB_UP: [],  # the port was up already
     FaultKind.IB_FLAP: [(EventKind.IB_PORT_DOWN, 0), (EventKind.IB_PORT_UP, 0)],
@@ -146,6 +148,8 @@ EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
     FaultKind.IB_SYMBOL_ERRORS: ("port", "ib_symbol_error", 40),
     FaultKind.IB_CONGESTION: ("port", "ib_port_xmit_wait_per_second", 5000.0),
     FaultKind.GPU_LOST: ("gpu", "gpu_present", 0),
+    FaultKind.NVML_HANG: ("node", "agent_nvml_hung", 1),
+    FaultKind.NVML_HANG_CLEAR: ("node", "agent_nvml_hung", 0),
 }
 
 
@@ -160,7 +164,7 @@ class TestEachFaultKind:
         clock = FakeClock()
         node = SimNode("node-01", tmp_path / "sys", clock)
         sampler = Sampler(
-            nvml=NvmlSource(node.nvml),
+            nvml=NvmlSource(node.nvml, call_timeout_s=1.0),  # a hung GPU costs one second
             sysfs=SysfsReader(node.sysfs.root),
             pci=PciSysfsReader(node.sysfs.root),
             kmsg=node.kmsg,
@@ -185,6 +189,8 @@ class TestEachFaultKind:
             clock.advance(2.0)
             node.tick(2.0)
             events += sampler.poll().events
+        node.nvml_hang_clear()
+        sampler.close()
         assert [(e.kind, e.xid) for e in events] == EXPECTED[kind]
         if kind in EVIDENCE:
             where, signal, value = EVIDENCE[kind]
@@ -192,6 +198,7 @@ class TestEachFaultKind:
                 "gpu": Target.gpu(node.gpus[2].uuid),
                 "link": Target.nvlink(node.gpus[2].uuid, 5),
                 "port": Target.ib_port("mlx5_1", 1),
+                "node": Target.node(),
             }[where]
             assert samples[target, signal] == pytest.approx(value)
         if kind == FaultKind.SLOW_GPU:

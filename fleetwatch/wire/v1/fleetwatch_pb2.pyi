@@ -159,7 +159,7 @@ class Sample(_message.Message):
     def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., signal: _Optional[str] = ..., int_value: _Optional[int] = ..., real_value: _Optional[float] = ..., text_value: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "time_unix_ms", "kind", "target", "xid", "xid_class", "detail")
+    __slots__ = ("seq", "time_unix_ms", "kind", "target", "xid", "xid_class", "detail", "kmsg_seq")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class Event(_message.Message):
     XID_FIELD_NUMBER: _ClassVar[int]
     XID_CLASS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    KMSG_SEQ_FIELD_NUMBER: _ClassVar[int]
     seq: int
     time_unix_ms: int
     kind: EventKind
@@ -174,7 +175,8 @@ class Event(_message.Message):
     xid: int
     xid_class: str
     detail: str
-    def __init__(self, seq: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., xid: _Optional[int] = ..., xid_class: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    kmsg_seq: int
+    def __init__(self, seq: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., xid: _Optional[int] = ..., xid_class: _Optional[str] = ..., detail: _Optional[str] = ..., kmsg_seq: _Optional[int] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("command_id", "ok", "detail", "retry_later")

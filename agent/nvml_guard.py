@@ -1,0 +1,185 @@
+"""NVML calls on one worker thread, each waited for at most a deadline.
+
+A driver call can block for good (a GPU that fell off the bus mid-call, a wedged driver). Run
+inline it would freeze the agent's event loop: no heartbeats, no kernel log, and systemd's
+watchdog killing the agent over and over. :class:`NvmlGuard` hands the work to its worker thread
+and waits ``timeout_s``. A call that has not returned by then raises :class:`NvmlHungError`; the
+worker stays stuck in it (a thread cannot be killed), so every later call fails at once with
+the same error, without queueing behind it, until the stuck call returns. Then the guard is used
+again. There is only ever the one worker thread, so at most one thread is stuck.
+
+Handing work to a thread costs about 20 µs of CPU: callers batch (one hand-off for every GPU's
+reading in a poll), and a call made from the worker thread itself runs inline.
+"""
+
+from __future__ import annotations
+
+import _thread
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+
+import structlog
+
+from agent.exceptions import NvmlError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["DEFAULT_TIMEOUT_S", "NvmlGuard", "NvmlHungError"]
+
+T = TypeVar("T")
+
+log = structlog.get_logger("agent.nvml_guard")
+
+DEFAULT_TIMEOUT_S: Final = 5.0
+ERROR_TIMEOUT: Final = 10  # NVML_ERROR_TIMEOUT: the code a hung call is reported with
+IDLE_EXIT_S: Final = 60.0  # a worker with nothing to do this long ends; the next call starts one
+
+
+class NvmlHungError(NvmlError):
+    """An NVML call did not return within the deadline, or one before it still has not."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        """``timed_out``: this call passed its deadline (False: refused, one is stuck)."""
+        super().__init__(ERROR_TIMEOUT, message)
+        self.timed_out = timed_out
+
+
+class _Job(Generic[T]):
+    """One hand-off: the work, and what came of it once ``done`` is released."""
+
+    __slots__ = ("done", "ended", "error", "finished", "fn", "started", "value", "what")
+
+    def __init__(self, what: str, fn: Callable[[], T]) -> None:
+        self.what = what
+        self.fn = fn
+        self.done = _thread.allocate_lock()
+        self.done.acquire()  # released by the worker when fn has returned or raised
+        self.finished = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.ended = 0.0
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, who re-raises
+            self.error = exc
+        self.ended = time.monotonic()
+        self.finished = True
+        self.done.release()
+
+
+class NvmlGuard:
+    """Runs NVML work on one worker thread, waiting at most ``timeout_s`` for each call.
+
+    Call :meth:`run` from one thread (the agent's event loop). Counters: ``timed_out`` (calls
+    that passed their deadline), ``refused`` (calls failed at once because one was stuck).
+    """
+
+    __slots__ = (
+        "_jobs",
+        "_lock",
+        "_stuck",
+        "_thread",
+        "_worker",
+        "refused",
+        "timed_out",
+        "timeout_s",
+    )
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """No thread runs until the first call."""
+        if not timeout_s > 0:
+            msg = f"timeout_s must be positive, got {timeout_s!r}"
+            raise ValueError(msg)
+        self.timeout_s = timeout_s
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._worker = -1  # the worker thread's ident
+        self._stuck: _Job[Any] | None = None
+        self.timed_out = 0
+        self.refused = 0
+
+    @property
+    def hung(self) -> bool:
+        """True while a call that passed its deadline has not returned."""
+        stuck = self._stuck
+        return stuck is not None and not stuck.finished
+
+    def run(self, what: str, fn: Callable[[], T]) -> T:
+        """Return ``fn()`` run on the worker thread; NvmlHungError if it takes too long.
+
+        Whatever ``fn`` raises is raised here. ``what`` names the call in errors and logs.
+        """
+        if threading.get_ident() == self._worker:  # nested: already on the worker
+            return fn()
+        stuck = self._stuck
+        if stuck is not None:
+            if not stuck.finished:
+                self.refused += 1
+                age = time.monotonic() - stuck.started
+                msg = f"{what}: not tried, NVML has not answered {stuck.what} for {age:.0f} s"
+                raise NvmlHungError(msg, timed_out=False)
+            self._stuck = None
+            stuck_s = round(stuck.ended - stuck.started, 1)
+            log.warning("nvml_call_returned", call=stuck.what, stuck_s=stuck_s)
+        job: _Job[T] = _Job(what, fn)
+        self._submit(job)
+        if not job.done.acquire(timeout=self.timeout_s):
+            self._stuck = job
+            self.timed_out += 1
+            log.error(
+                "nvml_call_hung",
+                call=what,
+                timeout_s=self.timeout_s,
+                note="NVML values are left out until the call returns",
+            )
+            msg = f"{what}: no answer from NVML within {self.timeout_s:g} s"
+            raise NvmlHungError(msg, timed_out=True)
+        if job.error is not None:
+            raise job.error
+        return cast("T", job.value)
+
+    def _submit(self, job: _Job[Any]) -> None:
+        with self._lock:  # the worker may be ending for idleness: it ends, or it takes the job
+            if self._thread is None:
+                thread = threading.Thread(target=self._serve, name="nvml-calls", daemon=True)
+                self._thread = thread
+                thread.start()
+            self._jobs.put(job)
+
+    def _serve(self) -> None:
+        me = self._worker = threading.get_ident()
+        try:
+            self._take_jobs()
+        finally:
+            if self._worker == me:  # thread idents are reused once a thread has ended
+                self._worker = -1
+
+    def _take_jobs(self) -> None:
+        jobs = self._jobs
+        while True:
+            try:
+                job = jobs.get(timeout=IDLE_EXIT_S)
+            except queue.Empty:
+                with self._lock:
+                    if jobs.empty():
+                        if self._thread is threading.current_thread():
+                            self._thread = None
+                        return
+                continue
+            if job is None:
+                return
+            job.run()
+
+    def close(self) -> None:
+        """Let the worker thread end (a stuck one ends once its call returns)."""
+        with self._lock:
+            if self._thread is not None:
+                self._jobs.put(None)
+                self._thread = None

@@ -1,0 +1,126 @@
+"""The drain adapters and notify channels the configuration names, replaceable on a reload.
+
+The dispatcher keeps one :class:`LiveDrainer` and one :class:`LiveNotifier` for its life; each
+passes calls on to what the configuration built last. A reload builds the new set first (reading
+every webhook secret, so a missing one fails the reload and changes nothing), then swaps it in
+with one assignment: an action already running finishes with the adapter it started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
+from collector.actions.dispatcher import ActionOutcome, Drainer, Notifier
+from collector.actions.slurm import SlurmNodes
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from collector.actions.config import ActionsConfig
+    from fleetwatch.clock import Clock
+
+
+@dataclass(frozen=True, slots=True)
+class Actuators:
+    """What drains nodes and what notifies people, as one configuration says."""
+
+    drainers: tuple[Drainer, ...] = ()
+    notifier: Notifier | None = None
+
+
+def build_actuators(
+    cfg: ActionsConfig, clock: Clock, environ: Mapping[str, str] | None = None
+) -> Actuators:
+    """The drain adapters and notify channels ``cfg`` names, with their secrets read.
+
+    ``environ`` holds the variables webhook ``secret_env`` keys name (none: no variables).
+
+    Raises:
+        ConfigError: a webhook's secret cannot be read, or its URL is unusable; the message
+            names the webhook's key.
+    """
+    env_vars = environ or {}
+    drainers: list[Drainer] = []
+    if cfg.slurm.enabled:
+        env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
+        drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
+    if cfg.drain_webhook is not None:
+        hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
+        drainers.append(WebhookDrainer(hook))
+    channels = {
+        name: hook.sender(clock, f"actions.notify.{name}", env_vars)
+        for name, hook in cfg.notify.items()
+    }
+    return Actuators(tuple(drainers), WebhookNotifier(channels) if channels else None)
+
+
+def _combined(outcomes: list[ActionOutcome]) -> ActionOutcome:
+    """Every adapter's outcome as one, as the dispatcher combines its adapters' outcomes."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    if not outcomes:
+        return ActionOutcome(ok=False, detail="no drain adapter is configured")
+    return ActionOutcome(
+        ok=all(o.ok for o in outcomes),
+        detail="; ".join(o.detail for o in outcomes),
+        refused=all(o.refused for o in outcomes),
+    )
+
+
+class LiveDrainer:
+    """Drains through every adapter of the current configuration."""
+
+    name = "configured"
+
+    def __init__(self, drainers: tuple[Drainer, ...]) -> None:
+        """Start with ``drainers``; :attr:`drainers` is replaced on a reload."""
+        self.drainers = drainers
+
+    async def drain(self, node: str, reason: str, key: str) -> ActionOutcome:
+        """Drain through each adapter at once."""
+        drainers = self.drainers  # one configuration for the whole action
+        return _combined(
+            list(await asyncio.gather(*(d.drain(node, reason, key) for d in drainers)))
+        )
+
+    async def resume(self, node: str, key: str) -> ActionOutcome:
+        """Resume through each adapter at once."""
+        drainers = self.drainers
+        return _combined(list(await asyncio.gather(*(d.resume(node, key) for d in drainers))))
+
+
+class LiveNotifier:
+    """Notifies through the current configuration's channels."""
+
+    def __init__(self, notifier: Notifier | None) -> None:
+        """Start with ``notifier`` (None: no channels); :attr:`notifier` is replaced on a reload."""
+        self.notifier = notifier
+
+    async def notify(self, channel: str, payload: dict[str, object], key: str) -> ActionOutcome:
+        """Deliver through the current channels, or say that there are none."""
+        notifier = self.notifier
+        if notifier is None:
+            return ActionOutcome(ok=False, detail="notify: no notify channel is configured")
+        return await notifier.notify(channel, payload, key)
+
+
+class LiveActuators:
+    """The dispatcher's adapters, and the one place a reload swaps what they pass calls to."""
+
+    def __init__(self, actuators: Actuators) -> None:
+        """Wrap the configuration's first set."""
+        self.drainer = LiveDrainer(actuators.drainers)
+        self.notifier = LiveNotifier(actuators.notifier)
+
+    def swap(self, actuators: Actuators) -> None:
+        """Use ``actuators`` from the next action on."""
+        self.drainer.drainers = actuators.drainers
+        self.notifier.notifier = actuators.notifier
+
+    @property
+    def current(self) -> Actuators:
+        """What calls go to now."""
+        return Actuators(self.drainer.drainers, self.notifier.notifier)

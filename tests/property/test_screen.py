@@ -1,0 +1,90 @@
+"""Report screening and the repeat marker: whatever samples or details an agent sends, the
+collector refuses bad samples one by one with a known reason, what it takes holds a value the
+table allows, and a detail never claims more occurrences than the bound."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import sample_value_from_pb
+from fleetwatch.wire.plausible import EXACT, value_problem
+from fleetwatch.wire.repeats import MAX_TIMES, mark_repeats, occurrences, parse_repeats
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from fleetwatch.wire.validate import MAX_DETAIL, screen_report, validate_hello
+from tests.property.hostile import NUMBERS, WEIRD_TEXT, tried
+
+TARGET = "wire"
+REASONS = frozenset(
+    {
+        "bad_signal",
+        "bad_target",
+        "no_value",
+        "not_finite",
+        "text_too_long",
+        "wrong_type",
+        "negative",
+        "out_of_range",
+    }
+)
+UUID = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
+INVENTORY = validate_hello(
+    pb.Hello(
+        node="gpu-001",
+        boot_id="b-1",
+        protocol_version=PROTOCOL_VERSION,
+        gpus=[pb.Gpu(index=0, uuid=UUID, pci_bus_id="0000:18:00.0", nvlink_count=2)],
+    )
+)
+SIGNALS = st.one_of(
+    st.sampled_from(sorted(EXACT)),
+    st.sampled_from(["ecc_dbe_aggregate_total", "ib_port_rcv_bytes_per_second", "x_saturated"]),
+    WEIRD_TEXT,
+)
+
+
+@st.composite
+def hostile_samples(draw: st.DrawFn) -> pb.Sample:
+    sample = pb.Sample(signal=draw(SIGNALS))
+    sample.target.CopyFrom(pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=UUID))
+    value = draw(st.one_of(NUMBERS, WEIRD_TEXT, st.none()))
+    if isinstance(value, bool):
+        sample.int_value = int(value)
+    elif isinstance(value, str):
+        sample.text_value = value
+    elif isinstance(value, int) and -(2**63) <= value < 2**63:
+        sample.int_value = value
+    elif isinstance(value, (int, float)):
+        sample.real_value = float(value) if abs(value) < 1e308 else math.inf
+    return sample
+
+
+@given(st.lists(hostile_samples(), max_size=30))
+def test_bad_samples_are_refused_one_by_one_with_a_known_reason(samples):
+    """Every sample is taken or refused with a reason from the fixed set; what is taken is
+    finite and allowed by the table; the counts add up."""
+    tried(TARGET)
+    screened = screen_report(pb.Report(samples=samples), INVENTORY)
+    assert set(screened.rejected) <= REASONS
+    assert len(screened.accepted) + sum(screened.rejected.values()) == len(samples)
+    for sample in screened.accepted:
+        value = sample_value_from_pb(sample)
+        assert not isinstance(value, float) or math.isfinite(value)
+        assert value_problem(sample.signal, value) is None
+
+
+@given(WEIRD_TEXT, st.integers(-(10**15), 10**15), st.floats(allow_nan=True))
+@example("[repeated 999999999 times over 1.0 s] [repeated 5 times over 1.0 s] x", 10**13, 1.0)
+@example("x", 1, -0.0)
+def test_a_marked_detail_is_bounded_and_reads_back(detail, times, span):
+    """Whatever detail, count and span: one marker, within MAX_DETAIL, count in 1..MAX_TIMES."""
+    tried(TARGET)
+    marked = mark_repeats(detail, times, span)
+    assert len(marked) <= MAX_DETAIL
+    found = parse_repeats(marked)
+    assert found is not None
+    assert 1 <= found.times <= MAX_TIMES
+    assert occurrences(marked) == found.times
