@@ -21,7 +21,7 @@ import structlog
 from agent.config import AgentConfig
 from agent.exceptions import ConfigError
 from fleetwatch.config_file import short_repr
-from fleetwatch.config_lines import FileProblem, locate
+from fleetwatch.config_lines import config_problem
 from fleetwatch.model import Target
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
 
@@ -43,17 +43,6 @@ RESTART_KEYS: Final = tuple(
 OK_SIGNAL: Final = "agent_config_last_reload_successful"
 FAILURES_SIGNAL: Final = "agent_config_reload_failures"
 _INTERVALS: Final = (("poll_interval", "poll"), ("heartbeat_interval", "heartbeat"))
-
-
-def config_problem(path: Path | None, message: str) -> FileProblem:
-    """An agent config error, at the line of the key it names (or of a TOML syntax error)."""
-    if path is None:
-        return FileProblem("command line", message)
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return FileProblem(str(path), message)
-    return locate(str(path), text, "agent", message)
 
 
 class AgentReloader:
@@ -110,7 +99,7 @@ class AgentReloader:
         try:
             new = self._load()
         except ConfigError as exc:
-            problem = config_problem(self._path, str(exc))
+            problem = config_problem(self._path, "agent", str(exc))
             error = one_line(str(problem))
             log.error(
                 "config_reload_failed",

@@ -26,7 +26,7 @@ from collector.exceptions import CollectorError, ConfigError
 from collector.incidents import Evaluator
 from collector.metrics_catalog import BY_NAME, families
 from collector.tls import tls_material
-from fleetwatch.config_lines import FileProblem, locate
+from fleetwatch.config_lines import FileProblem, config_problem
 from fleetwatch.reload import RESULTS, changed_keys
 from rules.exceptions import CatalogError, RulesError
 from rules.loader import RulesFileError, load_rules
@@ -115,7 +115,7 @@ def read_candidate(
     try:
         new = source.load()
     except ConfigError as exc:
-        raise ReloadError([_config_problem(source.path, str(exc))]) from exc
+        raise ReloadError([config_problem(source.path, "collector", str(exc))]) from exc
     problems: list[FileProblem] = []
     rules = catalog = actuators = None
     try:
@@ -133,7 +133,7 @@ def read_candidate(
     try:
         actuators = build_actuators(new.actions, clock, environ)
     except ConfigError as exc:
-        problems.append(_config_problem(source.path, str(exc)))
+        problems.append(config_problem(source.path, "collector", str(exc)))
     problems.extend(_restart_problems(source.path, new, environ))
     if problems or rules is None or catalog is None or actuators is None:
         raise ReloadError(problems)
@@ -161,19 +161,8 @@ def _restart_problems(
         try:
             check()
         except ConfigError as exc:
-            problems.append(_config_problem(path, str(exc)))
+            problems.append(config_problem(path, "collector", str(exc)))
     return problems
-
-
-def _config_problem(path: Path | None, message: str) -> FileProblem:
-    """A config loader's error, at the line of the key it names (or of a TOML syntax error)."""
-    if path is None:
-        return FileProblem("command line", message)
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return FileProblem(str(path), message)
-    return locate(str(path), text, "collector", message)
 
 
 def _rule_problem(source: str, rule: str, message: str, line: int, column: int) -> FileProblem:

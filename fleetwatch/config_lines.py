@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _TOML_AT: Final = re.compile(r"\(at line (\d+), column (\d+)\)")
 _HEADER: Final = re.compile(r"^\s*\[\[?([^\[\]]+)\]\]?\s*(?:#.*)?$")
@@ -101,3 +104,18 @@ def locate(file: str, text: str, section: str, message: str) -> FileProblem:
             if line is not None:
                 return FileProblem(file, message, line)
     return FileProblem(file, message)
+
+
+def config_problem(path: Path | None, section: str, message: str) -> FileProblem:
+    """A config loader's error, at the line of the key it names (or of a TOML syntax error).
+
+    ``section``: the file's table (``agent`` or ``collector``); ``path`` None: the settings came
+    from the command line.
+    """
+    if path is None:
+        return FileProblem("command line", message)
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return FileProblem(str(path), message)
+    return locate(str(path), text, section, message)

@@ -147,6 +147,21 @@ class TestSampler:
         assert result.samples[Target.ib_port("mlx5_1", 1), "ib_state"] == "ACTIVE"
 
 
+def sampler_with_cursor(node: SimNode, cursor_path: Path) -> Sampler:
+    """A new agent's sampler of ``node`` whose kernel log cursor lives at ``cursor_path``."""
+    s = Sampler(
+        nvml=NvmlSource(node.nvml),
+        sysfs=SysfsReader(node.sysfs.root),
+        kmsg=node.kmsg,
+        udev=None,
+        catalog=load_catalog(),
+        clock=node.clock,
+        kmsg_cursor=KmsgCursor(cursor_path, node.boot_id),
+    )
+    s.discover()
+    return s
+
+
 class TestSamplerSysfsAndKernelLog:
     def test_pcie_link_and_aer_of_gpu_and_upstream_port(self, sampler: Sampler, node: SimNode):
         """Each GPU and the port above it report link width/speed and AER totals."""
@@ -269,17 +284,7 @@ class TestSamplerSysfsAndKernelLog:
         cursor_path = tmp_path / "state" / "kmsg-cursor.json"
 
         def make() -> Sampler:
-            s = Sampler(
-                nvml=NvmlSource(node.nvml),
-                sysfs=SysfsReader(node.sysfs.root),
-                kmsg=node.kmsg,
-                udev=None,
-                catalog=load_catalog(),
-                clock=node.clock,
-                kmsg_cursor=KmsgCursor(cursor_path, node.boot_id),
-            )
-            s.discover()
-            return s
+            return sampler_with_cursor(node, cursor_path)
 
         first = make()
         node.xid(0, 13)
@@ -299,17 +304,7 @@ class TestSamplerSysfsAndKernelLog:
         cursor_path = tmp_path / "state" / "kmsg-cursor.json"
 
         def make() -> Sampler:
-            s = Sampler(
-                nvml=NvmlSource(node.nvml),
-                sysfs=SysfsReader(node.sysfs.root),
-                kmsg=node.kmsg,
-                udev=None,
-                catalog=load_catalog(),
-                clock=node.clock,
-                kmsg_cursor=KmsgCursor(cursor_path, node.boot_id),
-            )
-            s.discover()
-            return s
+            return sampler_with_cursor(node, cursor_path)
 
         first = make()
         node.xid(0, 13)
