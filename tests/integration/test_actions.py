@@ -154,7 +154,12 @@ class TestSafety:
         try:
             for name in ("node-1", "node-2"):
                 cluster.nodes[name].ib_port_down(0)
-            await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="a waiting drain")
+            await wait_until(
+                lambda: (
+                    len(service.dispatcher.waiting) == 1 and len(service.dispatcher.drained) == 1
+                ),
+                what="one drain done and one waiting",  # not while the first is still running
+            )
             before = (dict(service.dispatcher.drained), set(service.dispatcher.waiting))
         finally:
             await cluster.stop()
