@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from chaos_net import PartitionRelay  # beside this script
+from bench_actions import webhook_actions_toml  # beside this script
+from chaos_net import PartitionRelay
 
 from agent.sim.hardware import H100_BUSES, SimGpu
 from agent.sim.kmsg_file import KmsgFileWriter
@@ -161,21 +162,14 @@ journal = "{workdir / "journal.db"}"
 
 # Every node is drained once by the design of the run: lift the caps that would hold drains
 # back (they are tested elsewhere), keep the per-node cooldown that stops a second drain.
-[collector.actions]
-max_drained_nodes = {nodes * 2}
-max_drained_share = 1.0
-breaker_window = 1
-breaker_max_drains = {nodes * 10}
-breaker_cooldown = 1
-
-[collector.actions.drain_webhook]
-url = "{receiver_url}/drain"
-secret_file = "{secret_file}"
-
-[collector.actions.notify.default]
-url = "{receiver_url}/notify"
-secret_file = "{secret_file}"
-""",
+{
+            webhook_actions_toml(
+                receiver_url,
+                secret_file,
+                max_drained_nodes=nodes * 2,
+                breaker_max_drains=nodes * 10,
+            )
+        }""",
     )
     return path
 

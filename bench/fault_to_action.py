@@ -67,6 +67,7 @@ from fleetwatch.clock import SystemClock
 from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_actions import webhook_actions_toml
 from sim_fleet import node_names, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,23 +269,17 @@ listen = "127.0.0.1:{free_port()}"
 http = "127.0.0.1:{free_port()}"
 journal = "{workdir / "journal.db"}"
 
-# The benchmark measures latency, not safety: every injected fault's drain must run.
-[collector.actions]
-max_drained_nodes = {nodes}
-max_drained_share = 1.0
-node_cooldown = 0.001  # must be > 0; one fault per node, so it hides nothing
-breaker_window = 1
-breaker_max_drains = {nodes * 10}
-breaker_cooldown = 1
-
-[collector.actions.drain_webhook]
-url = "{receiver_url}/drain"
-secret_file = "{secret_file}"
-
-[collector.actions.notify.default]
-url = "{receiver_url}/notify"
-secret_file = "{secret_file}"
-""",
+# The benchmark measures latency, not safety: every injected fault's drain must run; the
+# node cooldown must be > 0 and one fault per node means it hides nothing.
+{
+            webhook_actions_toml(
+                receiver_url,
+                secret_file,
+                max_drained_nodes=nodes,
+                breaker_max_drains=nodes * 10,
+                node_cooldown=0.001,
+            )
+        }""",
     )
     return path
 

@@ -32,19 +32,25 @@ def slurm() -> Iterator[SlurmCluster]:
         yield running
 
 
-async def test_xid_79_drains_in_slurm_and_resolution_resumes(
-    slurm, collector_config, tmp_path: Path
-):
-    """Xid 79 on node-02: `scontrol show node` says DRAIN with a fleetwatch reason naming the rule;
-    once the GPU is back the incident resolves and the node is IDLE again."""
+async def slurm_collector(slurm, collector_config, tmp_path: Path, rules_text: str):
+    """A started collector that drains through the real Slurm, with ``rules_text`` as its rules."""
     rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
+    rules.write_text(rules_text)
     acts = ActionsConfig(slurm=SlurmConfig(enabled=True, slurm_conf=slurm.conf))
     service = CollectorService(
         collector_config(actions=acts, rules=(rules,), rules_interval=0.1),
         SystemClock(),
     )
     await service.start()
+    return service
+
+
+async def test_xid_79_drains_in_slurm_and_resolution_resumes(
+    slurm, collector_config, tmp_path: Path
+):
+    """Xid 79 on node-02: `scontrol show node` says DRAIN with a fleetwatch reason naming the rule;
+    once the GPU is back the incident resolves and the node is IDLE again."""
+    service = await slurm_collector(slurm, collector_config, tmp_path, RULES)
     cluster = SimCluster(
         ["node-02", "node-03"],
         tmp_path / "nodes",
@@ -98,14 +104,7 @@ async def test_telemetry_text_never_reaches_slurm(slurm, collector_config, tmp_p
     """An IB port whose state file says something hostile (a broken driver, a tampered node)
     fires a drain, and Slurm's reason holds only fleetwatch's words and checked names: the rule,
     the port, the incident. The hostile text stays in the incident's evidence (data)."""
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(HOSTILE_PORT_RULES)
-    acts = ActionsConfig(slurm=SlurmConfig(enabled=True, slurm_conf=slurm.conf))
-    service = CollectorService(
-        collector_config(actions=acts, rules=(rules,), rules_interval=0.1),
-        SystemClock(),
-    )
-    await service.start()
+    service = await slurm_collector(slurm, collector_config, tmp_path, HOSTILE_PORT_RULES)
     cluster = SimCluster(
         ["node-04"],
         tmp_path / "nodes",
