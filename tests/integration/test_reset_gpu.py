@@ -67,6 +67,22 @@ async def actions_of(service: CollectorService) -> list[tuple[str, str, str]]:
     return [(r.action, r.state, r.detail) for r in reversed(rows)]
 
 
+async def settled_actions_of(
+    service: CollectorService, timeout: float = 15.0
+) -> list[tuple[str, str, str]]:
+    """n1's actions once none is still planned or running: an agent acts (resets, refuses)
+    a moment before its answer reaches the collector's journal."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        rows = await actions_of(service)
+        if rows and all(state not in ("planned", "running") for _, state, _ in rows):
+            return rows
+        if asyncio.get_running_loop().time() > deadline:
+            msg = f"n1's actions still unfinished after {timeout} s: {rows}"
+            raise AssertionError(msg)
+        await asyncio.sleep(0.05)
+
+
 class TestResetGpu:
     async def test_nvlink_down_is_reset_by_the_agent(self, collector_config, tmp_path):
         """The rule asks, the collector commands, the agent resets the idle GPU, the links come
@@ -141,7 +157,7 @@ class TestResetGpu:
                 assert node.gpus[1].resets == 0  # the job still runs there
                 node.gpus[1].processes = []
                 await wait_until(lambda: node.gpus[1].resets == 1, what="reset")
-                done = [a[:2] for a in await actions_of(service)]
+                done = [a[:2] for a in await settled_actions_of(service)]
                 assert done == [("drain_node", "succeeded"), ("reset_gpu", "succeeded")]
             finally:
                 await cluster.stop()
@@ -158,7 +174,7 @@ class TestResetGpu:
                 node.gpus[3].reset_fails = True
                 node.nvlink_down(3, 0)
                 await wait_until(lambda: len(hooks.deliveries()) == 1, what="drain")
-                done = await actions_of(service)
+                done = await settled_actions_of(service)
                 assert done[0][:2] == ("reset_gpu", "failed")
                 assert "Unable to reset GPU" in done[0][2]
                 assert done[1][:2] == ("escalated_drain_node", "succeeded")
@@ -225,7 +241,7 @@ class TestResetTargets:
                 n1.nvlink_down(0, 1)
                 await wait_until(lambda: bool(rows_of(logs)), what="agent's refusal")
             assert rows_of(logs) == ["unknown_gpu"]
-            (first, *_) = await actions_of(service)
+            (first, *_) = await settled_actions_of(service)
             assert first == (
                 "reset_gpu",
                 "refused",
