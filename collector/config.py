@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from collector.actions.config import ENV_NAME, ActionsConfig, parse_actions, rea
 from collector.exceptions import ConfigError
 from collector.ingest_throttle import DEFAULT_LIMITS, IngestLimits
 from collector.jobs.config import JobsConfig
+from collector.journal_config import check_journal_keys
 from fleetwatch.config_file import (
     check_log_level,
     check_number,
@@ -44,7 +46,15 @@ class CollectorConfig:
 
     listen: str = "0.0.0.0:7070"
     http: str = "0.0.0.0:9470"
-    journal: Path = Path("/var/lib/fleetwatch/journal.db")
+    journal: Path = Path("/var/lib/fleetwatch/journal.db")  # the SQLite journal
+    # A PostgreSQL connection string (libpq key=value or postgresql:// URI, no password in it):
+    # when set, the journal is that database, which several collectors may share
+    # (docs/storage.md), and ``journal`` is not used. The password comes from a file or an
+    # environment variable (not both), or from libpq's own PGPASSFILE (~/.pgpass).
+    journal_dsn: str | None = None
+    journal_password_file: Path | None = None
+    journal_password_env: str | None = None
+    name: str = ""  # this collector in a shared journal; "": the host name and the gRPC port
     heartbeat_interval: float = 5.0
     missed_heartbeats: int = 3
     poll_interval: float = 0.0  # 0: agents keep their own
@@ -89,6 +99,7 @@ class CollectorConfig:
             error=ConfigError,
         )
         self._check_api_token_keys()
+        check_journal_keys(self)
         check_log_level(self.log_level, "collector config", ConfigError)
 
     def _check_api_token_keys(self) -> None:
@@ -106,6 +117,25 @@ class CollectorConfig:
         if token_file is not None and env is not None:
             msg = "collector config: takes api_token_file or api_token_env, not both"
             raise ConfigError(msg)
+
+    def journal_password(self, environ: Mapping[str, str]) -> str | None:
+        """The PostgreSQL journal's password; None: libpq finds it (PGPASSFILE) or none is needed.
+
+        Raises:
+            ConfigError: the file cannot be read, the variable is unset, or either is empty.
+        """
+        secret = read_secret(
+            self.journal_password_file,
+            self.journal_password_env,
+            environ,
+            file_key="journal_password_file",
+            env_key="journal_password_env",
+        )
+        return None if secret is None else secret.decode()
+
+    def collector_name(self) -> str:
+        """``name``, or the host name and the gRPC port."""
+        return self.name or f"{socket.gethostname()}:{split_host_port(self.listen, 'listen')[1]}"
 
     def api_token(self, environ: Mapping[str, str]) -> bytes | None:
         """The API token (whitespace around it dropped); None when none is configured.
@@ -152,7 +182,7 @@ def parse_ingest(table: object) -> IngestLimits:
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
-    for key in ("journal", "xid_catalog", "api_token_file"):
+    for key in ("journal", "xid_catalog", "api_token_file", "journal_password_file"):
         if values.get(key) is not None:
             values[key] = to_path(values[key], key, "collector config", ConfigError)
     for key in TLS_KEYS:

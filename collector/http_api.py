@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collector.fleet import FleetModel, NodeState
     from collector.http_incidents import DrainKeeper, SilenceWriter
     from collector.jobs.book import JobBook
-    from collector.store_sqlite import EventRow, JournalReader
+    from collector.store_events import EventReader, EventRow
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("collector.http")
@@ -159,7 +159,7 @@ class ApiServer:
         port: int,
         guard: ChangeGuard,
         fleet: FleetModel,
-        journal: JournalReader,
+        journal: EventReader,
         registry: CollectorRegistry,
         silences: SilenceWriter | None = None,
         drains: DrainKeeper | None = None,

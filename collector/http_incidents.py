@@ -26,7 +26,7 @@ from rules.durations import parse_duration
 if TYPE_CHECKING:
     from http.server import BaseHTTPRequestHandler
 
-    from collector.store_sqlite import JournalReader
+    from collector.store_events import EventReader
 
 MAX_BODY: Final = 64 * 1024
 
@@ -74,7 +74,7 @@ def _limit(query: dict[str, list[str]]) -> int:
     return value
 
 
-def get(path: str, query: dict[str, list[str]], journal: JournalReader) -> object:
+def get(path: str, query: dict[str, list[str]], journal: EventReader) -> object:
     """Answer a GET under /api/v1/incidents, /actions or /silences."""
     limit = _limit(query)
     if path == "/api/v1/incidents":

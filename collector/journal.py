@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import structlog
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from collector.store_postgres import PostgresReader, PostgresStore
+from collector.store_sqlite import JournalReader, SqliteStore
 
-    from collector.store_sqlite import EventRow, NodeRow, SqliteStore
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from collector.config import CollectorConfig
+    from collector.store_events import EventReader, EventRow, EventStore, NodeRow
 
 log = structlog.get_logger("collector.journal")
 
@@ -26,10 +30,24 @@ MAX_BATCH: Final = 1000
 T = TypeVar("T")
 
 
-class Journal:
-    """Async facade over a :class:`SqliteStore`; every store call runs on one thread."""
+def open_store(cfg: CollectorConfig, environ: Mapping[str, str]) -> tuple[EventStore, EventReader]:
+    """The journal the config names (PostgreSQL with ``journal_dsn``, else the SQLite file).
 
-    def __init__(self, store: SqliteStore) -> None:
+    Raises:
+        JournalError: it cannot be opened or migrated; ConfigError: its password cannot be read.
+    """
+    name = cfg.collector_name()
+    if cfg.journal_dsn is None:
+        return SqliteStore(cfg.journal, name), JournalReader(cfg.journal)
+    password = cfg.journal_password(environ)
+    store = PostgresStore(cfg.journal_dsn, password=password, collector=name)
+    return store, PostgresReader(cfg.journal_dsn, password=password)
+
+
+class Journal:
+    """Async facade over an :class:`EventStore`; every store call runs on one thread."""
+
+    def __init__(self, store: EventStore) -> None:
         """Own the store; the writer task starts on first use."""
         self.store = store
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
@@ -67,7 +85,7 @@ class Journal:
                 if not future.done():
                     future.set_result(row_id)
 
-    async def do(self, fn: Callable[[SqliteStore], T]) -> T:
+    async def do(self, fn: Callable[[EventStore], T]) -> T:
         """Run ``fn(store)`` on the writer thread (for the incident, action and silence tables)."""
         return await self._run(partial(fn, self.store))
 

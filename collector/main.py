@@ -24,7 +24,7 @@ from collector.http_api import ApiServer
 from collector.incident_service import DrainDesk, IncidentService, SilenceBook
 from collector.incidents import Evaluator
 from collector.jobs.book import JobBook
-from collector.journal import Journal
+from collector.journal import Journal, open_store
 from collector.liveness import LivenessMonitor
 from collector.node_states import NodeFlags
 from collector.reload import (
@@ -38,7 +38,6 @@ from collector.reload import (
 )
 from collector.server import FleetServer
 from collector.stats import CollectorStats
-from collector.store_sqlite import JournalReader, SqliteStore
 from collector.tls import server_credentials
 from fleetwatch.config_file import short_repr
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
@@ -121,8 +120,8 @@ class CollectorService:
         self._watchdog_task: asyncio.Task[None] | None = None
         self.fleet = FleetModel()
         self.stats = CollectorStats()
-        self.journal = Journal(SqliteStore(cfg.journal))
-        self.reader = JournalReader(cfg.journal)
+        store, self.reader = open_store(cfg, self._environ)
+        self.journal = Journal(store)
         self.registry = CollectorRegistry(auto_describe=False)
         config = pb.Config(
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
@@ -367,6 +366,7 @@ class CollectorService:
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()
+        self.reader.close()
         log.info("collector_stopped")
 
     async def wait(self) -> None:

@@ -1,8 +1,11 @@
-"""Incidents, actions and silences in the SQLite journal (schema version 2).
+"""Incidents, actions and silences in the journal (SQLite schema version 2 on; PostgreSQL).
 
 Every action is written before it runs and again with its outcome; its idempotency key is unique,
 so the same action of the same incident can never be recorded (or run) twice, even across a
-collector restart.
+collector restart. Where several collectors share a journal, :meth:`IncidentStore.decide_action`
+makes the fleet-wide checks (drain cap, breaker, one drain per node and one reset per GPU) and
+records the outcome in one transaction under the fleet lock, so two collectors cannot both pass
+the same check.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    import sqlite3
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
+
+    from collector.store_sql import SqlConn
 
 SCHEMA_V2: Final = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -185,18 +189,46 @@ def _action(row: Sequence[Any]) -> ActionRow:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FleetActions:
+    """What every collector sharing the journal is doing to the fleet, read under the lock.
+
+    ``drained``: node -> incident, for nodes a drain succeeded on and no resume or release has
+    given back; ``draining``: nodes with a drain planned or running; ``resetting``: reset targets
+    (GPU keys) planned or running; ``drains_since``: drains started within the breaker window;
+    ``last_ms``: (action kind, where) -> the newest start of that action there, for cooldowns
+    (where: the node, or for resets the incident's target);
+    ``breaker_open_until_ms``: when the fleet-wide breaker closes (0: closed).
+    """
+
+    drained: dict[str, str]
+    draining: frozenset[str]
+    resetting: frozenset[str]
+    drains_since: int
+    last_ms: dict[tuple[str, str], int]
+    breaker_open_until_ms: int
+
+
+# What decide_action's callback answers: (state, why); "planned" runs the action.
+Decision = tuple[str, str]
+BREAKER_KEY: Final = "breaker_open_until_ms"
+
+
 class IncidentStore:
     """Incident, action and silence rows on a journal connection (used from its writer thread)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, db: SqlConn) -> None:
         """Share the journal's connection."""
-        self._conn = conn
+        self._db = db
 
     def upsert_incident(self, row: IncidentRow) -> None:
         """Write an incident's current state."""
-        self._conn.execute(
-            f"INSERT OR REPLACE INTO incidents ({_INCIDENT_COLUMNS}) "  # noqa: S608 - constant
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        updates = ", ".join(
+            f"{c} = excluded.{c}" for c in _INCIDENT_COLUMNS.split(", ") if c != "id"
+        )
+        self._db.run(
+            f"INSERT INTO incidents ({_INCIDENT_COLUMNS}) "  # noqa: S608 - constant
+            f"VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET {updates}",
             (
                 row.id,
                 row.rule,
@@ -219,11 +251,11 @@ class IncidentStore:
     def incidents(self, *, open_only: bool = False, limit: int = 100) -> list[IncidentRow]:
         """Incidents, newest first (only pending and firing ones with ``open_only``)."""
         where = "WHERE phase IN ('pending', 'firing')" if open_only else ""
-        rows = self._conn.execute(
+        rows = self._db.rows(
             f"SELECT {_INCIDENT_COLUMNS} FROM incidents {where} "  # noqa: S608 - constant
             "ORDER BY updated_ms DESC, id LIMIT ?",
             (limit,),
-        ).fetchall()
+        )
         return [_incident(r) for r in rows]
 
     def add_action(self, row: ActionRow) -> tuple[int, bool]:
@@ -231,9 +263,10 @@ class IncidentStore:
 
         (existing id, False) when its idempotency key was journaled before.
         """
-        cur = self._conn.execute(
-            "INSERT OR IGNORE INTO actions (idempotency_key, incident_id, action, node, target, "
-            "state, created_ms, params, detail, finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        got = self._db.rows(
+            "INSERT INTO actions (idempotency_key, incident_id, action, node, target, "
+            "state, created_ms, params, detail, finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?) "
+            "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
             (
                 row.idempotency_key,
                 row.incident_id,
@@ -247,24 +280,128 @@ class IncidentStore:
                 row.finished_ms,
             ),
         )
-        if cur.rowcount == 1:
-            return int(cur.lastrowid or 0), True
-        (existing,) = self._conn.execute(
+        if got:
+            return int(got[0][0]), True
+        ((existing,),) = self._db.rows(
             "SELECT id FROM actions WHERE idempotency_key = ?",
             (row.idempotency_key,),
-        ).fetchone()
+        )
         return int(existing), False
+
+    def decide_action(
+        self,
+        row: ActionRow,
+        decide: Callable[[FleetActions], Decision],
+        *,
+        breaker_window_ms: int,
+        breaker_open_until_ms: int = 0,
+    ) -> tuple[int, bool, str, str]:
+        """Decide and record an action under the fleet lock: (id, new, state, why).
+
+        ``decide`` sees what every collector is doing (:class:`FleetActions`) and answers the
+        state to journal ``row`` in. A key journaled before keeps its first decision (new is
+        False). ``breaker_open_until_ms``, when set, opens the fleet-wide breaker until then.
+        """
+        with self._db.transaction():
+            self._db.fleet_lock()
+            existing = self._db.rows(
+                "SELECT id, state, detail FROM actions WHERE idempotency_key = ?",
+                (row.idempotency_key,),
+            )
+            if existing:
+                ((aid, state, detail),) = existing
+                return int(aid), False, str(state), str(detail)
+            fleet = self._fleet_actions(row.created_ms - breaker_window_ms)
+            state, why = decide(fleet)
+            if breaker_open_until_ms > fleet.breaker_open_until_ms:
+                self._set_state(BREAKER_KEY, breaker_open_until_ms)
+            finished = None if state in ("planned", "running") else row.created_ms
+            decided = ActionRow(
+                row.idempotency_key,
+                row.incident_id,
+                row.action,
+                row.node,
+                row.target,
+                state,
+                row.created_ms,
+                row.params,
+                why,
+                finished,
+            )
+            action_id, _ = self.add_action(decided)
+            return action_id, True, state, why
+
+    def open_breaker(self, until_ms: int) -> None:
+        """Open the fleet-wide drain breaker until ``until_ms`` (never shortens it)."""
+        with self._db.transaction():
+            self._db.fleet_lock()
+            if until_ms > self._get_state(BREAKER_KEY):
+                self._set_state(BREAKER_KEY, until_ms)
+
+    def fleet_actions(self, since_ms: int) -> FleetActions:
+        """What the whole fleet's collectors are doing (drains counted since ``since_ms``)."""
+        return self._fleet_actions(since_ms)
+
+    def _fleet_actions(self, since_ms: int) -> FleetActions:
+        drained: dict[str, str] = {}
+        for node, incident, action in self._db.rows(
+            "SELECT node, incident_id, action FROM actions WHERE state = 'succeeded' AND "
+            "action IN ('drain_node', 'escalated_drain_node', 'resume_node', 'release_node') "
+            "ORDER BY id",
+        ):
+            if str(action).endswith("drain_node"):
+                drained[str(node)] = str(incident)
+            else:
+                drained.pop(str(node), None)
+        busy = self._db.rows(
+            "SELECT action, node, target FROM actions WHERE state IN ('planned', 'running') "
+            "AND action IN ('drain_node', 'escalated_drain_node', 'reset_gpu', "
+            "'escalated_reset_gpu')",
+        )
+        ((since,),) = self._db.rows(
+            "SELECT COUNT(*) FROM actions WHERE action IN ('drain_node', 'escalated_drain_node') "
+            "AND state IN ('planned', 'running', 'succeeded', 'failed') AND created_ms >= ?",
+            (since_ms,),
+        )
+        last = {
+            (str(a).removeprefix("escalated_"), str(where)): int(t)
+            for a, where, t in self._db.rows(
+                "SELECT action, CASE WHEN action IN ('reset_gpu', 'escalated_reset_gpu') "
+                "THEN target ELSE node END AS place, MAX(created_ms) FROM actions "
+                "WHERE state IN ('planned', 'running', 'succeeded', 'failed') "
+                "GROUP BY action, place",
+            )
+        }
+        return FleetActions(
+            drained=drained,
+            draining=frozenset(str(n) for a, n, _ in busy if str(a).endswith("drain_node")),
+            resetting=frozenset(str(t) for a, _, t in busy if str(a).endswith("reset_gpu")),
+            drains_since=int(since),
+            last_ms=last,
+            breaker_open_until_ms=self._get_state(BREAKER_KEY),
+        )
+
+    def _get_state(self, key: str) -> int:
+        rows = self._db.rows("SELECT value FROM fleet_state WHERE key = ?", (key,))
+        return int(rows[0][0]) if rows else 0
+
+    def _set_state(self, key: str, value: int) -> None:
+        self._db.run(
+            "INSERT INTO fleet_state (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def finish_action(self, action_id: int, state: str, detail: str, finished_ms: int) -> None:
         """Record an action's outcome."""
-        self._conn.execute(
+        self._db.run(
             "UPDATE actions SET state = ?, detail = ?, finished_ms = ? WHERE id = ?",
             (state, detail[:2000], finished_ms, action_id),
         )
 
     def reopen_action(self, action_id: int, state: str) -> None:
         """An action that waited (deferred) is about to run after all."""
-        self._conn.execute(
+        self._db.run(
             "UPDATE actions SET state = ?, detail = '', finished_ms = NULL WHERE id = ?",
             (state, action_id),
         )
@@ -276,30 +413,29 @@ class IncidentStore:
         if node is not None:
             sql += " WHERE node = ?"
             params.append(node)
-        rows = self._conn.execute(f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit)).fetchall()
+        rows = self._db.rows(f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit))
         return [_action(r) for r in rows]
 
     def unfinished_actions(self) -> list[ActionRow]:
         """Actions journaled as planned or running (a restart must settle them, not rerun)."""
-        rows = self._conn.execute(
+        rows = self._db.rows(
             f"SELECT {_ACTION_COLUMNS} FROM actions "  # noqa: S608 - constant
             "WHERE state IN ('planned', 'running') ORDER BY id",
-        ).fetchall()
+        )
         return [_action(r) for r in rows]
 
     def add_silence(self, row: SilenceRow) -> int:
         """Store a silence; return its id."""
-        cur = self._conn.execute(
+        ((silence_id,),) = self._db.rows(
             "INSERT INTO silences (node, rule, starts_ms, ends_ms, reason, created_ms) "
-            "VALUES (?,?,?,?,?,?)",
+            "VALUES (?,?,?,?,?,?) RETURNING id",
             (row.node, row.rule, row.starts_ms, row.ends_ms, row.reason, row.created_ms),
         )
-        return int(cur.lastrowid or 0)
+        return int(silence_id)
 
     def remove_silence(self, silence_id: int) -> bool:
         """Delete a silence; False when there was none with that id."""
-        cur = self._conn.execute("DELETE FROM silences WHERE id = ?", (silence_id,))
-        return cur.rowcount == 1
+        return self._db.run("DELETE FROM silences WHERE id = ?", (silence_id,)) == 1
 
     def silences(self, *, active_at_ms: int | None = None) -> list[SilenceRow]:
         """Silences (those not over yet at ``active_at_ms``, when given)."""
@@ -308,5 +444,5 @@ class IncidentStore:
         if active_at_ms is not None:
             sql += " WHERE ends_ms > ?"
             params = (active_at_ms,)
-        rows = self._conn.execute(f"{sql} ORDER BY id", params).fetchall()
+        rows = self._db.rows(f"{sql} ORDER BY id", params)
         return [SilenceRow(*r) for r in rows]

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Install what the integration tests need from Debian and is not a Python package: Slurm
 # (slurmctld, slurmd, scontrol, salloc) and MUNGE for the Slurm tests, Prometheus for
-# tests/integration/test_prometheus.py, and systemd's offline tools (systemd-analyze,
-# systemd-sysusers) for tests/integration/test_systemd_units.py.
+# tests/integration/test_prometheus.py, systemd's offline tools (systemd-analyze,
+# systemd-sysusers) for tests/integration/test_systemd_units.py, and the PostgreSQL server for
+# the shared-journal tests (fleetwatch/pg_server.py starts a throwaway one from
+# /usr/lib/postgresql/<version>/bin; the package's own cluster is not used).
 # Idempotent and quiet: does nothing when every command is already there, and installs only the
 # packages of the commands that are missing.
 # Needs root (apt-get); the tests start their own daemons, nothing here configures or starts any.
@@ -21,6 +23,10 @@ need munged munge
 need prometheus prometheus
 need systemd-analyze systemd
 need systemd-sysusers systemd
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    missing="$missing initdb"
+    packages="$packages postgresql"
+fi
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

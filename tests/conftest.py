@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -11,6 +12,7 @@ from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import configure_logging
+from fleetwatch.pg_server import PgServer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -57,3 +59,29 @@ async def collector(
         yield service
     finally:
         await service.stop(grace=None)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throwaway PostgreSQL server for the whole run, started by the first test needing it.
+
+    ``make test`` installs the server when it is missing (scripts/ensure-test-deps.sh); a machine
+    without one fails these tests rather than skipping them.
+    """
+    server = PgServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PgServer) -> Iterator[str]:
+    """A fresh, empty database for one test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = pg_server.create_database(name)
+    try:
+        yield dsn
+    finally:
+        pg_server.drop_database(name)

@@ -1,0 +1,161 @@
+"""A throwaway PostgreSQL server for tests and benchmarks: initdb, start, a database each, stop.
+
+The server is the real one from the distribution (``/usr/lib/postgresql/<version>/bin``, which
+``scripts/ensure-test-deps.sh`` installs when missing), in a temporary directory, listening on
+127.0.0.1 and a free port with ``trust`` authentication. PostgreSQL refuses to run as root: as
+root, the server runs as the ``postgres`` user the package creates (or ``nobody``).
+
+``durable=False`` turns fsync off, which suits tests; benchmarks keep the server's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+from fleetwatch.testing import free_port
+
+START_TIMEOUT_S: Final = 60.0
+
+
+class PgServerError(RuntimeError):
+    """The PostgreSQL server could not be found, initialised or started."""
+
+
+def find_bin_dir(root: Path = Path("/usr/lib/postgresql")) -> Path | None:
+    """The newest installed server's ``bin`` directory, or None."""
+    found = sorted(
+        (p for p in root.glob("*/bin") if (p / "initdb").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    return found[-1] if found else None
+
+
+class PgServer:
+    """One PostgreSQL server, from :meth:`start` to :meth:`stop`."""
+
+    def __init__(self, *, durable: bool = False, bin_dir: Path | None = None) -> None:
+        """Nothing runs until :meth:`start`."""
+        self.durable = durable
+        self.bin_dir = bin_dir or find_bin_dir()
+        self.port = 0
+        self.base: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._user: str | None = None
+
+    def _as_user(self, args: list[str]) -> list[str]:
+        return args if self._user is None else ["runuser", "-u", self._user, "--", *args]
+
+    def start(self) -> None:
+        """Run initdb in a new temp dir and start the server; wait until it accepts connections."""
+        if self.bin_dir is None:
+            msg = "no PostgreSQL under /usr/lib/postgresql (apt-get install postgresql)"
+            raise PgServerError(msg)
+        self.base = Path(tempfile.mkdtemp(prefix="fleetwatch-pg-"))
+        data, sockets = self.base / "data", self.base / "run"
+        sockets.mkdir()
+        if os.geteuid() == 0:
+            self._user = _unprivileged_user()
+            entry = pwd.getpwnam(self._user)
+            for path in (self.base, sockets):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        init = [str(self.bin_dir / "initdb"), "-D", str(data), "-U", "postgres"]
+        init += ["--auth=trust", "--encoding=UTF8", "--no-instructions"]
+        if not self.durable:
+            init.append("--no-sync")
+        done = subprocess.run(self._as_user(init), capture_output=True, check=False)  # noqa: S603
+        if done.returncode != 0:
+            msg = f"initdb failed: {done.stderr.decode(errors='replace')[-2000:]}"
+            raise PgServerError(msg)
+        self.port = free_port()
+        settings = [
+            f"port={self.port}",
+            "listen_addresses=127.0.0.1",
+            f"unix_socket_directories={sockets}",
+            "max_connections=200",
+            "shared_buffers=64MB",
+        ]
+        if not self.durable:
+            settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+        args = [str(self.bin_dir / "postgres"), "-D", str(data)]
+        for setting in settings:
+            args += ["-c", setting]
+        with (self.base / "server.log").open("wb") as log:  # the child keeps its own copy
+            self._proc = subprocess.Popen(  # noqa: S603 - our own arguments
+                self._as_user(args), stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        import psycopg  # noqa: PLC0415 - only where a server runs
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                msg = f"postgres exited with {self._proc.returncode}: {self.log_tail()}"
+                raise PgServerError(msg)
+            try:
+                with psycopg.connect(self.dsn("postgres"), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    msg = f"postgres did not accept connections in time: {self.log_tail()}"
+                    raise PgServerError(msg) from None
+                time.sleep(0.1)
+
+    def log_tail(self) -> str:
+        """The end of the server's log."""
+        if self.base is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return (self.base / "server.log").read_text(errors="replace")[-2000:]
+        return ""
+
+    def dsn(self, database: str) -> str:
+        """A connection string for ``database`` on this server."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={database}"
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database; return its connection string."""
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database, closing its connections first."""
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and remove its files."""
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.base = None
+
+
+def _unprivileged_user() -> str:
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    msg = "running as root, and neither a postgres nor a nobody user exists to run postgres as"
+    raise PgServerError(msg)

@@ -1,0 +1,292 @@
+"""The journal's store interface on both backends: the SQLite file and a real PostgreSQL server.
+
+Every test runs twice, once per backend, with the same expectations: what the collector relies on
+(deduplication, ids, incidents, actions, silences, the fleet-wide decisions) must not depend on
+the database under it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import TYPE_CHECKING
+
+import psycopg
+import pytest
+
+from collector.exceptions import JournalError
+from collector.store_events import EventReader, EventRow, EventStore, NodeRow
+from collector.store_incidents import ActionRow, FleetActions, IncidentRow, SilenceRow
+from collector.store_postgres import SCHEMA_VERSION, PostgresReader, PostgresStore
+from collector.store_sqlite import JournalReader, SqliteStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+Open = tuple["Callable[[str], EventStore]", "Callable[[], EventReader]"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open]:
+    """(open a store as collector NAME, open a reader) on one journal of either backend."""
+    if request.param == "sqlite":
+        path = tmp_path / "journal.db"
+        yield (lambda name: SqliteStore(path, name)), (lambda: JournalReader(path))
+        return
+    dsn: str = request.getfixturevalue("pg_dsn")
+    opened: list[EventStore] = []
+
+    def store(name: str) -> EventStore:
+        opened.append(PostgresStore(dsn, collector=name))
+        return opened[-1]
+
+    yield store, (lambda: PostgresReader(dsn))
+    for s in opened:
+        s.close()
+
+
+def event(seq: int | None, node: str = "n1", boot: str = "b1", kind: str = "xid") -> EventRow:
+    return EventRow(node, boot, seq, 1000 + (seq or 0), 2000, kind, "gpu", "GPU-1", xid=79)
+
+
+def action(key: str, name: str = "drain_node", node: str = "n1", **kw: object) -> ActionRow:
+    fields: dict[str, object] = {
+        "idempotency_key": key,
+        "incident_id": f"inc-{key}",
+        "action": name,
+        "node": node,
+        "target": node,
+        "state": "running",
+        "created_ms": 10_000,
+        "params": {},
+    }
+    fields.update(kw)
+    return ActionRow(**fields)  # type: ignore[arg-type]
+
+
+class TestEvents:
+    def test_dedup_ids_and_reads(self, backend: Open):
+        """(node, boot, seq) is journaled once; collector events (no seq) always; reads page."""
+        open_store, open_reader = backend
+        store = open_store("c1")
+        first = store.insert_events([event(1), event(2), event(None, boot="")])
+        again = store.insert_events([event(2), event(3), event(2, boot="b2"), event(None, boot="")])
+        assert all(first)
+        assert again[0] == 0
+        assert all(again[1:])
+        assert store.high_seq("n1", "b1") == 3
+        assert store.high_seq("n1", "b2") == 2
+        assert store.high_seq("n9", "b1") == 0
+        reader = open_reader()
+        assert reader.count() == 6
+        newest = reader.events(node="n1", limit=2, newest_first=True)
+        assert [e.seq for e in newest] == [None, 2]
+        assert [e.id for e in reader.events(after_id=first[1], limit=2)] == [first[2], again[1]]
+        assert store.received_since(2000, 3)[-1].id == max(again)
+        reader.close()
+
+    def test_a_second_collector_sees_the_first_ones_events(self, backend: Open):
+        """An agent that fails over replays its outbox: what the first collector journaled is
+        a duplicate for the second (on one shared journal), and its Welcome names the seq."""
+        open_store, _ = backend
+        one = open_store("c1")
+        one.insert_events([event(1), event(2)])
+        two = open_store("c2") if one.shared else one
+        assert two.high_seq("n1", "b1") == 2
+        assert two.insert_events([event(1), event(2), event(3)])[:2] == [0, 0]
+
+
+class TestNodes:
+    def test_nodes_remember_their_collector(self, backend: Open):
+        """Hello rows name the collector holding the stream; a collector that no longer holds a
+        node cannot mark it unreachable."""
+        open_store, _ = backend
+        one = open_store("c1")
+        one.save_node(NodeRow("n1", "b1", b"hello", 5, reachable=True))
+        assert one.node_holder("n1") == ("c1", 5)
+        other = open_store("c2") if one.shared else None
+        if other is None:  # SQLite: one collector owns the file; a second name is a takeover
+            other = one
+            other.collector = "c2"
+        other.save_node(NodeRow("n1", "b1", b"hello2", 7, reachable=True))
+        one.collector = "c1"
+        one.set_reachable("n1", reachable=False, last_seen_ms=9)  # c1 lost it: no effect
+        assert one.load_nodes() == [NodeRow("n1", "b1", b"hello2", 7, True, "c2")]
+        assert one.node_holder("n1") == ("c2", 7)
+        assert one.node_holder("n9") is None
+
+    def test_collector_heartbeats(self, backend: Open):
+        open_store, _ = backend
+        store = open_store("c1")
+        store.beat(100, "0.1.0")
+        store.beat(200, "0.1.0")
+        assert store.collectors() == [("c1", 200, "0.1.0")]
+
+
+class TestIncidentsActionsSilences:
+    def test_round_trips(self, backend: Open):
+        open_store, open_reader = backend
+        store = open_store("c1")
+        inc = IncidentRow("r:n1:1", "r", "n1", "n1", "critical", "firing", 1, 2, fired_ms=2)
+        store.incidents.upsert_incident(inc)
+        store.incidents.upsert_incident(
+            IncidentRow("r:n1:1", "r", "n1", "n1", "critical", "resolved", 1, 3, 2, 3, "ok")
+        )
+        (got,) = store.incidents.incidents()
+        assert (got.phase, got.resolved_ms, got.evidence) == ("resolved", 3, "ok")
+        assert store.incidents.incidents(open_only=True) == []
+        aid, new = store.incidents.add_action(action("k1", params={"a": 1}))
+        assert new
+        assert store.incidents.add_action(action("k1")) == (aid, False)
+        store.incidents.finish_action(aid, "succeeded", "x" * 3000, 11_000)
+        reader = open_reader()
+        (done,) = reader.read(lambda s: s.actions(node="n1"))
+        reader.close()
+        assert (done.state, len(done.detail), done.params) == ("succeeded", 2000, {"a": 1})
+        assert store.incidents.unfinished_actions() == []
+        sid = store.incidents.add_silence(SilenceRow("n1", "*", 0, 100, "maint", 0))
+        assert [s.id for s in store.incidents.silences(active_at_ms=50)] == [sid]
+        assert store.incidents.silences(active_at_ms=100) == []
+        assert store.incidents.remove_silence(sid)
+        assert not store.incidents.remove_silence(sid)
+
+
+class TestFleetDecisions:
+    def test_fleet_view_counts_every_collectors_actions(self, backend: Open):
+        """Drained nodes (until resumed), drains and resets in flight, drains in the breaker
+        window and the newest start per place, whoever journaled them."""
+        open_store, _ = backend
+        store = open_store("c1")
+        inc = store.incidents
+        d1, _ = inc.add_action(action("d1", node="n1", created_ms=1000))
+        inc.finish_action(d1, "succeeded", "", 1001)
+        d2, _ = inc.add_action(action("d2", node="n2", created_ms=2000))
+        inc.finish_action(d2, "succeeded", "", 2001)
+        inc.add_action(action("r2", "resume_node", node="n2", state="succeeded", created_ms=3000))
+        inc.add_action(action("d3", "escalated_drain_node", node="n3", created_ms=4000))
+        inc.add_action(action("g1", "reset_gpu", node="n4", target="n4/gpu/2", created_ms=5000))
+        inc.add_action(action("w", node="n5", state="deferred", created_ms=6000))
+        fleet = inc.fleet_actions(since_ms=1500)
+        assert fleet.drained == {"n1": "inc-d1"}
+        assert fleet.draining == frozenset({"n3"})
+        assert fleet.resetting == frozenset({"n4/gpu/2"})
+        assert fleet.drains_since == 2  # d2 and d3; the deferred one never started
+        assert fleet.last_ms[("drain_node", "n1")] == 1000
+        assert fleet.last_ms[("drain_node", "n3")] == 4000
+        assert fleet.last_ms[("reset_gpu", "n4/gpu/2")] == 5000
+        assert fleet.breaker_open_until_ms == 0
+
+    def test_decide_action_keeps_the_first_decision_and_opens_the_breaker(self, backend: Open):
+        open_store, _ = backend
+        inc = open_store("c1").incidents
+        seen: list[FleetActions] = []
+
+        def deny(fleet: FleetActions) -> tuple[str, str]:
+            seen.append(fleet)
+            return "deferred", "drain cap reached"
+
+        first = inc.decide_action(action("k"), deny, breaker_window_ms=600_000)
+        assert first[1:] == (True, "deferred", "drain cap reached")
+        again = inc.decide_action(action("k"), lambda _: ("planned", ""), breaker_window_ms=600_000)
+        assert again == (first[0], False, "deferred", "drain cap reached")
+        assert len(seen) == 1
+        inc.decide_action(
+            action("k2"),
+            lambda _: ("deferred", "breaker"),
+            breaker_window_ms=1,
+            breaker_open_until_ms=99_000,
+        )
+        assert inc.fleet_actions(0).breaker_open_until_ms == 99_000
+        inc.open_breaker(50_000)  # never shortened
+        assert inc.fleet_actions(0).breaker_open_until_ms == 99_000
+
+
+class TestPostgresOnly:
+    def test_two_collectors_race_for_one_drain_slot(self, pg_dsn: str):
+        """The fleet lock: two collectors deciding at once cannot both take the last slot
+        under the cap; the second sees the first's drain in flight."""
+        stores = [PostgresStore(pg_dsn, collector=f"c{i}") for i in range(2)]
+        barrier = threading.Barrier(2)
+        results: list[str] = []
+
+        def cap_of_one(fleet: FleetActions) -> tuple[str, str]:
+            if fleet.draining or fleet.drained:
+                return "deferred", "drain cap reached"
+            return "planned", ""
+
+        def decide(i: int) -> None:
+            barrier.wait()
+            _, _, state, _ = stores[i].incidents.decide_action(
+                action(f"k{i}", node=f"n{i}"), cap_of_one, breaker_window_ms=1
+            )
+            results.append(state)
+
+        threads = [threading.Thread(target=decide, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == ["deferred", "planned"]
+        for s in stores:
+            s.close()
+
+    def test_migrations_once_and_newer_schema_refused(self, pg_dsn: str):
+        """Collectors starting together migrate once; a schema newer than ours is refused."""
+        stores: list[PostgresStore] = []
+        threads = [
+            threading.Thread(target=lambda: stores.append(PostgresStore(pg_dsn))) for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(stores) == 3
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT version FROM fleetwatch_schema").fetchall()
+            assert rows == [(SCHEMA_VERSION,)]
+            conn.execute("UPDATE fleetwatch_schema SET version = %s", (SCHEMA_VERSION + 1,))
+        with pytest.raises(JournalError, match=r"newer than this collector's"):
+            PostgresStore(pg_dsn)
+        for s in stores:
+            s.close()
+
+    def test_a_dropped_connection_costs_one_call(self, pg_dsn: str):
+        """The server closes the connection (a restart, a failover): the next call reconnects."""
+        store = PostgresStore(pg_dsn, collector="c1")
+        store.insert_events([event(1)])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'fleetwatch-collector'"
+            )
+        with pytest.raises(psycopg.OperationalError):
+            store.insert_events([event(2)])
+        assert store.insert_events([event(2)])[0] > 0
+        assert store.high_seq("n1", "b1") == 2
+        store.close()
+
+    def test_unreachable_server_is_a_journal_error_without_the_password(self, pg_server):
+        dsn = f"host=127.0.0.1 port={pg_server.port} user=nobody_here dbname=missing"
+        with pytest.raises(JournalError, match=r"cannot open the journal at postgresql://") as e:
+            PostgresStore(dsn, password="s3cret-pw")  # noqa: S106 - a made-up one
+        assert "s3cret-pw" not in str(e.value)
+
+
+def test_sqlite_v3_journal_gains_the_collector_column(tmp_path: Path):
+    """A journal written by the previous release (schema 3) opens, keeps its nodes, and gets
+    the collector column and the fleet tables."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE nodes (name TEXT PRIMARY KEY, boot_id TEXT NOT NULL, hello BLOB NOT NULL,"
+        " last_seen_ms INTEGER NOT NULL, reachable INTEGER NOT NULL DEFAULT 1);"
+        "INSERT INTO nodes VALUES ('n1', 'b1', x'00', 5, 1); PRAGMA user_version=3;"
+    )
+    conn.close()
+    store = SqliteStore(path, "c1")
+    assert store.load_nodes() == [NodeRow("n1", "b1", b"\x00", 5, True, "")]
+    store.beat(1, "v")
+    assert store.incidents.fleet_actions(0).drained == {}
+    store.close()
+    assert SqliteStore(path, "c1").load_nodes()[0].collector == ""
