@@ -218,6 +218,14 @@ class FleetModel:
             self.observer.note_node(name)
         return node.last_seen_unix
 
+    def forget(self, name: str) -> bool:
+        """Drop a node another collector has taken over; False when it was not here."""
+        with self._lock:
+            gone = self._nodes.pop(name, None) is not None
+        if gone and self.observer is not None:
+            self.observer.note_node(name)
+        return gone
+
     def apply_report(self, name: str, report: pb.Report) -> int:
         """Apply a (validated) Report's samples; return how many counters went down."""
         return self.apply_samples(name, report.samples)
@@ -228,15 +236,20 @@ class FleetModel:
         A counter lower than its previous value is taken as it is: a driver reload or an HCA
         reset starts counting again, and the rules' ``increase()`` counts from the new value.
         """
-        observer = self.observer
+        # Once per sample for every sample of every node: each value is read from the message
+        # once, and the observer's method is looked up once per report.
+        note = self.observer.note_sample if self.observer is not None else None
+        from_pb = Target.from_pb
         resets = 0
         with self._lock:
             node = self._nodes[name]
             for sample in samples:
-                target = Target.from_pb(sample.target)
-                resets += _apply_sample(node, target, sample)
-                if observer is not None:
-                    observer.note_sample(node, target, sample.signal, sample_value_from_pb(sample))
+                target = from_pb(sample.target)
+                signal = sample.signal
+                value = sample_value_from_pb(sample)
+                resets += _apply_value(node, target, signal, value)
+                if note is not None:
+                    note(node, target, signal, value)
         return resets
 
     def apply_event(
@@ -299,10 +312,8 @@ def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -
     return _bounded_set(gpu.signals, signal, value)
 
 
-def _apply_sample(node: NodeState, target: Target, sample: pb.Sample) -> int:
-    """Apply one sample; return 1 when it was a counter that went down, else 0."""
-    value = sample_value_from_pb(sample)
-    signal = sample.signal
+def _apply_value(node: NodeState, target: Target, signal: str, value: SampleValue) -> int:
+    """Apply one sample's value; return 1 when it was a counter that went down, else 0."""
     kind = target.kind
     gpu = node.gpus.get(target.gpu_uuid) if kind in (TargetKind.GPU, TargetKind.NVLINK) else None
     port = node.ports.get((target.device, target.index)) if kind == TargetKind.IB_PORT else None

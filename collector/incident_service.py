@@ -71,6 +71,9 @@ class IncidentService:
         self.interval_s = interval_s
         self._silences: list[SilenceRow] = []
         self._task: asyncio.Task[None] | None = None
+        # Whose open incidents :meth:`start` takes back: every node's on a journal of its own;
+        # on a shared one, the collector sets it to the nodes it watches.
+        self.owns: Callable[[str], bool] = lambda _node: True
         self._event = asyncio.Event()
         # Actions run beside the evaluation, so a slow webhook delays no other incident; an
         # incident's own steps (fire, then resolve) still run in order, chained by its id.
@@ -106,6 +109,8 @@ class IncidentService:
         for row in rows:
             if row.rule not in self.evaluator.engine.rules:
                 continue  # the rule is gone from the rule files: the incident ends with it
+            if not self.owns(row.node):
+                continue  # a peer's node (shared journal): its collector carries it on
             self.evaluator.engine.restore(
                 Incident(
                     id=row.id,

@@ -50,6 +50,7 @@ class Journal:
     def __init__(self, store: EventStore) -> None:
         """Own the store; the writer task starts on first use."""
         self.store = store
+        self.where = store.where  # for logs: a path, or postgresql://host:port/db
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._queue: asyncio.Queue[tuple[EventRow, asyncio.Future[int]]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None

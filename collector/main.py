@@ -27,6 +27,7 @@ from collector.jobs.book import JobBook
 from collector.journal import Journal, open_store
 from collector.liveness import LivenessMonitor
 from collector.node_states import NodeFlags
+from collector.peers import Peers
 from collector.reload import (
     LIVE_KEYS,
     ReloadCollector,
@@ -38,6 +39,7 @@ from collector.reload import (
 )
 from collector.server import FleetServer
 from collector.stats import CollectorStats
+from collector.target_keys import FLEET_KEY
 from collector.tls import server_credentials
 from fleetwatch.config_file import short_repr
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
@@ -122,6 +124,12 @@ class CollectorService:
         self.stats = CollectorStats()
         store, self.reader = open_store(cfg, self._environ)
         self.journal = Journal(store)
+        self.peers = Peers(
+            journal=self.journal,
+            clock=clock,
+            name=store.collector,
+            beat_s=cfg.heartbeat_interval,
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         config = pb.Config(
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
@@ -202,9 +210,11 @@ class CollectorService:
             clock=clock,
             heartbeat_interval=cfg.heartbeat_interval,
             missed=cfg.missed_heartbeats,
+            peers=self.peers,
         )
         self.grpc_port = 0
         self._liveness_task: asyncio.Task[None] | None = None
+        self._beat_task: asyncio.Task[None] | None = None
 
     @property
     def http_port(self) -> int:
@@ -229,7 +239,7 @@ class CollectorService:
     async def _restore_nodes(self) -> None:
         """Bring back nodes from the journal, so a node that never returns is still noticed."""
         mono, unix = self.clock.monotonic(), self.clock.now()
-        for row in await self.journal.load_nodes():
+        for row in await self.peers.ours(await self.journal.load_nodes()):
             hello = pb.Hello()
             try:
                 hello.ParseFromString(row.hello)
@@ -242,18 +252,28 @@ class CollectorService:
         """Open the journal, listen, and start watching liveness."""
         self.silences.bind(asyncio.get_running_loop())
         self.drains.bind(asyncio.get_running_loop())
+        if self.peers.shared:
+            await self.peers.beat()
         await self._restore_nodes()
+        if self.peers.shared:  # take up only the incidents and actions of the nodes watched here
+            held = frozenset(self.fleet.node_names())
+            self.dispatcher.owns = self.incidents.owns = lambda node: (
+                node in held or node == FLEET_KEY or node.startswith("job/")
+            )
         await restore_history(self.journal, self.evaluator, self.clock)
         await self.dispatcher.start()
         await self.incidents.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
+        if self.peers.shared:
+            self._beat_task = asyncio.create_task(self.peers.run(), name="collector-beat")
         log.info(
             "collector_started",
+            name=self.peers.name,
             grpc_port=self.grpc_port,
             http_port=self.http_port,
-            journal=str(self.cfg.journal),
+            journal=self.journal.where,
             nodes_known=len(self.fleet.node_names()),
         )
         if self._notifier is not None:
@@ -357,7 +377,7 @@ class CollectorService:
         """Stop serving, then close the journal."""
         if self._notifier is not None:
             self._notifier.stopping()
-        for task in (self._watchdog_task, self._liveness_task):
+        for task in (self._watchdog_task, self._liveness_task, self._beat_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

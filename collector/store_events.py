@@ -160,6 +160,7 @@ class EventStore:
         """Use ``db`` (schema already migrated); ``collector`` names this collector's rows."""
         self.db = db
         self.collector = collector
+        self.where = getattr(self, "where", "")  # set by the backend before this runs
         self.incidents = IncidentStore(db)
 
     @property

@@ -198,7 +198,8 @@ class FleetActions:
     (GPU keys) planned or running; ``drains_since``: drains started within the breaker window;
     ``last_ms``: (action kind, where) -> the newest start of that action there, for cooldowns
     (where: the node, or for resets the incident's target);
-    ``breaker_open_until_ms``: when the fleet-wide breaker closes (0: closed).
+    ``breaker_open_until_ms``: when the fleet-wide breaker closes (0: closed); ``nodes``: how
+    many nodes the journal knows.
     """
 
     drained: dict[str, str]
@@ -207,10 +208,12 @@ class FleetActions:
     drains_since: int
     last_ms: dict[tuple[str, str], int]
     breaker_open_until_ms: int
+    nodes: int = 0  # nodes the journal knows (every collector's): the fleet the cap is a share of
 
 
-# What decide_action's callback answers: (state, why); "planned" runs the action.
-Decision = tuple[str, str]
+# What decide_action's callback answers: (state, why, open the breaker until ms or 0);
+# "planned" runs the action.
+Decision = tuple[str, str, int]
 BREAKER_KEY: Final = "breaker_open_until_ms"
 
 
@@ -294,13 +297,12 @@ class IncidentStore:
         decide: Callable[[FleetActions], Decision],
         *,
         breaker_window_ms: int,
-        breaker_open_until_ms: int = 0,
     ) -> tuple[int, bool, str, str]:
         """Decide and record an action under the fleet lock: (id, new, state, why).
 
         ``decide`` sees what every collector is doing (:class:`FleetActions`) and answers the
-        state to journal ``row`` in. A key journaled before keeps its first decision (new is
-        False). ``breaker_open_until_ms``, when set, opens the fleet-wide breaker until then.
+        state to journal ``row`` in, and when (if at all) the fleet-wide breaker opens until. A
+        key journaled before keeps its first decision (new is False).
         """
         with self._db.transaction():
             self._db.fleet_lock()
@@ -312,9 +314,9 @@ class IncidentStore:
                 ((aid, state, detail),) = existing
                 return int(aid), False, str(state), str(detail)
             fleet = self._fleet_actions(row.created_ms - breaker_window_ms)
-            state, why = decide(fleet)
-            if breaker_open_until_ms > fleet.breaker_open_until_ms:
-                self._set_state(BREAKER_KEY, breaker_open_until_ms)
+            state, why, breaker_until_ms = decide(fleet)
+            if breaker_until_ms > fleet.breaker_open_until_ms:
+                self._set_state(BREAKER_KEY, breaker_until_ms)
             finished = None if state in ("planned", "running") else row.created_ms
             decided = ActionRow(
                 row.idempotency_key,
@@ -330,6 +332,32 @@ class IncidentStore:
             )
             action_id, _ = self.add_action(decided)
             return action_id, True, state, why
+
+    def reopen_decided(
+        self,
+        action_id: int,
+        decide: Callable[[FleetActions], Decision],
+        *,
+        now_ms: int,
+        breaker_window_ms: int,
+    ) -> tuple[str, str]:
+        """A waiting action may run now: decide under the fleet lock, and mark it running if so.
+
+        Returns (state, why); anything but "planned" leaves the row as it was. ("taken", why)
+        when the row no longer waits: another collector sharing the journal took it up.
+        """
+        with self._db.transaction():
+            self._db.fleet_lock()
+            now = self._db.rows("SELECT state FROM actions WHERE id = ?", (action_id,))
+            if not now or now[0][0] != "deferred":
+                return "taken", f"no longer waiting: {now[0][0] if now else 'gone'}"
+            fleet = self._fleet_actions(now_ms - breaker_window_ms)
+            state, why, breaker_until_ms = decide(fleet)
+            if breaker_until_ms > fleet.breaker_open_until_ms:
+                self._set_state(BREAKER_KEY, breaker_until_ms)
+            if state == "planned":
+                self.reopen_action(action_id, "running")
+            return state, why
 
     def open_breaker(self, until_ms: int) -> None:
         """Open the fleet-wide drain breaker until ``until_ms`` (never shortens it)."""
@@ -379,6 +407,7 @@ class IncidentStore:
             drains_since=int(since),
             last_ms=last,
             breaker_open_until_ms=self._get_state(BREAKER_KEY),
+            nodes=int(self._db.rows("SELECT COUNT(*) FROM nodes")[0][0]),
         )
 
     def _get_state(self, key: str) -> int:

@@ -81,6 +81,7 @@ class SqliteStore(EventStore):
     def __init__(self, path: Path, collector: str = "") -> None:
         """Open (creating if needed) and migrate the journal at ``path``."""
         self.path = path
+        self.where = str(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)

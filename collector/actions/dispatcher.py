@@ -23,6 +23,14 @@ drains survive a restart (they are read back from the journal). :meth:`Dispatche
 the ``fleet`` variables of the rules, so the built-in ``drain_cap_reached`` rule raises a
 fleet-level incident while drains wait.
 
+Several collectors may share one journal (PostgreSQL). Then a drain or a reset is decided again
+in the journal under the fleet lock (:meth:`IncidentStore.decide_action`), against what every
+collector is doing: a node drained or draining anywhere is not drained again, a GPU being reset
+anywhere is not reset again, cooldowns count every collector's actions, the cap counts every
+drained node against every node in the journal, and the breaker counts every drain (and, once
+open, holds for all). So an action runs once fleet-wide, even when a node's agent moved to
+another collector that opened its own incident for the same fault.
+
 What leaves the collector is built from fixed words and checked names only
 (:mod:`collector.actions.guards`): a drain's node and reason, a webhook's idempotency key, the
 GPU a reset names. An action whose arguments fail those checks, or that the agent refuses for
@@ -39,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from collector.actions.fleet_checks import drain_refusal, reset_refusal
 from collector.actions.guards import (
     REASON_PREFIX,
     UnsafeArgumentError,
@@ -47,7 +56,7 @@ from collector.actions.guards import (
     drain_reason,
 )
 from collector.actions.tally import UNFINISHED, ActionTally
-from collector.store_incidents import ActionRow
+from collector.store_incidents import ActionRow, FleetActions
 from rules.model import ActionSpec
 
 if TYPE_CHECKING:
@@ -74,6 +83,7 @@ __all__ = [
 
 # Actions safe to send again with the same idempotency key after a crash cut them short.
 REPEATABLE = frozenset({"drain_node", "notify"})
+TAKEN = "taken"  # a waiting action another collector on the shared journal took up
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +188,9 @@ class Dispatcher:
         self.resetting: set[str] = set()  # GPUs (node/gpu/N) whose reset is running now
         self.tally = ActionTally(clock)
         self._unfinished: dict[int, tuple[str, str]] = {}  # action id -> (action, node)
+        # Whose waiting and unfinished actions :meth:`start` takes up: every node's on a journal
+        # of its own; on a shared one, the collector sets it to the nodes it watches.
+        self.owns: Callable[[str], bool] = _everyone
 
     async def start(self) -> None:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
@@ -189,11 +202,21 @@ class Dispatcher:
                 self.drained.pop(row.node, None)
         for row in reversed(rows):
             kind = row.action.removeprefix("escalated_")
+            if not self.owns(row.node):
+                continue  # a peer's node (shared journal): its collector settles it
             if kind in ("drain_node", "reset_gpu") and row.state == "deferred":
                 self.waiting[row.id] = _Waiting(
                     row.id, row.incident_id, ActionSpec(kind, dict(row.params)), name=row.action
                 )
+        await self._settle_unfinished()
+        if self.drained or self.waiting:
+            log.info("drains_known", drained=sorted(self.drained), waiting=len(self.waiting))
+
+    async def _settle_unfinished(self) -> None:
+        """Actions journaled as planned or running by the process before this one."""
         for row in await self._journal.do(lambda s: s.incidents.unfinished_actions()):
+            if not self.owns(row.node):
+                continue
             kind = row.action.removeprefix("escalated_")
             if kind in REPEATABLE:
                 # Drains and notifications are idempotent at the receiver (same key, same
@@ -205,8 +228,6 @@ class Dispatcher:
                 continue
             # A reset may have run; running it twice is not safe. People decide.
             await self._finish(row.id, "failed", "collector restarted before the outcome was known")
-        if self.drained or self.waiting:
-            log.info("drains_known", drained=sorted(self.drained), waiting=len(self.waiting))
 
     def status(self) -> dict[str, Any]:
         """The drain counts rules see as ``fleet.*`` variables.
@@ -236,16 +257,28 @@ class Dispatcher:
     async def _reopen(self, action_id: int) -> None:
         await self._journal.do(lambda s: s.incidents.reopen_action(action_id, "running"))
 
-    async def _journal_action(
-        self,
-        incident: IncidentRow,
-        spec: ActionSpec,
-        state: str,
-        detail: str,
-        name: str | None = None,
-    ) -> tuple[int, bool]:
-        action = name or spec.name
-        row = ActionRow(
+    async def _reopen_decided(
+        self, action_id: int, incident: IncidentRow, spec: ActionSpec
+    ) -> tuple[str, str]:
+        """Mark a waiting action running: fleet-wide under the lock when the journal is shared."""
+        if not self._shared:
+            await self._reopen(action_id)
+            return "planned", ""
+
+        def decide(fleet: FleetActions) -> tuple[str, str, int]:
+            return self._fleet_refusal(incident, spec, fleet)
+
+        now_ms, window_ms = self._now_ms(), int(self.safety.breaker_window_s * 1000)
+        return await self._journal.do(
+            lambda s: s.incidents.reopen_decided(
+                action_id, decide, now_ms=now_ms, breaker_window_ms=window_ms
+            )
+        )
+
+    def _action_row(
+        self, incident: IncidentRow, spec: ActionSpec, state: str, detail: str, action: str
+    ) -> ActionRow:
+        return ActionRow(
             idempotency_key=f"{action}:{incident.id}",
             incident_id=incident.id,
             action=action,
@@ -257,12 +290,60 @@ class Dispatcher:
             detail=detail,
             finished_ms=None if state in ("planned", "running") else self._now_ms(),
         )
+
+    def _count_new(self, action_id: int, action: str, state: str, node: str) -> None:
+        if state in UNFINISHED:
+            self._unfinished[action_id] = (action, node)
+        else:
+            self.tally.record(action, state, node)
+
+    async def _journal_action(
+        self,
+        incident: IncidentRow,
+        spec: ActionSpec,
+        state: str,
+        detail: str,
+        name: str | None = None,
+    ) -> tuple[int, bool]:
+        action = name or spec.name
+        row = self._action_row(incident, spec, state, detail, action)
         action_id, new = await self._journal.do(lambda s: s.incidents.add_action(row))
-        if new and state in UNFINISHED:
-            self._unfinished[action_id] = (action, incident.node)
-        elif new:
-            self.tally.record(action, state, incident.node)
+        if new:
+            self._count_new(action_id, action, state, incident.node)
         return action_id, new
+
+    @property
+    def _shared(self) -> bool:
+        return self._journal.store.shared
+
+    async def _journal_fleet_wide(
+        self, incident: IncidentRow, spec: ActionSpec, name: str
+    ) -> tuple[int, bool, str, str]:
+        """Journal a drain or reset the local checks let through, deciding it fleet-wide."""
+        row = self._action_row(incident, spec, "planned", "", name)
+
+        def decide(fleet: FleetActions) -> tuple[str, str, int]:
+            return self._fleet_refusal(incident, spec, fleet)
+
+        window_ms = int(self.safety.breaker_window_s * 1000)
+        action_id, new, state, why = await self._journal.do(
+            lambda s: s.incidents.decide_action(row, decide, breaker_window_ms=window_ms)
+        )
+        if new:
+            self._count_new(action_id, name, state, incident.node)
+        return action_id, new, state, why
+
+    def _fleet_refusal(
+        self, incident: IncidentRow, spec: ActionSpec, fleet: FleetActions
+    ) -> tuple[str, str, int]:
+        """(state, why, open the breaker until ms) from every collector's actions."""
+        now_ms = self._now_ms()
+        if spec.name == "reset_gpu":
+            return reset_refusal(_cooldown_key(incident, spec), fleet, now_ms, self.safety)
+        size = max(fleet.nodes, len(self._fleet.view()))
+        return drain_refusal(
+            incident, fleet, now_ms=now_ms, safety=self.safety, cap=self._cap(size), size=size
+        )
 
     def _refusal(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> tuple[str, str]:
         """(state, why) when the action must not run now; ("planned", "") when it may."""
@@ -403,7 +484,12 @@ class Dispatcher:
                 busy.add(where)
             name = f"{prefix}{spec.name}"
             try:
-                action_id, new = await self._journal_action(incident, spec, state, why, name)
+                if busy is not None and self._shared:  # a planned drain or reset
+                    action_id, new, state, why = await self._journal_fleet_wide(
+                        incident, spec, name
+                    )
+                else:
+                    action_id, new = await self._journal_action(incident, spec, state, why, name)
             finally:
                 if busy is not None:
                     busy.discard(where)
@@ -481,34 +567,53 @@ class Dispatcher:
                 why = f"the incident stopped firing while the {wait.spec.name} waited"
                 await self._finish(action_id, "skipped", why)
                 continue
-            incident, rule = found
             if wait.spec.name == "drain_node":
-                if drains_blocked:
-                    continue
-                state, why = self._refusal(incident, rule, wait.spec)
-                if state == "deferred":
-                    drains_blocked = True  # still no room: later drains wait behind this one
-                    continue
-                del self.waiting[action_id]
-                if state != "planned":
-                    await self._finish(action_id, state, why)
-                    continue
-                self.draining.add(incident.node)  # hold the place under the cap across the await
-                try:
-                    await self._reopen(action_id)
-                finally:
-                    self.draining.discard(incident.node)
-                await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
+                if not drains_blocked:
+                    drains_blocked = await self._settle_drain(action_id, wait, *found)
             elif self._clock.monotonic() >= wait.next_try:
-                del self.waiting[action_id]
-                state, why = self._refusal(incident, rule, wait.spec)
-                if state != "planned":  # silenced, or the GPU was reset for another incident
-                    await self._finish(action_id, state, why)
-                    continue
-                await self._reopen(action_id)
-                outcome = await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
-                if wait.spec.name == "reset_gpu" and not outcome.ok and not outcome.retry:
-                    await self._escalate(incident, rule)
+                await self._settle_reset(action_id, wait, *found)
+
+    async def _settle_drain(
+        self, action_id: int, wait: _Waiting, incident: IncidentRow, rule: Rule
+    ) -> bool:
+        """Run a waiting drain if there is room now; True when drains stay blocked."""
+        state, why = self._refusal(incident, rule, wait.spec)
+        if state == "deferred":
+            return True  # still no room: later drains wait behind this one
+        del self.waiting[action_id]
+        if state == "planned":
+            self.draining.add(incident.node)  # hold the place under the cap across the await
+            try:
+                state, why = await self._reopen_decided(action_id, incident, wait.spec)
+            finally:
+                self.draining.discard(incident.node)
+            if state == "deferred":  # another collector took the room first
+                self.waiting[action_id] = wait
+                return True
+        if state == TAKEN:
+            return False
+        if state != "planned":
+            await self._finish(action_id, state, why)
+            return False
+        await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
+        return False
+
+    async def _settle_reset(
+        self, action_id: int, wait: _Waiting, incident: IncidentRow, rule: Rule
+    ) -> None:
+        """Ask again for a reset that waited for its GPU to be idle."""
+        del self.waiting[action_id]
+        state, why = self._refusal(incident, rule, wait.spec)
+        if state == "planned":  # not silenced, the GPU not reset for another incident
+            state, why = await self._reopen_decided(action_id, incident, wait.spec)
+        if state == TAKEN:
+            return
+        if state != "planned":
+            await self._finish(action_id, state, why)
+            return
+        outcome = await self._run_journaled(action_id, incident, rule, wait.spec, wait.name)
+        if wait.spec.name == "reset_gpu" and not outcome.ok and not outcome.retry:
+            await self._escalate(incident, rule)
 
     async def _run(
         self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
@@ -578,6 +683,10 @@ class Dispatcher:
             self.drained.pop(incident.node, None)
         state = "refused" if outcome.refused else "succeeded" if outcome.ok else "failed"
         await self._finish(action_id, state, outcome.detail)
+
+
+def _everyone(_node: str) -> bool:
+    return True
 
 
 def _refuse(action: str, incident: IncidentRow, exc: UnsafeArgumentError) -> ActionOutcome:

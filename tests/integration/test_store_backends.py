@@ -182,20 +182,19 @@ class TestFleetDecisions:
         inc = open_store("c1").incidents
         seen: list[FleetActions] = []
 
-        def deny(fleet: FleetActions) -> tuple[str, str]:
+        def deny(fleet: FleetActions) -> tuple[str, str, int]:
             seen.append(fleet)
-            return "deferred", "drain cap reached"
+            return "deferred", "drain cap reached", 0
 
         first = inc.decide_action(action("k"), deny, breaker_window_ms=600_000)
         assert first[1:] == (True, "deferred", "drain cap reached")
-        again = inc.decide_action(action("k"), lambda _: ("planned", ""), breaker_window_ms=600_000)
+        again = inc.decide_action(
+            action("k"), lambda _: ("planned", "", 0), breaker_window_ms=600_000
+        )
         assert again == (first[0], False, "deferred", "drain cap reached")
         assert len(seen) == 1
         inc.decide_action(
-            action("k2"),
-            lambda _: ("deferred", "breaker"),
-            breaker_window_ms=1,
-            breaker_open_until_ms=99_000,
+            action("k2"), lambda _: ("deferred", "breaker", 99_000), breaker_window_ms=1
         )
         assert inc.fleet_actions(0).breaker_open_until_ms == 99_000
         inc.open_breaker(50_000)  # never shortened
@@ -210,10 +209,10 @@ class TestPostgresOnly:
         barrier = threading.Barrier(2)
         results: list[str] = []
 
-        def cap_of_one(fleet: FleetActions) -> tuple[str, str]:
+        def cap_of_one(fleet: FleetActions) -> tuple[str, str, int]:
             if fleet.draining or fleet.drained:
-                return "deferred", "drain cap reached"
-            return "planned", ""
+                return "deferred", "drain cap reached", 0
+            return "planned", "", 0
 
         def decide(i: int) -> None:
             barrier.wait()

@@ -1,0 +1,81 @@
+"""The drain and reset checks made against every collector's actions (a shared journal).
+
+Pure functions of :class:`FleetActions`, the view the journal builds under its fleet lock; the
+dispatcher's own checks (:mod:`collector.actions.dispatcher`) see only what this collector did.
+Each answers (state, why, open the fleet-wide breaker until ms or 0); "planned" lets it run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collector.actions.dispatcher import SafetyConfig
+    from collector.store_incidents import Decision, FleetActions, IncidentRow
+
+PLANNED: Decision = ("planned", "", 0)
+
+
+def gpu_of(target: str) -> str:
+    """``node/gpu/N`` of a target key at or below a GPU (the key itself otherwise)."""
+    node, sep, rest = target.partition("/gpu/")
+    return f"{node}/gpu/{rest.split('/', 1)[0]}" if sep else target
+
+
+def _ago(now_ms: int, then_ms: int) -> str:
+    return f"{(now_ms - then_ms) / 1000:.0f} s ago"
+
+
+def reset_refusal(gpu: str, fleet: FleetActions, now_ms: int, safety: SafetyConfig) -> Decision:
+    """A reset of ``gpu`` (``node/gpu/N``): not while one runs anywhere, not within cooldown."""
+    if any(gpu_of(t) == gpu for t in fleet.resetting):
+        return "skipped", f"{gpu} is being reset for another incident", 0
+    starts = [t for (k, w), t in fleet.last_ms.items() if k == "reset_gpu" and gpu_of(w) == gpu]
+    if starts and now_ms - max(starts) < safety.node_cooldown_s * 1000:
+        return "skipped", f"cooldown: reset_gpu ran on {gpu} {_ago(now_ms, max(starts))}", 0
+    return PLANNED
+
+
+def _drained_already(
+    incident: IncidentRow, fleet: FleetActions, now_ms: int, safety: SafetyConfig
+) -> Decision | None:
+    """Skip a drain of a node drained or draining anywhere, or drained within the cooldown."""
+    node = incident.node
+    holder = fleet.drained.get(node)
+    if holder is not None and holder != incident.id:
+        return "skipped", f"{node} is already drained by {holder}", 0
+    if node in fleet.draining:
+        return "skipped", f"{node} is being drained for another incident", 0
+    last = fleet.last_ms.get(("drain_node", node))
+    if last is not None and now_ms - last < safety.node_cooldown_s * 1000:
+        return "skipped", f"cooldown: drain_node ran on {node} {_ago(now_ms, last)}", 0
+    return None
+
+
+def drain_refusal(  # noqa: PLR0913 - the incident, the view, the limits
+    incident: IncidentRow,
+    fleet: FleetActions,
+    *,
+    now_ms: int,
+    safety: SafetyConfig,
+    cap: int,
+    size: int,
+) -> Decision:
+    """A drain of the incident's node: once per node, under the cap, while the breaker is shut.
+
+    ``cap`` is the fleet's drain cap for ``size`` nodes; reaching ``breaker_max_drains`` drains
+    in the window opens the breaker for everyone for ``breaker_cooldown_s``.
+    """
+    skip = _drained_already(incident, fleet, now_ms, safety)
+    if skip is not None:
+        return skip
+    if now_ms < fleet.breaker_open_until_ms:
+        return "deferred", "circuit breaker open: drains came too fast (fleet-wide)", 0
+    taken = len(fleet.drained) + len(fleet.draining)
+    if taken >= cap:
+        why = f"drain cap reached: {taken} of {size} nodes drained or draining (cap {cap})"
+        return "deferred", why, 0
+    if fleet.drains_since >= safety.breaker_max_drains:
+        until = now_ms + int(safety.breaker_cooldown_s * 1000)
+        return "deferred", "circuit breaker opened: drains came too fast (fleet-wide)", until
+    return PLANNED
