@@ -22,9 +22,26 @@ class Backoff:
 
     def next_delay(self) -> float:
         """Return the next delay and grow the window."""
-        ceiling = min(self.cap, self.initial * (2 ** min(self._attempt, 30)))
+        delay = self.draw()
+        self.grow()
+        return delay
+
+    @property
+    def window(self) -> float:
+        """The largest delay :meth:`draw` may return now."""
+        return min(self.cap, self.initial * 2.0 ** min(self._attempt, 30))
+
+    def draw(self) -> float:
+        """Return a delay from the current window, without growing it.
+
+        For tries that may fail several times before waiting longer: a round of the collector
+        list moves on after each failure, and waits longer only after the whole round failed.
+        """
+        return max(self.initial / 10, self._rng.uniform(0, self.window))
+
+    def grow(self) -> None:
+        """Double the window (up to ``cap``) for the delays drawn after this."""
         self._attempt += 1
-        return max(self.initial / 10, self._rng.uniform(0, ceiling))
 
     def reset(self) -> None:
         """Start from the smallest window again (after a healthy connection)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.budget import DEFAULT_MAX_BYTES
+from agent.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
 from agent.exceptions import ConfigError
 from agent.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
 from fleetwatch.config_file import (
@@ -30,7 +31,10 @@ MIN_MEMORY_MAX_BYTES = 64 << 20
 class AgentConfig:
     """Everything the agent can be told. Intervals are in seconds."""
 
-    collector: str = "127.0.0.1:7070"
+    # Where to stream: one collector, or several sharing one journal (agent/collector_list.py);
+    # not both. Neither: 127.0.0.1:7070. ``targets`` is the list in use.
+    collector: str | None = None
+    collectors: tuple[str, ...] | None = None
     node: str = field(default_factory=socket.gethostname)
     poll_interval: float = 5.0
     heartbeat_interval: float = 5.0
@@ -103,12 +107,31 @@ class AgentConfig:
         for key in ("node", "nvidia_smi"):
             check_text(getattr(self, key), key, "agent config", ConfigError)
         check_text(self.kmsg_path, "kmsg_path", "agent config", ConfigError, empty=True)
-        collector = check_text(self.collector, "collector", "agent config", ConfigError)
-        if ":" not in collector:
-            msg = f"agent config: collector must be host:port, got {short_repr(collector)}"
-            raise ConfigError(msg)
+        _check_collectors(self)
         _check_tls(self)
         check_log_level(self.log_level, "agent config", ConfigError)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The collectors to stream to: ``collectors``, else ``collector``, else the default."""
+        if self.collectors is not None:
+            return self.collectors
+        return (self.collector or DEFAULT_COLLECTOR,)
+
+
+def _check_collectors(cfg: AgentConfig) -> None:
+    if cfg.collector is not None:
+        check_address(cfg.collector, "collector")
+    if cfg.collectors is None:
+        return
+    if cfg.collector is not None:
+        msg = (
+            "agent config: collector and collectors are both set; keep one "
+            '(collectors = ["a:7070", "b:7070"] for several, collector = "a:7070" for one)'
+        )
+        raise ConfigError(msg)
+    # A TOML array arrives as a list: keep a tuple, so the frozen config stays immutable.
+    object.__setattr__(cfg, "collectors", check_collectors(cfg.collectors))
 
 
 def _check_self_limits(cfg: AgentConfig) -> None:
@@ -154,8 +177,22 @@ _PATHS = {"sysfs_root", "proc_root", "xid_catalog", "state_dir", "job_socket"}
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:
-    """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
+    """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset).
+
+    A ``collector`` override (``--collector``: one address, a comma list, or a list of those)
+    replaces whichever of ``collector`` and ``collectors`` the file sets.
+    """
+    overrides = dict(overrides)
+    flag = overrides.pop("collector", None)
     values = merge_config(path, "agent", overrides, AgentConfig, ConfigError)
+    if flag is not None:
+        addresses = split_flag(flag)
+        values.pop("collector", None)
+        values.pop("collectors", None)
+        if len(addresses) == 1:
+            values["collector"] = addresses[0]
+        else:
+            values["collectors"] = addresses
     for key in _PATHS & values.keys():
         if values[key] == "" and key == "job_socket":
             values[key] = None  # "" turns the job socket off

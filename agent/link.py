@@ -4,24 +4,32 @@ One bidirectional gRPC stream per connection. Two tasks share it: the sender (ev
 changed samples, or an empty Report as a heartbeat) and the reader (acks, config, commands). Writes
 go through one lock because gRPC allows one write in flight at a time. When either task ends the
 stream is torn down and the link reconnects after a jittered, growing delay.
+
+With several collectors (agent/collector_list.py) the link starts on the node's own and, when a
+connect fails, no Welcome comes in time or the stream ends, tries the next in the list after a
+short jittered delay; the delay grows only once a whole round of the list has failed. The new
+collector's Welcome says what the journal holds, and the outbox replays the rest, as on any
+reconnect. The link's place in the list and its moves travel as node samples
+(:data:`INDEX_SIGNAL`, :data:`AWAY_SIGNAL`, :data:`FAILOVERS_SIGNAL`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import grpc
 import structlog
 
+from agent.collector_list import CollectorRotation
 from fleetwatch.clock import unix_ms, wait_for_event
-from fleetwatch.model import sample_to_pb
+from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from google.protobuf.message import Message
 
@@ -41,6 +49,19 @@ log = structlog.get_logger("agent.link")
 # from its smallest delay again.
 HEALTHY_AFTER_S = 10.0
 WELCOME_TIMEOUT_S = 30.0
+# A collector that does not complete the TCP (and TLS) handshake in this time is given up on
+# (gRPC's own limit is 20 s): a powered-off host should not hold the agent from the next one.
+CONNECT_TIMEOUT_S = 5.0
+
+INDEX_SIGNAL: Final = "agent_collector_index"  # the position in the list streamed to (from 0)
+AWAY_SIGNAL: Final = "agent_collector_away"  # 1 while not on the node's own collector
+FAILOVERS_SIGNAL: Final = "agent_collector_failovers"  # moves to another collector so far
+
+# Why the link left a collector (the reason of ``collector_failover``).
+CONNECT_FAILED: Final = "connect_failed"  # no connection, or the Hello was refused
+NO_WELCOME: Final = "no_welcome"  # connected, but no Welcome within the timeout
+STREAM_LOST: Final = "stream_lost"  # the stream broke after its Welcome
+STREAM_CLOSED: Final = "stream_closed"  # the collector ended the stream (say, it shut down)
 
 
 class ProtocolError(Exception):
@@ -48,12 +69,12 @@ class ProtocolError(Exception):
 
 
 class CollectorLink:
-    """Keeps one stream to the collector alive for as long as the agent runs."""
+    """Keeps one stream to a collector alive for as long as the agent runs."""
 
     def __init__(  # noqa: PLR0913 - everything here is an injected collaborator
         self,
         *,
-        target: str,
+        targets: Sequence[str],
         hello: Callable[[], pb.Hello],
         outbox: Outbox,
         live: LiveSamples,
@@ -63,15 +84,18 @@ class CollectorLink:
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
         welcome_timeout: float = WELCOME_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        start: int = 0,
         commands: CommandRunner | None = None,
         jobs: JobQueue | None = None,
     ) -> None:
-        """Nothing connects until :meth:`run`.
+        """Nothing connects until :meth:`run`, which starts on ``targets[start]``.
 
-        ``credentials`` None is plaintext; with TLS, ``server_name`` is the name the collector's
-        certificate must carry (None: the host in ``target``).
+        ``credentials`` None is plaintext; with TLS, ``server_name`` is the name every
+        collector's certificate must carry (None: the host of the target connected to).
         """
-        self.target = target
+        self.rotation = CollectorRotation(targets, start)
+        self.target = self.rotation.current
         self._hello = hello
         self._outbox = outbox
         self._live = live
@@ -81,21 +105,28 @@ class CollectorLink:
         self._credentials = credentials
         self._server_name = server_name
         self._welcome_timeout = welcome_timeout
+        self._connect_timeout = connect_timeout
         self._commands = commands
         self._jobs = jobs
         self._running: set[asyncio.Task[None]] = set()
         self.connected = False
         self.connections = 0
         self.failures = 0
+        self._welcomed = False  # this attempt got its Welcome
 
     async def run(self) -> None:
-        """Connect, stream, and reconnect with backoff, until cancelled."""
+        """Connect, stream, and reconnect (to the next collector) with backoff, until cancelled."""
         while True:
+            self.target = self.rotation.current
+            self._publish()
             started = self._clock.monotonic()
+            self._welcomed = False
+            reason = STREAM_CLOSED
             try:
                 await self._connect_once()
             except grpc.aio.AioRpcError as exc:
                 self.failures += 1
+                reason = STREAM_LOST if self._welcomed else CONNECT_FAILED
                 log.warning(
                     "stream_failed",
                     collector=self.target,
@@ -106,6 +137,7 @@ class CollectorLink:
                 # e.g. ProtocolError, OSError, or asyncio.InvalidStateError when gRPC finished
                 # the call between our read and our write.
                 self.failures += 1
+                reason = self._reason(exc)
                 log.warning(
                     "stream_failed",
                     collector=self.target,
@@ -114,18 +146,50 @@ class CollectorLink:
                 )
             finally:
                 self.connected = False
-            if self._clock.monotonic() - started >= HEALTHY_AFTER_S:
-                self._backoff.reset()
-            await self._clock.sleep(self._backoff.next_delay())
+            await self._clock.sleep(self._next(reason, self._clock.monotonic() - started))
+
+    def _reason(self, exc: Exception) -> str:
+        if self._welcomed:
+            return STREAM_LOST
+        return NO_WELCOME if isinstance(exc, TimeoutError) else CONNECT_FAILED
+
+    def _next(self, reason: str, lasted: float) -> float:
+        """Move on to the next collector; return how long to wait before connecting to it."""
+        rotation = self.rotation
+        left = rotation.current
+        delay = rotation.next_try(self._backoff, healthy=lasted >= HEALTHY_AFTER_S)
+        if rotation.current != left:
+            log.warning(
+                "collector_failover",
+                **{"from": left, "to": rotation.current},
+                reason=reason,
+                failovers=rotation.moves,
+                delay_s=round(delay, 3),
+            )
+        return delay
+
+    def _publish(self) -> None:
+        """Hand the link's place in the list to the next report, with the node's samples."""
+        node, rotation = Target.node(), self.rotation
+        self._live.update(
+            {
+                (node, INDEX_SIGNAL): rotation.index,
+                (node, AWAY_SIGNAL): int(rotation.away),
+                (node, FAILOVERS_SIGNAL): rotation.moves,
+            },
+        )
 
     def _channel(self) -> grpc.aio.Channel:
-        options = settings.client_options()
+        options: list[tuple[str, int | str]] = [
+            *settings.client_options(),
+            # gRPC's connect timeout is the smallest reconnect backoff (20 s by default).
+            ("grpc.min_reconnect_backoff_ms", int(self._connect_timeout * 1000)),
+        ]
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=options)
-        named: list[tuple[str, int | str]] = [*options]
         if self._server_name is not None:
-            named.append(("grpc.ssl_target_name_override", self._server_name))
-        return grpc.aio.secure_channel(self.target, self._credentials, options=named)
+            options.append(("grpc.ssl_target_name_override", self._server_name))
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def _connect_once(self) -> None:
         async with self._channel() as channel:
@@ -141,10 +205,9 @@ class CollectorLink:
 
     async def _stream(self, call: Call) -> None:
         hello = self._hello()
-        await call.write(pb.AgentMessage(hello=hello))
         # A collector that takes the stream but never answers (say, a stuck journal) must not
         # hold the agent forever: keepalive sees a healthy transport, so time out ourselves.
-        first = await asyncio.wait_for(call.read(), self._welcome_timeout)
+        first = await asyncio.wait_for(self._handshake(call, hello), self._welcome_timeout)
         if not isinstance(first, pb.CollectorMessage) or first.WhichOneof("body") != "welcome":
             msg = "collector did not answer the Hello with a Welcome"
             raise ProtocolError(msg)
@@ -154,6 +217,7 @@ class CollectorLink:
             raise ProtocolError(msg)
         self._outbox.welcome(welcome.journaled.seq)
         self.intervals.apply(welcome.config)
+        self._welcomed = True
         self.connected = True
         self.connections += 1
         log.info(
@@ -177,6 +241,12 @@ class CollectorLink:
                     await task
         for task in done:
             task.result()  # re-raise what ended the stream
+
+    @staticmethod
+    async def _handshake(call: Call, hello: pb.Hello) -> object:
+        """Say Hello; return the collector's first answer (a Welcome, if it keeps the contract)."""
+        await call.write(pb.AgentMessage(hello=hello))
+        return await call.read()
 
     async def _command(self, call: Call, lock: asyncio.Lock, command: pb.Command) -> None:
         if self._commands is None:

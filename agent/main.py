@@ -13,6 +13,7 @@ from agent.agent import Agent, build_hello
 from agent.backoff import Backoff
 from agent.budget import ByteBudget
 from agent.changes import LiveSamples
+from agent.collector_list import start_index
 from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import SourceError
 from agent.intervals import Intervals
@@ -136,7 +137,7 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     if credentials is None:
         credentials = channel_credentials(cfg)
         if credentials is None and cfg.insecure:
-            log.warning("grpc_plaintext", collector=cfg.collector, reason="insecure = true")
+            log.warning("grpc_plaintext", collectors=list(cfg.targets), reason="insecure = true")
     sampler = Sampler(
         nvml=NvmlSource(hardware.nvml, call_timeout_s=cfg.nvml_call_timeout),
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
@@ -159,7 +160,8 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     if jobs is not None:
         budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
     link = CollectorLink(
-        target=cfg.collector,
+        targets=cfg.targets,
+        start=start_index(cfg.node, len(cfg.targets)),
         hello=lambda: build_hello(cfg.node, hardware.boot_id, sampler.inventory, clock),
         outbox=outbox,
         live=live,

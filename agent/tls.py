@@ -1,9 +1,10 @@
 """The agent's gRPC credentials: mTLS from its config, or plaintext where that is allowed.
 
 Plaintext is allowed to a loopback collector (the demo, tests) and, to any other, only when the
-operator says ``insecure = true``. With TLS the agent presents its node certificate, which must
-name the agent's ``node``, and checks the collector's certificate against ``tls_ca`` (for
-``tls_server_name`` when set, else for the host in ``collector``).
+operator says ``insecure = true``; with several collectors, every one must be loopback. With TLS
+the agent presents its node certificate, which must name the agent's ``node``, and checks each
+collector's certificate against ``tls_ca``: for the host the agent connects to (each entry of
+``collectors`` its own), or for ``tls_server_name`` when set, whichever collector it is.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ if TYPE_CHECKING:
 def tls_material(cfg: AgentConfig) -> TlsMaterial | None:
     """Read the TLS files ``cfg`` names; None for plaintext. ConfigError says what is wrong."""
     if cfg.tls_cert is None or cfg.tls_key is None or cfg.tls_ca is None:
-        host = cfg.collector.rpartition(":")[0]
-        if not (is_loopback(host) or cfg.insecure):
+        remote = [t for t in cfg.targets if not is_loopback(t.rpartition(":")[0])]
+        if remote and not cfg.insecure:
             msg = (
-                f"agent config: collector {cfg.collector} is not a loopback address and no TLS "
+                f"agent config: collector {remote[0]} is not a loopback address and no TLS "
                 "is configured; set tls_cert, tls_key and tls_ca (docs/deploy.md), or "
                 "insecure = true to send plaintext gRPC that anyone on the path can read or forge"
             )

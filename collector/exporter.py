@@ -131,6 +131,9 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_poll_interval_seconds", "agent_poll_interval_seconds"),
     ("fleetwatch_agent_poll_stretches_total", "agent_poll_stretches"),
     ("fleetwatch_agent_memory_sheds_total", "agent_memory_sheds"),
+    ("fleetwatch_agent_collector_index", "agent_collector_index"),
+    ("fleetwatch_agent_collector_away", "agent_collector_away"),
+    ("fleetwatch_agent_collector_failovers_total", "agent_collector_failovers"),
 )
 AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev")
 

@@ -251,6 +251,33 @@ _NODES = _specs(
             ),
         ),
         (
+            "fleetwatch_agent_collector_index",
+            "gauge",
+            "",
+            NODE,
+            (
+                "Which entry of its collectors list the node's agent streams to now (0 is the "
+                "first); see fleetwatch_agent_collector_away."
+            ),
+        ),
+        (
+            "fleetwatch_agent_collector_away",
+            "gauge",
+            "",
+            NODE,
+            (
+                "1 while the node's agent streams to another collector than the one its name "
+                "picks from its list (it failed over and stays until that one fails too)."
+            ),
+        ),
+        (
+            "fleetwatch_agent_collector_failovers_total",
+            "counter",
+            "",
+            NODE,
+            "Times the node's agent moved to the next collector of its list since it started.",
+        ),
+        (
             "fleetwatch_agent_events_coalesced_total",
             "counter",
             "",

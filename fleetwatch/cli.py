@@ -54,7 +54,11 @@ def _parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="watch this node's GPUs, NVLinks and IB ports")
     agent.add_argument("--config", type=Path, help="TOML file with an [agent] table")
-    agent.add_argument("--collector", help="collector address host:port (default 127.0.0.1:7070)")
+    agent.add_argument(
+        "--collector",
+        action="append",
+        help="collector host:port, or a comma list; may repeat (default 127.0.0.1:7070)",
+    )
     agent.add_argument("--node", help="node name (default: the host name)")
     agent.add_argument("--poll-interval", type=float, dest="poll_interval", help="seconds")
     agent.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval")

@@ -125,11 +125,21 @@ def check_agent(path: Path, clock: Clock) -> Outcome:
         cfg.xid_catalog, lambda: tls_material(cfg), AgentError, "agent config", clock
     )
     summary = (
-        f"node {cfg.node}, collector {cfg.collector} ({_transport(cfg)}), "
+        f"node {cfg.node}, collector{'s' if len(cfg.targets) > 1 else ''} "
+        f"{', '.join(cfg.targets)} ({_transport(cfg)}), "
         f"poll every {cfg.poll_interval:g} s, "
         f"kernel log {cfg.kmsg_path or 'off'}, GPU resets {'on' if cfg.gpu_reset else 'off'}"
     )
     return Outcome(summary, tuple(problems))
+
+
+def _journal(cfg: CollectorConfig) -> str:
+    """The journal as ``config check`` names it (never a password)."""
+    if cfg.journal_dsn is None:
+        return str(cfg.journal)
+    from collector.store_postgres import describe  # noqa: PLC0415 - psycopg only when used
+
+    return f"{describe(cfg.journal_dsn)} as {cfg.collector_name()}"
 
 
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
@@ -160,14 +170,15 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
             hook.sender(clock, key, environ)
         except CollectorError as exc:
             problems.append(str(exc))
-    try:
-        cfg.api_token(environ)
-    except CollectorError as exc:
-        problems.append(str(exc))
+    for secret in (cfg.api_token, cfg.journal_password):
+        try:
+            secret(environ)
+        except CollectorError as exc:
+            problems.append(str(exc))
     drainers = {"slurm": actions.slurm.enabled, "webhook": actions.drain_webhook is not None}
     summary = (
         f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http} ({_api_changes(cfg)}), "
-        f"journal {cfg.journal}, "
+        f"journal {_journal(cfg)}, "
         f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels{', dry run' if actions.safety.dry_run else ''}"

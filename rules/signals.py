@@ -64,6 +64,9 @@ NODE: Final = frozenset(
         "agent_poll_interval_seconds",
         "agent_poll_stretches",
         "agent_memory_sheds",
+        "agent_collector_index",
+        "agent_collector_away",
+        "agent_collector_failovers",
         *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev")),
     },
 )

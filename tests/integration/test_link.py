@@ -39,7 +39,7 @@ async def test_silent_collector_is_abandoned_and_retried(tmp_path: Path):
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     link = CollectorLink(
-        target=f"127.0.0.1:{port}",
+        targets=[f"127.0.0.1:{port}"],
         hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
         outbox=Outbox("b"),
         live=LiveSamples(),
