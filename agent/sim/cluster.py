@@ -13,7 +13,7 @@ from agent.sim.scenario import Fault, FaultKind, apply_fault
 from agent.sources.sysfs_io import FdBudget
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
     from pathlib import Path
 
     from agent.agent import Agent
@@ -33,14 +33,14 @@ def sim_hardware(node: SimNode) -> Hardware:
 
 
 class SimCluster:
-    """Simulated nodes, each with an agent streaming to ``collector``."""
+    """Simulated nodes, each with an agent streaming to ``collector`` (or a list of them)."""
 
     def __init__(  # noqa: PLR0913 - cluster shape and timing
         self,
         names: Iterable[str],
         root: Path,
         clock: Clock,
-        collector: str,
+        collector: str | Sequence[str],
         *,
         poll_interval: float = 0.5,
         heartbeat_interval: float = 1.0,
@@ -74,8 +74,10 @@ class SimCluster:
             self.job_sockets[name] = (job_socket_dir or root) / f"{name}.sock"
             for port in node.ib_ports:
                 port.traffic_bytes_per_s = ib_traffic_bytes_per_s
+            several = not isinstance(collector, str)
             cfg = AgentConfig(
-                collector=collector,
+                collector=None if several else str(collector),
+                collectors=tuple(collector) if several else None,
                 node=name,
                 poll_interval=poll_interval,
                 heartbeat_interval=heartbeat_interval,
