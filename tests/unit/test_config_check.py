@@ -84,6 +84,7 @@ class TestExamples:
         for name in ("drain", "notify"):
             (etc / f"{name}.secret").write_text(f"{name}-secret\n")
         (etc / "api.token").write_text("api-token\n")
+        (etc / "journal-password").write_text("journal-password\n")
         make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
