@@ -7,7 +7,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collector.actions.config import ENV_NAME, ActionsConfig, parse_actions, read_secret
+from collector.actions.config import (
+    ActionsConfig,
+    check_secret_keys,
+    parse_actions,
+    read_secret,
+)
 from collector.exceptions import ConfigError
 from collector.ingest_throttle import DEFAULT_LIMITS, IngestLimits
 from collector.jobs.config import JobsConfig
@@ -103,20 +108,12 @@ class CollectorConfig:
         check_log_level(self.log_level, "collector config", ConfigError)
 
     def _check_api_token_keys(self) -> None:
-        token_file: object = self.api_token_file  # typed by the loader; code may pass anything
-        if token_file is not None and not isinstance(token_file, Path):
-            msg = f"collector config: api_token_file must be a path, got {short_repr(token_file)}"
-            raise ConfigError(msg)
-        env: object = self.api_token_env
-        if env is not None and (not isinstance(env, str) or not ENV_NAME.fullmatch(env)):
-            msg = (
-                "collector config: api_token_env must name an environment variable, "
-                f"got {short_repr(env)}"
-            )
-            raise ConfigError(msg)
-        if token_file is not None and env is not None:
-            msg = "collector config: takes api_token_file or api_token_env, not both"
-            raise ConfigError(msg)
+        check_secret_keys(
+            self.api_token_file,
+            self.api_token_env,
+            file_key="api_token_file",
+            env_key="api_token_env",
+        )
 
     def journal_password(self, environ: Mapping[str, str]) -> str | None:
         """The PostgreSQL journal's password; None: libpq finds it (PGPASSFILE) or none is needed.

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import psycopg
 
-from collector.actions.config import ENV_NAME
+from collector.actions.config import check_secret_keys
 from collector.exceptions import ConfigError
 from fleetwatch.config_file import short_repr
 
@@ -26,21 +25,12 @@ def check_journal_keys(cfg: CollectorConfig) -> None:
     env: object = cfg.journal_password_env
     if dsn is not None:
         check_dsn(dsn)
-    if password_file is not None and not isinstance(password_file, Path):
-        msg = (
-            "collector config: journal_password_file must be a path, "
-            f"got {short_repr(password_file)}"
-        )
-        raise ConfigError(msg)
-    if env is not None and (not isinstance(env, str) or not ENV_NAME.fullmatch(env)):
-        msg = (
-            "collector config: journal_password_env must name an environment variable, "
-            f"got {short_repr(env)}"
-        )
-        raise ConfigError(msg)
-    if password_file is not None and env is not None:
-        msg = "collector config: takes journal_password_file or journal_password_env, not both"
-        raise ConfigError(msg)
+    check_secret_keys(
+        password_file,
+        env,
+        file_key="journal_password_file",
+        env_key="journal_password_env",
+    )
     if (password_file is not None or env is not None) and dsn is None:
         msg = "collector config: a journal password is set but journal_dsn is not"
         raise ConfigError(msg)

@@ -10,7 +10,7 @@ live peer from a node that went silent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.store_incidents import IncidentStore
 
@@ -125,8 +125,14 @@ def select_events(  # noqa: PLR0913 - the API's filters
     return [event_from_db(r) for r in db.rows(sql, (*params, limit))]
 
 
-class EventReader(Protocol):
-    """Reads for the HTTP API and the CLI, off the journal's writer thread."""
+class EventReader:
+    """Reads for the HTTP API and the CLI, off the journal's writer thread.
+
+    Each backend says how a read gets a connection (:meth:`_run`); the queries are shared.
+    """
+
+    def _run(self, fn: Callable[[SqlConn], T]) -> T:
+        raise NotImplementedError
 
     def events(
         self,
@@ -138,19 +144,22 @@ class EventReader(Protocol):
         newest_first: bool = False,
     ) -> list[EventRow]:
         """Events matching the filters, ordered by journal id."""
-        ...
+        return self._run(
+            lambda db: select_events(
+                db, node=node, kind=kind, after_id=after_id, limit=limit, newest_first=newest_first
+            )
+        )
 
     def read(self, fn: Callable[[IncidentStore], T]) -> T:
         """Run a read of the incident, action or silence tables."""
-        ...
+        return self._run(lambda db: fn(IncidentStore(db)))
 
     def count(self) -> int:
         """How many events the journal holds."""
-        ...
+        return self._run(lambda db: int(db.rows("SELECT COUNT(*) FROM events")[0][0]))
 
     def close(self) -> None:
         """Let go of any connection it holds."""
-        ...
 
 
 class EventStore:

@@ -21,9 +21,8 @@ import psycopg
 import structlog
 
 from collector.exceptions import JournalError
-from collector.store_events import EventRow, EventStore, select_events
-from collector.store_incidents import IncidentStore
-from collector.store_sql import MIGRATION_LOCK, PgConn, Row
+from collector.store_events import EventReader, EventStore
+from collector.store_sql import MIGRATION_LOCK, PgConn, Row, SqlConn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -197,7 +196,7 @@ class PostgresStore(EventStore):
         super().__init__(db, collector)
 
 
-class PostgresReader:
+class PostgresReader(EventReader):
     """Read-only queries for the HTTP API, on a connection of their own."""
 
     def __init__(self, dsn: str, *, password: str | None = None) -> None:
@@ -205,38 +204,10 @@ class PostgresReader:
         self._connect = connector(dsn, password, "fleetwatch-collector-api")
         self._db: PgConn | None = None
 
-    def _conn(self) -> PgConn:
+    def _run(self, fn: Callable[[SqlConn], T]) -> T:
         if self._db is None:
             self._db = PgConn(self._connect)
-        return self._db
-
-    def events(
-        self,
-        *,
-        node: str | None = None,
-        kind: str | None = None,
-        after_id: int = 0,
-        limit: int = 100,
-        newest_first: bool = False,
-    ) -> list[EventRow]:
-        """Return events matching the filters, ordered by journal id."""
-        return select_events(
-            self._conn(),
-            node=node,
-            kind=kind,
-            after_id=after_id,
-            limit=limit,
-            newest_first=newest_first,
-        )
-
-    def read(self, fn: Callable[[IncidentStore], T]) -> T:
-        """Run a read of the incident, action or silence tables."""
-        return fn(IncidentStore(self._conn()))
-
-    def count(self) -> int:
-        """Return how many events the journal holds."""
-        ((n,),) = self._conn().rows("SELECT COUNT(*) FROM events")
-        return int(n)
+        return fn(self._db)
 
     def close(self) -> None:
         """Close the connection, if one was opened."""

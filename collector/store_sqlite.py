@@ -14,9 +14,9 @@ import sqlite3
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.exceptions import JournalError
-from collector.store_events import EventRow, EventStore, NodeRow, select_events
-from collector.store_incidents import SCHEMA_V2, IncidentStore
-from collector.store_sql import SqliteConn
+from collector.store_events import EventReader, EventRow, EventStore, NodeRow
+from collector.store_incidents import SCHEMA_V2
+from collector.store_sql import SqlConn, SqliteConn
 
 __all__ = ["EventRow", "JournalReader", "NodeRow", "SqliteStore"]
 
@@ -118,7 +118,7 @@ def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
     return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
-class JournalReader:
+class JournalReader(EventReader):
     """Read-only queries on a journal file, from any thread (one connection per call)."""
 
     __slots__ = ("path",)
@@ -127,39 +127,7 @@ class JournalReader:
         """Point at the journal file; nothing is opened yet."""
         self.path = path
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
-
-    def events(
-        self,
-        *,
-        node: str | None = None,
-        kind: str | None = None,
-        after_id: int = 0,
-        limit: int = 100,
-        newest_first: bool = False,
-    ) -> list[EventRow]:
-        """Return events matching the filters, ordered by journal id."""
-        with contextlib.closing(self._connect()) as conn:
-            return select_events(
-                SqliteConn(conn),
-                node=node,
-                kind=kind,
-                after_id=after_id,
-                limit=limit,
-                newest_first=newest_first,
-            )
-
-    def read(self, fn: Callable[[IncidentStore], T]) -> T:
-        """Run a read of the incident, action or silence tables on a fresh read-only connection."""
-        with contextlib.closing(self._connect()) as conn:
-            return fn(IncidentStore(SqliteConn(conn)))
-
-    def close(self) -> None:
-        """Nothing to close: every call opens and closes its own connection."""
-
-    def count(self) -> int:
-        """Return how many events the journal holds."""
-        with contextlib.closing(self._connect()) as conn:
-            (n,) = conn.execute("SELECT COUNT(*) FROM events").fetchone()
-        return int(n)
+    def _run(self, fn: Callable[[SqlConn], T]) -> T:
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
+        with contextlib.closing(conn):
+            return fn(SqliteConn(conn))

@@ -75,6 +75,21 @@ def _check_safety(values: dict[str, Any]) -> None:
             check_number(value, key, ConfigError, inclusive=attr == "max_drained_share")
 
 
+def check_secret_keys(file: object, env: object, *, file_key: str, env_key: str) -> None:
+    """A secret's two keys: a path, or the name of an environment variable, not both."""
+    if file is not None and not isinstance(file, Path):
+        msg = f"collector config: {file_key} must be a path, got {short_repr(file)}"
+        raise ConfigError(msg)
+    if env is not None and (not isinstance(env, str) or not ENV_NAME.fullmatch(env)):
+        msg = (
+            f"collector config: {env_key} must name an environment variable, got {short_repr(env)}"
+        )
+        raise ConfigError(msg)
+    if file is not None and env is not None:
+        msg = f"collector config: takes {file_key} or {env_key}, not both"
+        raise ConfigError(msg)
+
+
 def read_secret(
     file: Path | None,
     env: str | None,
