@@ -197,7 +197,8 @@ class FleetActions:
     given back; ``draining``: nodes with a drain planned or running; ``resetting``: reset targets
     (GPU keys) planned or running; ``drains_since``: drains started within the breaker window;
     ``last_ms``: (action kind, where) -> the newest start of that action there, for cooldowns
-    (where: the node, or for resets the incident's target);
+    (where: the node, or for resets the incident's target; only starts within the cooldown when
+    the caller gives one);
     ``breaker_open_until_ms``: when the fleet-wide breaker closes (0: closed); ``nodes``: how
     many nodes the journal knows.
     """
@@ -297,6 +298,7 @@ class IncidentStore:
         decide: Callable[[FleetActions], Decision],
         *,
         breaker_window_ms: int,
+        cooldown_ms: int | None = None,
     ) -> tuple[int, bool, str, str]:
         """Decide and record an action under the fleet lock: (id, new, state, why).
 
@@ -313,7 +315,10 @@ class IncidentStore:
             if existing:
                 ((aid, state, detail),) = existing
                 return int(aid), False, str(state), str(detail)
-            fleet = self._fleet_actions(row.created_ms - breaker_window_ms)
+            fleet = self._fleet_actions(
+                row.created_ms - breaker_window_ms,
+                None if cooldown_ms is None else row.created_ms - cooldown_ms,
+            )
             state, why, breaker_until_ms = decide(fleet)
             if breaker_until_ms > fleet.breaker_open_until_ms:
                 self._set_state(BREAKER_KEY, breaker_until_ms)
@@ -340,6 +345,7 @@ class IncidentStore:
         *,
         now_ms: int,
         breaker_window_ms: int,
+        cooldown_ms: int | None = None,
     ) -> tuple[str, str]:
         """A waiting action may run now: decide under the fleet lock, and mark it running if so.
 
@@ -351,7 +357,9 @@ class IncidentStore:
             now = self._db.rows("SELECT state FROM actions WHERE id = ?", (action_id,))
             if not now or now[0][0] != "deferred":
                 return "taken", f"no longer waiting: {now[0][0] if now else 'gone'}"
-            fleet = self._fleet_actions(now_ms - breaker_window_ms)
+            fleet = self._fleet_actions(
+                now_ms - breaker_window_ms, None if cooldown_ms is None else now_ms - cooldown_ms
+            )
             state, why, breaker_until_ms = decide(fleet)
             if breaker_until_ms > fleet.breaker_open_until_ms:
                 self._set_state(BREAKER_KEY, breaker_until_ms)
@@ -370,7 +378,7 @@ class IncidentStore:
         """What the whole fleet's collectors are doing (drains counted since ``since_ms``)."""
         return self._fleet_actions(since_ms)
 
-    def _fleet_actions(self, since_ms: int) -> FleetActions:
+    def _fleet_actions(self, since_ms: int, recent_ms: int | None = None) -> FleetActions:
         drained: dict[str, str] = {}
         for node, incident, action in self._db.rows(
             "SELECT node, incident_id, action FROM actions WHERE state = 'succeeded' AND "
@@ -397,7 +405,8 @@ class IncidentStore:
                 "SELECT action, CASE WHEN action IN ('reset_gpu', 'escalated_reset_gpu') "
                 "THEN target ELSE node END AS place, MAX(created_ms) FROM actions "
                 "WHERE state IN ('planned', 'running', 'succeeded', 'failed') "
-                "GROUP BY action, place",
+                "AND created_ms >= ? GROUP BY action, place",
+                (-1 if recent_ms is None else recent_ms,),
             )
         }
         return FleetActions(

@@ -271,7 +271,11 @@ class Dispatcher:
         now_ms, window_ms = self._now_ms(), int(self.safety.breaker_window_s * 1000)
         return await self._journal.do(
             lambda s: s.incidents.reopen_decided(
-                action_id, decide, now_ms=now_ms, breaker_window_ms=window_ms
+                action_id,
+                decide,
+                now_ms=now_ms,
+                breaker_window_ms=window_ms,
+                cooldown_ms=int(self.safety.node_cooldown_s * 1000),
             )
         )
 
@@ -327,7 +331,12 @@ class Dispatcher:
 
         window_ms = int(self.safety.breaker_window_s * 1000)
         action_id, new, state, why = await self._journal.do(
-            lambda s: s.incidents.decide_action(row, decide, breaker_window_ms=window_ms)
+            lambda s: s.incidents.decide_action(
+                row,
+                decide,
+                breaker_window_ms=window_ms,
+                cooldown_ms=int(self.safety.node_cooldown_s * 1000),
+            )
         )
         if new:
             self._count_new(action_id, name, state, incident.node)

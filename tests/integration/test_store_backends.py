@@ -200,6 +200,23 @@ class TestFleetDecisions:
         inc.open_breaker(50_000)  # never shortened
         assert inc.fleet_actions(0).breaker_open_until_ms == 99_000
 
+    def test_cooldowns_read_only_recent_starts(self, backend: Open):
+        """With a cooldown given, starts older than it are not read (the table keeps growing)."""
+        open_store, _ = backend
+        inc = open_store("c1").incidents
+        inc.add_action(action("old", node="n1", created_ms=1_000))
+        inc.add_action(action("new", node="n2", created_ms=9_000))
+        seen: list[FleetActions] = []
+
+        def look(fleet: FleetActions) -> tuple[str, str, int]:
+            seen.append(fleet)
+            return "skipped", "looked", 0
+
+        inc.decide_action(
+            action("k", created_ms=10_000), look, breaker_window_ms=1, cooldown_ms=5_000
+        )
+        assert set(seen[0].last_ms) == {("drain_node", "n2")}
+
 
 class TestPostgresOnly:
     def test_two_collectors_race_for_one_drain_slot(self, pg_dsn: str):
