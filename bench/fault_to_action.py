@@ -56,7 +56,7 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
@@ -69,6 +69,9 @@ from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_actions import webhook_actions_toml
 from sim_fleet import node_names, percentile
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM_FLEET = Path(__file__).resolve().parent / "sim_fleet.py"
@@ -175,18 +178,29 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
 
 
 class FleetProcess:
-    """``bench/sim_fleet.py`` as a child: JSON lines to its stdin, JSON lines from its stdout."""
+    """``bench/sim_fleet.py`` as a child: JSON lines to its stdin, JSON lines from its stdout.
 
-    def __init__(self, args: list[str], stderr: IO[bytes]) -> None:
+    ``script`` and ``preexec`` let other benchmarks run another script that speaks the same
+    pipe (``bench/ingest_load.py``), e.g. pinned to a core.
+    """
+
+    def __init__(
+        self,
+        args: list[str],
+        stderr: IO[bytes],
+        *,
+        script: Path = SIM_FLEET,
+        preexec: Callable[[], None] = _die_with_parent,
+    ) -> None:
         self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
-            [sys.executable, str(SIM_FLEET), *args],
+            [sys.executable, str(script), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
             bufsize=1,
             cwd=ROOT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no locks are taken before exec
+            preexec_fn=preexec,  # noqa: PLW1509 - no locks are taken before exec
         )
         self._changed = threading.Condition()
         self._messages: list[dict[str, Any]] = []

@@ -70,6 +70,7 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.NODE_REACHABLE: pb.EVENT_KIND_NODE_REACHABLE,
 }
 _EVENT_FROM_PB: Final = {v: k for k, v in _EVENT_TO_PB.items()}
+_tuple_new: Final = tuple.__new__
 
 
 class Target(NamedTuple):
@@ -139,13 +140,12 @@ class Target(NamedTuple):
 
     @classmethod
     def from_pb(cls, msg: pb.Target) -> Target:
-        """Convert from a validated wire message."""
-        return cls(
-            kind=_TARGET_FROM_PB[msg.kind],
-            gpu_uuid=msg.gpu_uuid,
-            index=msg.index,
-            device=msg.device,
-        )
+        """Convert from a validated wire message.
+
+        Built with ``tuple.__new__`` (what the generated ``__new__`` calls, minus a Python
+        frame and keyword handling): the collector converts every sample's target.
+        """
+        return _tuple_new(cls, (_TARGET_FROM_PB[msg.kind], msg.gpu_uuid, msg.index, msg.device))
 
 
 def event_kind_to_pb(kind: EventKind) -> pb.EventKind:

@@ -1,0 +1,347 @@
+"""Collector capacity: the largest fleet one collector process keeps up with at one report a second.
+
+Run from the repository root: ``.venv/bin/python bench/collector_ingest.py [--quick] ...``.
+The last line of output is one JSON object (see the project's benchmark contract). It needs two
+CPUs: the collector is pinned to one, everything else (the load, this process, the webhook
+receiver, py-spy) to the other.
+
+What runs, all on loopback:
+
+* ``bench/ingest_record.py`` once, first: real agents on simulated nodes, recorded against a
+  stand-in collector (a busy node's Hello, first Report and one counter interval of steady
+  Reports at a 1 s poll, its corrected-AER event, and what agents sent after each fault of
+  ``bench/fault_to_action.py``);
+* for each fleet size, a fresh real collector process (``fleetwatch collector --config``: a
+  SQLite journal, the built-in rules, every setting its default but the actions, which are
+  ``bench/fault_to_action.py``'s signed webhooks), pinned to one CPU;
+* ``bench/ingest_load.py`` processes on the other CPU (one per ``--nodes-per-process`` nodes):
+  each node its own gRPC channel and stream, replaying the recording as raw bytes prepared
+  once (``bench/ingest_wire.py``): Hello, first Report, then one Report a second (``--interval``)
+  at a random phase; ``--events-per-s`` times a second (5), a random node sends the AER event.
+
+Ingest lag: an event's ack comes once the event is journaled (committed), and a stream is
+handled in order, so the time from a node's write of an event to the ack that covers it bounds
+how long everything that node sent before it took to reach the collector's model. The lag of a
+size is that time for every probe event written in the measurement window (``--window``
+seconds, after ``--warmup`` seconds once every node is connected and its first Report is in).
+The collector keeps up with a size when, in the window: the lag's p99 is under 1 s; it is not
+growing (the median of the window's last third is within ``GROWTH_LIMIT_MS`` of its first
+third's); no stream fell a whole interval behind (gRPC flow control holding the load back); no
+event was left without its ack for more than 2 s; every node connected. The load's own
+lateness (how late its tasks woke for their slots, a busy load process) and CPU are reported
+apart: a size where the load could not keep its schedule is not counted as kept up.
+
+Sizes: 256, 1,024, 4,096 and 8,192 nodes (``--sizes``), then ``--bisect`` more between the largest
+kept up and the smallest not; a size above one that failed clearly (not all connected, or lag p99
+over 5 s) is not run unless ``--all-sizes``. ``max_nodes_at_1hz`` is the largest size kept up (at
+``--interval``, 1 s unless told); ``cpu_cores_at_max`` the collector's CPU seconds per second in
+that size's window; ``rss_mb_per_1000_nodes`` its RSS at the end of the window less its RSS idle
+(started, no node), per 1,000 nodes. Then ``fault_to_action_p99_ms_at_2048``: a fresh collector with
+2,048 nodes of this load (or the largest size kept up with, if smaller: the JSON then has
+``fault_to_action_p99_ms`` and ``fault_nodes``, and the 2,048 figure is null with a ``why``); once
+warm, ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each on its own node, one every
+100 to 200 ms: the recorded messages of that fault sent on the node's stream; latency is the arrival
+of the first webhook naming the node minus the write of the fault's first message (so, unlike
+``fault_to_action.py``, without the agent's own detection).
+
+``--profile`` runs py-spy on the collector during the window of ``--profile-nodes`` nodes and
+prints the top functions. ``--quick``: 256 and 1,024 nodes, short windows, no fault run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetwatch.clock import SystemClock
+from fleetwatch.webhook_receiver import WebhookReceiver
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_to_action import SECRET
+from ingest_procs import Cores, log, record
+from ingest_size import (
+    GPUS_PER_NODE,
+    GROWTH_LIMIT_MS,
+    LAG_LIMIT_MS,
+    LATE_LIMIT_MS,
+    UNACKED_LIMIT_S,
+    Context,
+    run_size,
+)
+
+SIZES = (256, 1024, 4096, 8192)
+QUICK_SIZES = (256, 1024)
+FAULT_NODES = 2048
+BISECT_STEP = 128
+TARGET_NODES = 4096
+TARGET_P99_MS = 250.0
+
+
+def bisect_sizes(rows: list[dict[str, Any]], steps: int, ctx: Context) -> None:
+    for _ in range(steps):
+        good = [r["nodes"] for r in rows if r["kept_up"]]
+        bad = [r["nodes"] for r in rows if not r["kept_up"]]
+        if not good or not bad:
+            return
+        low = max(good)
+        high = min(n for n in bad if n > low) if any(n > low for n in bad) else None
+        if high is None or high - low <= BISECT_STEP:
+            return
+        mid = (low + high) // 2 // BISECT_STEP * BISECT_STEP
+        if mid in (low, high):
+            return
+        log(f"size {mid} (between {low} kept up and {high} not) ...")
+        row = run_size(ctx, mid)
+        show_row(row)
+        rows.append(row)
+
+
+def show_row(row: dict[str, Any]) -> None:
+    verdict = "kept up" if row["kept_up"] else f"NOT kept up: {row.get('why_not')}"
+    log(
+        f"  {row['nodes']} nodes: {verdict}; lag p50/p99/max "
+        f"{row.get('lag_p50_ms')}/{row.get('lag_p99_ms')}/{row.get('lag_max_ms')} ms, "
+        f"collector {row.get('collector_cpu_cores')} cores, "
+        f"RSS {row.get('collector_rss_mb')} MB, load {row.get('load_cpu_cores')} cores "
+        f"(late p99 {row.get('load_late_p99_ms')} ms)"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> None:
+    cols = (
+        ("nodes", "nodes"),
+        ("kept", "kept_up"),
+        ("rep/s", "reports_per_s"),
+        ("lag p50", "lag_p50_ms"),
+        ("lag p99", "lag_p99_ms"),
+        ("lag max", "lag_max_ms"),
+        ("growth", "lag_growth_ms"),
+        ("skipped", "reports_skipped"),
+        ("coll cores", "collector_cpu_cores"),
+        ("RSS MB", "collector_rss_mb"),
+        ("MB/1k", "rss_mb_per_1000_nodes"),
+        ("connect s", "connect_s"),
+        ("load cores", "load_cpu_cores"),
+        ("late p99", "load_late_p99_ms"),
+        ("busy", "machine_cpu_busy_share"),
+    )
+    log(" | ".join(f"{name:>10}" for name, _ in cols))
+    for row in sorted(rows, key=lambda r: r["nodes"]):
+        log(" | ".join(f"{fmt(row.get(key)):>10}" for _, key in cols))
+
+
+def fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def result_of(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    fault_row: dict[str, Any] | None,
+    cores: Cores,
+) -> dict[str, Any]:
+    kept = [r for r in rows if r["kept_up"]]
+    best = max(kept, key=lambda r: r["nodes"]) if kept else None
+    out: dict[str, Any] = {
+        "max_nodes_at_1hz": best["nodes"] if best else None,
+        "cpu_cores_at_max": best["collector_cpu_cores"] if best else None,
+        "rss_mb_per_1000_nodes": best["rss_mb_per_1000_nodes"] if best else None,
+        "fault_to_action_p99_ms_at_2048": None,
+    }
+    whys = []
+    if best is None:
+        whys.append("no size was kept up with")
+    if fault_row is None:
+        whys.append(
+            "no fault run (--faults 0, or no size kept up with)"
+            if args.faults <= 0 or best is None
+            else "no fault run"
+        )
+    elif fault_row["nodes"] != args.fault_nodes:
+        whys.append(
+            f"the collector did not keep up with {args.fault_nodes} nodes: faults ran at "
+            f"{fault_row['nodes']} (fault_to_action_p99_ms)"
+        )
+    elif fault_row.get("fault_p99_ms") is None:
+        whys.append(f"fault run: {fault_row.get('fault_why') or fault_row.get('why_not')}")
+    else:
+        out["fault_to_action_p99_ms_at_2048"] = fault_row["fault_p99_ms"]
+    if whys:
+        out["why"] = "; ".join(whys)
+    out |= {
+        "max_gpus_at_1hz": best["nodes"] * GPUS_PER_NODE if best else None,
+        "target_nodes": TARGET_NODES,
+        "meets_target_nodes": bool(best and best["nodes"] >= TARGET_NODES),
+        "target_fault_p99_ms": TARGET_P99_MS,
+        "report_interval_s": 1.0,
+        "lag_definition": (
+            "probe event written by the load -> the collector's ack (after the journal commit);"
+            " a stream is handled in order, so it bounds the lag of every report before it"
+        ),
+        "kept_up_definition": (
+            f"in a {args.window:g} s window after {args.warmup:g} s of warm-up: lag p99 < "
+            f"{LAG_LIMIT_MS:g} ms, lag median growth first to last third <= {GROWTH_LIMIT_MS:g} ms,"
+            f" no report slot skipped, no event unacked > {UNACKED_LIMIT_S:g} s, the load's own"
+            f" lateness p99 <= {LATE_LIMIT_MS:g} ms"
+        ),
+        "pinning": (
+            f"collector on CPU {cores.collector}; load processes, this process, the webhook "
+            f"receiver and py-spy on CPU {cores.load}"
+        ),
+        "sizes": sorted(rows, key=lambda r: r["nodes"]),
+        "fault_run": fault_row,
+        "fault_nodes": None if fault_row is None else fault_row["nodes"],
+        "fault_to_action_p99_ms": None if fault_row is None else fault_row.get("fault_p99_ms"),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "machine": f"{os.cpu_count()} cpus, python {sys.version.split()[0]}",
+    }
+    return out
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="256 and 1,024 nodes, short windows, no faults")
+    add("--sizes", type=int, nargs="+", help="fleet sizes to run (default 256 1024 4096 8192)")
+    add("--all-sizes", action="store_true", help="run larger sizes after one failed clearly")
+    add("--bisect", type=int, default=2, help="extra sizes between kept up and not")
+    add("--interval", type=float, default=1.0, help="s between a node's reports")
+    add("--warmup", type=float, default=10.0, help="s between connected and the window")
+    add("--window", type=float, default=30.0, help="s measured")
+    add("--events-per-s", type=float, default=5.0, help="probe events a second, whole fleet")
+    add("--nodes-per-process", type=int, default=2048, help="nodes per load process")
+    add("--connecting", type=int, default=32, help="nodes connecting at once")
+    add("--connect-timeout", type=float, default=240.0, help="s for every node to get in")
+    add("--faults", type=int, default=120, help="faults in the fault run (0: no fault run)")
+    add("--fault-nodes", type=int, default=FAULT_NODES, help="nodes of load in the fault run")
+    add("--fault-timeout", type=float, default=30.0, help="s to wait for a fault's webhook")
+    add("--scrape-max-nodes", type=int, default=1024, help="time a /metrics scrape up to")
+    add("--profile", action="store_true", help="py-spy the collector in one size's window")
+    add("--profile-nodes", type=int, default=1024, help="the size --profile profiles")
+    add("--recording", type=Path, help="reuse a recording (bench/ingest_record.py --out)")
+    add("--workdir", type=Path, help="keep journals, logs, profiles and the recording here")
+    add("--seed", type=int, default=1)
+    add(
+        "--collector-command",
+        nargs="+",
+        help="run this instead of the venv's fleetwatch, e.g. another checkout's, to compare "
+        "(it gets 'collector --config FILE')",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes = args.sizes or list(QUICK_SIZES)
+        args.warmup, args.window = min(args.warmup, 5.0), min(args.window, 10.0)
+        args.bisect, args.faults = 0, 0
+    args.sizes = args.sizes or list(SIZES)
+    return args
+
+
+def run_sizes(ctx: Context) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every size asked for (but those above one that failed clearly), then the bisection."""
+    rows: list[dict[str, Any]] = []
+    not_run: list[int] = []
+    for nodes in ctx.args.sizes:
+        failed = [r["nodes"] for r in rows if r.get("clear_fail")]
+        if failed and nodes > min(failed) and not ctx.args.all_sizes:
+            log(f"size {nodes}: not run ({min(failed)} nodes already failed clearly)")
+            not_run.append(nodes)
+            continue
+        log(f"size {nodes} ...")
+        row = run_size(ctx, nodes)
+        show_row(row)
+        rows.append(row)
+    bisect_sizes(rows, ctx.args.bisect, ctx)
+    return rows, not_run
+
+
+def run_fault_size(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fault run at ``--fault-nodes``, or at the largest size kept up with if smaller."""
+    kept = [r["nodes"] for r in rows if r["kept_up"]]
+    if ctx.args.faults <= 0 or not kept:
+        return None
+    nodes = min(ctx.args.fault_nodes, max(kept))
+    log(f"fault to action at {nodes} nodes ...")
+    row = run_size(ctx, nodes, faults=True)
+    show_row(row)
+    log(
+        f"  faults: p50 {row.get('fault_p50_ms')} ms, p99 {row.get('fault_p99_ms')} ms, "
+        f"max {row.get('fault_max_ms')} ms, {row.get('faults_without_webhook')} without a webhook"
+    )
+    return row
+
+
+def show_profiles(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        if "profile" not in row:
+            continue
+        prof = row["profile"]
+        log(f"profile of the collector at {row['nodes']} nodes ({prof['samples']} samples):")
+        for name, share in prof["total"][:20]:
+            log(f"  total {share:6.1%}  {name}")
+        for name, share in prof["own"][:20]:
+            log(f"  own   {share:6.1%}  {name}")
+
+
+def main() -> None:
+    args = parse_args()
+
+    def on_term(*_: object) -> None:
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    began = time.monotonic()
+    try:
+        cores = Cores.pick()
+    except RuntimeError as exc:
+        keys = ("max_nodes_at_1hz", "cpu_cores_at_max", "rss_mb_per_1000_nodes")
+        failed = dict.fromkeys((*keys, "fault_to_action_p99_ms_at_2048"))
+        print(json.dumps(failed | {"why": str(exc)}, sort_keys=True), flush=True)
+        raise SystemExit(1) from exc
+    os.sched_setaffinity(0, {cores.load})  # before any thread starts: they inherit it
+    tmp = tempfile.mkdtemp(prefix="fleetwatch-ingest-")
+    workdir = args.workdir or Path(tmp)
+    workdir.mkdir(parents=True, exist_ok=True)
+    receiver = WebhookReceiver(clock=SystemClock(), secret=SECRET)
+    receiver.start()
+    try:
+        recording = args.recording or record(workdir, cores.load)
+        command = args.collector_command or [str(Path(sys.executable).parent / "fleetwatch")]
+        ctx = Context(args, cores, receiver, recording, workdir, command)
+        log(
+            f"collector_ingest: sizes {args.sizes}, a report every {args.interval:g} s, "
+            f"{args.warmup:g} s warm-up, {args.window:g} s window, {args.events_per_s:g} probe "
+            f"events a second; collector on CPU {cores.collector}, load on CPU {cores.load}"
+        )
+        rows, not_run = run_sizes(ctx)
+        fault_row = run_fault_size(ctx, rows)
+    finally:
+        receiver.stop()
+        if args.workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    show_profiles(rows)
+    table(rows)
+    result = result_of(args, rows, fault_row, cores)
+    result["sizes_not_run"] = not_run
+    result["wall_s"] = round(time.monotonic() - began, 1)
+    print(json.dumps(result, sort_keys=True), flush=True)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
