@@ -1,7 +1,8 @@
 """The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
 
 from collector.fleet import FleetModel
-from collector.incidents import Evaluator
+from collector.incidents import Evaluator, watched_signals
+from fleetwatch.model import Target
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.loader import parse_rules
 from rules.xid_catalog import load_catalog
@@ -67,3 +68,47 @@ def test_urgent_tick_evaluates_only_what_changed():
     outcomes = ev.tick(urgent=True)
     assert ev.evaluations - before == 1
     assert {o.transition.incident.target for o in outcomes} == {"n07"}
+
+
+HOT = """\
+version: 1
+rules:
+  - name: hot
+    scope: gpu
+    when: 'has(gpu.signals.temperature_celsius) && gpu.signals.temperature_celsius > 90.0'
+    severity: warning
+"""
+
+
+class TestWatchedSignals:
+    def test_only_samples_a_condition_reads_queue_the_target(self):
+        """A busy GPU's power changes every poll and no rule reads it: its rules are not queued
+        for it. A temperature a rule reads, or an NVLink state the model turns into
+        nvlinks_down, queues them."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = Evaluator(
+            rules=parse_rules(HOT, "t.yaml"), fleet=fleet, catalog=load_catalog(), clock=clock
+        )
+        ev.tick()  # the first sweep
+        node = fleet.view()["n1"]
+        (gpu,) = node.gpus.values()
+        before = ev.evaluations
+        ev.note_sample(node, Target.gpu(gpu.uuid), "power_watts", 400.0)
+        ev.tick(urgent=True)
+        assert ev.evaluations == before
+        ev.note_sample(node, Target.gpu(gpu.uuid), "temperature_celsius", 95.0)
+        ev.tick(urgent=True)
+        assert ev.evaluations == before + 1
+        ev.note_sample(node, Target.nvlink(gpu.uuid, 3), "nvlink_up", 0)
+        ev.tick(urgent=True)
+        assert ev.evaluations == before + 2
+
+    def test_a_condition_walking_the_signals_map_watches_everything(self):
+        walks = HOT.replace(
+            "'has(gpu.signals.temperature_celsius) && gpu.signals.temperature_celsius > 90.0'",
+            "'size(gpu.signals) > 3'",
+        )
+        assert watched_signals(parse_rules(walks, "t.yaml")) is None
+        assert "power_watts" not in (watched_signals(parse_rules(HOT, "t.yaml")) or {"power_watts"})
