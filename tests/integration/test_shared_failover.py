@@ -152,6 +152,11 @@ async def test_three_collectors_one_killed(  # noqa: C901, PLR0915 - one story, 
         for node in NODES:
             xid(node, 2, 13)  # an application Xid: journaled and notified, nothing drained
         await wait_until(lambda: drains(receiver)[drained_before] == 1, what="first drain")
+        # Its outcome journaled too: a kill between the webhook's answer and that write leaves
+        # the action running, which only the victim's own restart settles (docs/storage.md).
+        await wait_until(
+            lambda: query(pg_dsn, DRAINS_RUN) == [(drained_before, 1)], what="drain journaled"
+        )
 
         for node in on_victim:  # in flight while the victim dies
             xid(node, 3, 13)
