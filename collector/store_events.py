@@ -165,11 +165,14 @@ class EventReader:
 class EventStore:
     """Synchronous journal operations on one connection (the journal's writer thread)."""
 
-    def __init__(self, db: SqlConn, collector: str = "") -> None:
-        """Use ``db`` (schema already migrated); ``collector`` names this collector's rows."""
+    def __init__(self, db: SqlConn, collector: str = "", where: str = "") -> None:
+        """Use ``db`` (schema already migrated); ``collector`` names this collector's rows.
+
+        ``where`` says which journal it is, for logs: a path, or postgresql://host:port/db.
+        """
         self.db = db
         self.collector = collector
-        self.where = getattr(self, "where", "")  # set by the backend before this runs
+        self.where = where
         self.incidents = IncidentStore(db)
 
     @property

@@ -178,22 +178,22 @@ class PostgresStore(EventStore):
 
     def __init__(self, dsn: str, *, password: str | None = None, collector: str = "") -> None:
         """Connect and migrate; :class:`JournalError` names what failed (never the password)."""
-        self.where = describe(dsn)
+        where = describe(dsn)
         try:
             db = PgConn(connector(dsn, password))
         except psycopg.Error as exc:
-            msg = f"cannot open the journal at {self.where}: {_first_line(exc)}"
+            msg = f"cannot open the journal at {where}: {_first_line(exc)}"
             raise JournalError(msg) from exc
         try:
-            migrate(db, self.where)
+            migrate(db, where)
         except psycopg.Error as exc:
             db.close()
-            msg = f"cannot migrate the journal at {self.where}: {_first_line(exc)}"
+            msg = f"cannot migrate the journal at {where}: {_first_line(exc)}"
             raise JournalError(msg) from exc
         except JournalError:
             db.close()
             raise
-        super().__init__(db, collector)
+        super().__init__(db, collector, where)
 
 
 class PostgresReader(EventReader):

@@ -81,7 +81,6 @@ class SqliteStore(EventStore):
     def __init__(self, path: Path, collector: str = "") -> None:
         """Open (creating if needed) and migrate the journal at ``path``."""
         self.path = path
-        self.where = str(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -92,7 +91,7 @@ class SqliteStore(EventStore):
         except (OSError, sqlite3.Error) as exc:
             msg = f"cannot open the journal at {path}: {exc}"
             raise JournalError(msg) from exc
-        super().__init__(SqliteConn(conn), collector)
+        super().__init__(SqliteConn(conn), collector, str(path))
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
