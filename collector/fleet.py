@@ -11,13 +11,28 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_value_from_pb
+from collector.fleet_samples import MODEL_FIELDS, NodeSlots, TargetSlot
+from fleetwatch.model import (
+    EventKind,
+    SampleValue,
+    Target,
+    TargetKey,
+    TargetKind,
+    sample_value_from_pb,
+    target_from_key,
+    target_key_of,
+)
 from fleetwatch.wire.plausible import is_counter
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+# (target key, signal, value): a sample as the wire screen hands it on.
+KeyedSample = tuple[TargetKey, str, SampleValue]
+# More signal names than this (an agent making them up) and the table of what each is starts over.
+MAX_SIGNAL_TRAITS = 4096
 
 # Signals this collector does not model yet are kept as-is for the JSON API, up to this many per
 # node, so a misbehaving agent cannot grow the model without bound.
@@ -167,12 +182,20 @@ class FleetObserver(Protocol):
         """A new event was applied."""
         ...
 
-    def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
-        """A sample was applied."""
+    def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
+        """Samples of signals it :meth:`wants` were applied (the fast path's way to say it)."""
+        ...
+
+    def wants(self, signal: str) -> bool:
+        """Whether samples of ``signal`` can matter to it (asked once per signal name)."""
         ...
 
     def note_node(self, node: str) -> None:
         """The node's reachability changed."""
+        ...
+
+    def note_inventory(self, node: str) -> None:
+        """The node's state was made anew (a Hello): everything about it may read otherwise."""
         ...
 
 
@@ -183,7 +206,21 @@ class FleetModel:
         """Start with no nodes and no observer."""
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
-        self.observer: FleetObserver | None = None
+        self._observer: FleetObserver | None = None
+        # Per node, where each target's samples go; per signal name, what it is (see
+        # collector.fleet_samples). A node's slots are made again with its state, at its Hello.
+        self._slots: dict[str, NodeSlots] = {}
+        self._traits: dict[str, tuple[bool, bool, bool]] = {}
+
+    @property
+    def observer(self) -> FleetObserver | None:
+        """Who is told of changes (the rules' evaluator; a rule reload brings a new one)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: FleetObserver | None) -> None:
+        self._observer = observer
+        self._traits = {}  # what the new one wants is asked again
 
     def snapshot(self) -> dict[str, NodeState]:
         """Return a deep copy of every node, for readers on other threads.
@@ -230,7 +267,10 @@ class FleetModel:
                     port.down_events = old.ports[p.device, p.port].down_events
                 node.ports[p.device, p.port] = port
             self._nodes[hello.node] = node
-            return old is not None and not old.reachable
+            self._slots[hello.node] = NodeSlots()
+        if self.observer is not None:
+            self.observer.note_inventory(hello.node)
+        return old is not None and not old.reachable
 
     def restore(self, hello: pb.Hello, *, reachable: bool, mono: float, unix: float) -> None:
         """Re-create a node remembered from the journal, not connected until it says Hello."""
@@ -279,6 +319,7 @@ class FleetModel:
         """Drop a node another collector has taken over; False when it was not here."""
         with self._lock:
             gone = self._nodes.pop(name, None) is not None
+            self._slots.pop(name, None)
         if gone and self.observer is not None:
             self.observer.note_node(name)
         return gone
@@ -288,26 +329,63 @@ class FleetModel:
         return self.apply_samples(name, report.samples)
 
     def apply_samples(self, name: str, samples: Iterable[pb.Sample]) -> int:
+        """Apply (validated) wire samples; return how many counters went down."""
+        return self.apply_keyed(
+            name,
+            [(target_key_of(s.target), s.signal, sample_value_from_pb(s)) for s in samples],
+        )
+
+    def apply_keyed(self, name: str, samples: Iterable[KeyedSample]) -> int:
         """Apply (validated) samples; return how many counters went down.
 
         A counter lower than its previous value is taken as it is: a driver reload or an HCA
         reset starts counting again, and the rules' ``increase()`` counts from the new value.
+        The observer hears, once per call, of the samples of the signals it wants.
         """
-        # Once per sample for every sample of every node: each value is read from the message
-        # once, and the observer's method is looked up once per report.
-        note = self.observer.note_sample if self.observer is not None else None
-        from_pb = Target.from_pb
+        noted: list[tuple[TargetSlot, str, SampleValue]] = []
         resets = 0
         with self._lock:
             node = self._nodes[name]
-            for sample in samples:
-                target = from_pb(sample.target)
-                signal = sample.signal
-                value = sample_value_from_pb(sample)
-                resets += _apply_value(node, target, signal, value)
-                if note is not None:
-                    note(node, target, signal, value)
+            slots = self._slots[name]
+            by_key, all_values = slots.by_key, slots.values
+            traits = self._traits
+            for key, signal, value in samples:
+                slot = by_key.get(key) or slots.add(node, key)
+                trait = traits.get(signal) or self._trait(signal)
+                values = all_values[slot[1]]
+                if values is None or trait[1]:
+                    resets += _apply_value(node, target_from_key(key), signal, value)
+                else:
+                    old = values.get(signal)
+                    if old is not None:
+                        values[signal] = value
+                        if (
+                            trait[0]
+                            and not isinstance(value, str)
+                            and not isinstance(old, str)
+                            and value < old
+                        ):
+                            resets += 1
+                    elif len(values) < MAX_SIGNALS_PER_TARGET:
+                        values[signal] = value
+                if trait[2]:
+                    noted.append((slot, signal, value))
+        if noted and self._observer is not None:
+            self._observer.note_samples(name, noted)
         return resets
+
+    def _trait(self, signal: str) -> tuple[bool, bool, bool]:
+        """(a counter, kept in a model field, wanted by the observer) of a signal name."""
+        if len(self._traits) >= MAX_SIGNAL_TRAITS:
+            self._traits = {}
+        observer = self._observer
+        trait = (
+            is_counter(signal),
+            signal in MODEL_FIELDS,
+            observer is not None and observer.wants(signal),
+        )
+        self._traits[signal] = trait
+        return trait
 
     def apply_event(
         self,

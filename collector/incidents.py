@@ -2,9 +2,11 @@
 
 On every tick the evaluator looks at the targets something happened to (a sample or an event),
 the targets with an open incident (their ``for``/``keep_firing_for`` timers run), and, every
-``full_sweep_s``, everything (windows age out without anything happening). Conditions run in
-CEL; the engine turns their results into incident transitions, returned with the verdict on
-whether their actions may run.
+``full_sweep_s``, the targets whose answers can change with time alone: those whose windows hold
+something that will age out (an event, a counter that moved), GPUs a training rank runs on, and,
+for rules that read the ``fleet`` or ``share_of_ports()``, every target. Conditions run in CEL;
+the engine turns their results into incident transitions, returned with the verdict on whether
+their actions may run.
 
 Grouping: a firing critical node-level incident suppresses the GPU, NVLink and IB-port incidents
 of that node that fire after it (they are journaled as suppressed and run no actions).
@@ -19,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from collector.fleet_samples import SLOT_ALSO, SLOT_KEY, TargetSlot, rules_key
 from collector.history import History, PastEvent
 from collector.target_keys import FLEET_KEY, gpu_key, job_key, link_key, node_key, port_key
-from fleetwatch.model import EventKind, Target, TargetKind
+from fleetwatch.model import EventKind, SampleValue, Target, TargetKind
 from rules.cel_env import RuleEnvironment, TargetContext
 from rules.engine import Engine, Incident, Phase, Transition
 from rules.model import Rule, RuleSet, Scope, Severity
@@ -115,7 +118,15 @@ class _Sweep:
     """One tick's targets and the data maps built for them (each built once)."""
 
     fleet: dict[str, Any]
+    now: float
+    wanted: set[tuple[str, str]]  # (node, key) to evaluate with every rule of its scope
+    swept: set[str]  # nodes whose targets are looked at for time's sake
+    whole: set[str]  # nodes whose every target is evaluated with every rule
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# A condition that reads these sees more than its own target: the sweep evaluates it everywhere.
+_READS_FLEET: Final = re.compile(r"\b(fleet|share_of_ports)\b")
 
 
 def _sample_windows(rules: RuleSet) -> dict[str, float]:
@@ -184,6 +195,13 @@ class Evaluator:
         self._by_scope = {scope: rules.by_scope(scope) for scope in Scope}
         self._watched = watched_signals(rules)
         self._full_sweep_s = full_sweep_s
+        # Rules a sweep evaluates on every target: their conditions read beyond the target.
+        self._sweep_all = {
+            scope: tuple(r for r in self._by_scope[scope] if _READS_FLEET.search(r.when))
+            for scope in Scope
+        }
+        self._fleet_nodes: dict[str, Any] | None = None  # the fleet counts of the last tick
+        self._whole_next: set[str] = set()  # nodes whose inventory changed
         self._last_tick: float | None = None
         self._sweep_queue: list[str] = []  # nodes still to sweep in this round
         self._sweep_credit = 0.0
@@ -210,16 +228,7 @@ class Evaluator:
 
     def target_key(self, node: NodeState, target: Target) -> str:
         """The key a wire target has in this node."""
-        kind = target.kind
-        if kind in (TargetKind.GPU, TargetKind.NVLINK):
-            gpu = node.gpus.get(target.gpu_uuid)
-            if gpu is not None:
-                if kind == TargetKind.NVLINK:
-                    return link_key(node.name, gpu.index, target.index)
-                return gpu_key(node.name, gpu.index)
-        if kind == TargetKind.IB_PORT:
-            return port_key(node.name, target.device, target.index)
-        return node_key(node.name)
+        return rules_key(node, target)
 
     def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
         """An event was journaled: remember it for windows and mark its targets for a look."""
@@ -263,21 +272,37 @@ class Evaluator:
         entry = self.catalog.get(xid) if kind == EventKind.XID else None
         return entry.xid_class if entry is not None and entry.fatal else None
 
-    def note_sample(self, node: NodeState, target: Target, signal: str, value: object) -> None:
-        """A sample changed: keep it if a rule windows over it; mark its target if a rule reads it.
+    def wants(self, signal: str) -> bool:
+        """Whether a sample of ``signal`` matters: a rule windows over it, or reads it.
 
         A busy GPU changes temperature, power and utilisation every poll; evaluating its rules
         for values none of them reads cost three quarters of a loaded collector's CPU
-        (bench/collector_ingest.py). Targets are still evaluated every ``full_sweep_s``.
+        (bench/collector_ingest.py). Targets are still swept every ``full_sweep_s``.
         """
+        return self.history.wants(signal) or self._watched is None or signal in self._watched
+
+    def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
+        """Samples it :meth:`wants` were applied: keep windowed values, mark targets read."""
+        now = self.clock.monotonic()
+        history, watched, dirty = self.history, self._watched, self._dirty
+        for slot, signal, value in noted:
+            key = slot[SLOT_KEY]
+            if history.wants(signal) and isinstance(value, int | float):
+                history.add_sample(key, signal, now, float(value))
+            if watched is None or signal in watched:
+                dirty.add((node, key))
+                also = slot[SLOT_ALSO]
+                if also is not None:  # the GPU's view (nvlinks_down) changed too
+                    dirty.add((node, also))
+
+    def note_sample(self, node: NodeState, target: Target, signal: str, value: SampleValue) -> None:
+        """One sample was applied (the general path of :meth:`note_samples`)."""
+        if not self.wants(signal):
+            return
         key = self.target_key(node, target)
-        if self.history.wants(signal) and isinstance(value, int | float):
-            self.history.add_sample(key, signal, self.clock.monotonic(), float(value))
-        if self._watched is not None and signal not in self._watched:
-            return  # no rule reads it: the sweep looks at the target again anyway
-        self._dirty.add((node.name, key))
-        if target.kind == TargetKind.NVLINK:  # the GPU's view (nvlinks_down) changed too
-            self._dirty.add((node.name, key.rsplit("/nvlink/", 1)[0]))
+        also = key.rsplit("/nvlink/", 1)[0] if target.kind == TargetKind.NVLINK else None
+        slot: TargetSlot = ((0, "", 0, ""), 0, key, also)
+        self.note_samples(node.name, [(slot, signal, value)])
 
     def note_job(self, job_id: str, gpus: list[tuple[str, str]]) -> None:
         """A job finished steps; ``gpus`` (node, uuid) host ranks that began or ended straggling."""
@@ -292,30 +317,50 @@ class Evaluator:
         """Something about the node as a whole changed (reachability)."""
         self._dirty.add((node, node_key(node)))
 
+    def note_inventory(self, node: str) -> None:
+        """The node said Hello (or came back from the journal): evaluate all of it once."""
+        self._whole_next.add(node)
+
     # ---- evaluation -----------------------------------------------------------------------
 
     def tick(self, *, urgent: bool = False) -> list[Outcome]:
         """Evaluate what needs it; return the transitions with their verdicts.
 
         Every tick evaluates the targets whose data changed. A regular tick also evaluates the
-        open incidents' targets (for ``for`` and ``keep_firing_for``) and a slice of the fleet,
-        so every target is evaluated again within ``full_sweep_s`` (windows move on even when
-        nothing changes) without one tick doing the whole fleet and stalling the loop. An
-        ``urgent`` tick (an event arrived) evaluates only the changed targets, to act fast.
+        open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello,
+        the job and fleet rules, and a slice of the fleet's nodes, so every node is swept within
+        ``full_sweep_s`` without one tick doing the whole fleet and stalling the loop. A sweep
+        evaluates what can change with time alone (see the module's docstring); the first tick
+        evaluates everything. An ``urgent`` tick (an event arrived) evaluates only the changed
+        targets, to act fast, with the fleet counts of the last regular tick.
         """
         now = self.clock.monotonic()
         wanted = set(self._dirty)
         self._dirty.clear()
+        swept: set[str] = set()
         whole: set[str] = set()
         if not urgent:
             wanted |= {(i.node, i.target) for i in self.engine.open_incidents()}
-            whole = self._sweep_slice(now)
-        sweep = _Sweep(fleet=self._fleet_map())
+            first = self._last_tick is None
+            swept = self._sweep_slice(now)
+            whole = swept if first else self._whole_next
+            self._whole_next = set()
+        if not urgent or self._fleet_nodes is None:
+            self._fleet_nodes = self._fleet_counts()
+        sweep = _Sweep(
+            fleet={**self._fleet_nodes, **self.fleet_extras()},
+            now=now,
+            wanted=wanted,
+            swept=swept,
+            whole=whole,
+        )
         outcomes: list[Outcome] = []
-        for node, key, scope, data in self._targets(sweep, wanted, whole):
-            for rule in self._by_scope[scope]:
+        for node, key, _scope, rules, data in self._targets(sweep):
+            for rule in rules:
                 outcomes += self._evaluate(rule, node, key, data, now)
-        if not urgent and self.jobs is not None:
+        if urgent:
+            return outcomes
+        if self.jobs is not None:
             for job in self.jobs.publish():
                 key = job_key(job["id"])
                 for rule in self._by_scope[Scope.JOB]:
@@ -394,16 +439,19 @@ class Evaluator:
 
     # ---- data for CEL -----------------------------------------------------------------------
 
-    def _fleet_map(self) -> dict[str, Any]:
+    def _fleet_counts(self) -> dict[str, Any]:
+        """The ``fleet`` variables the model gives (the dispatcher gives the rest)."""
         nodes = self.fleet.view()
-        ports = [p for n in nodes.values() for p in n.ports.values()]
+        ports = up = 0
+        for node in nodes.values():
+            ports += len(node.ports)
+            up += sum(p.state == "ACTIVE" for p in node.ports.values())
         return {
             "nodes": len(nodes),
             "nodes_reachable": sum(n.reachable for n in nodes.values()),
             "gpus": sum(len(n.gpus) for n in nodes.values()),
-            "ib_ports": len(ports),
-            "ib_ports_up": sum(p.up for p in ports),
-            **self.fleet_extras(),
+            "ib_ports": ports,
+            "ib_ports_up": up,
         }
 
     @staticmethod
@@ -469,43 +517,67 @@ class Evaluator:
                 count -= 1
         return picked
 
+    def _rules_for(
+        self, sweep: _Sweep, name: str, key: str, scope: Scope, *, ranked: bool = False
+    ) -> tuple[Rule, ...]:
+        """The rules to evaluate on one target this tick (often none)."""
+        if name in sweep.whole or (name, key) in sweep.wanted:
+            return self._by_scope[scope]
+        if name not in sweep.swept:
+            return ()
+        if scope == Scope.NODE or ranked or self.history.moving(key, sweep.now):
+            return self._by_scope[scope]
+        return self._sweep_all[scope]
+
+    def _base_map(self, sweep: _Sweep, node: NodeState) -> dict[str, Any]:
+        node_data = sweep.nodes.get(node.name)
+        if node_data is None:
+            node_data = sweep.nodes[node.name] = self._node_map(node)
+        return {"node": node_data, "fleet": sweep.fleet}
+
     def _targets(
-        self,
-        sweep: _Sweep,
-        wanted: set[tuple[str, str]],
-        whole: set[str],
-    ) -> Iterator[tuple[str, str, Scope, dict[str, Any]]]:
-        """(node, key, scope, data) of the targets in ``wanted`` and all of ``whole``'s."""
+        self, sweep: _Sweep
+    ) -> Iterator[tuple[str, str, Scope, tuple[Rule, ...], dict[str, Any]]]:
+        """(node, key, scope, rules, data) of every target with rules to evaluate this tick."""
         nodes = self.fleet.view()
-        names = whole | {n for n, _ in wanted}
+        names = sweep.swept | sweep.whole | {n for n, _ in sweep.wanted}
         for name in names:
             node = nodes.get(name)
             if node is None:
                 continue
-            every = name in whole
-            node_data = sweep.nodes.setdefault(name, self._node_map(node))
-            base = {"node": node_data, "fleet": sweep.fleet}
-            if every or (name, node_key(name)) in wanted:
-                yield name, node_key(name), Scope.NODE, base
+            base: dict[str, Any] | None = None  # the node's and the fleet's maps, once needed
+            key = node_key(name)
+            if rules := self._rules_for(sweep, name, key, Scope.NODE):
+                base = self._base_map(sweep, node)
+                yield name, key, Scope.NODE, rules, base
             for gpu in node.gpus.values():
                 key = gpu_key(name, gpu.index)
+                rank = self.jobs.rank_on(name, gpu.uuid) if self.jobs is not None else {}
                 gpu_data = None
-                if every or (name, key) in wanted:
+                if rules := self._rules_for(sweep, name, key, Scope.GPU, ranked=bool(rank)):
+                    base = base or self._base_map(sweep, node)
                     gpu_data = self._gpu_map(gpu)
-                    rank = self.jobs.rank_on(name, gpu.uuid) if self.jobs is not None else {}
-                    yield name, key, Scope.GPU, {**base, "gpu": gpu_data, "rank": rank}
+                    yield name, key, Scope.GPU, rules, {**base, "gpu": gpu_data, "rank": rank}
                 for link, values in gpu.link_signals.items():
                     lkey = link_key(name, gpu.index, link)
-                    if not every and (name, lkey) not in wanted:
+                    if not (rules := self._rules_for(sweep, name, lkey, Scope.NVLINK)):
                         continue
+                    base = base or self._base_map(sweep, node)
                     gpu_data = gpu_data or self._gpu_map(gpu)
                     link_data = {
                         "index": link,
                         "up": gpu.nvlink_up.get(link, True),
                         "signals": values,
                     }
-                    yield name, lkey, Scope.NVLINK, {**base, "gpu": gpu_data, "link": link_data}
+                    yield (
+                        name,
+                        lkey,
+                        Scope.NVLINK,
+                        rules,
+                        {**base, "gpu": gpu_data, "link": link_data},
+                    )
             for port in node.ports.values():
                 pkey = port_key(name, port.device, port.port)
-                if every or (name, pkey) in wanted:
-                    yield name, pkey, Scope.IB_PORT, {**base, "port": self._port_map(port)}
+                if rules := self._rules_for(sweep, name, pkey, Scope.IB_PORT):
+                    base = base or self._base_map(sweep, node)
+                    yield name, pkey, Scope.IB_PORT, rules, {**base, "port": self._port_map(port)}

@@ -34,7 +34,7 @@ from fleetwatch.model import EventKind, Target
 from fleetwatch.wire.plausible import time_problem
 from fleetwatch.wire.settings import MAX_MESSAGE_BYTES
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import Inventory, WireError, screen_report, validate_hello
+from fleetwatch.wire.validate import Inventory, SampleScreen, WireError, validate_hello
 from fleetwatch.wire.validate_jobs import validate_job_report
 
 if TYPE_CHECKING:
@@ -175,6 +175,7 @@ class StreamSession:
         self._node = ""
         self._boot_id = ""
         self._inventory = Inventory()
+        self._screen = SampleScreen(self._inventory)
         self._context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage] | None = None
         self._write_lock = asyncio.Lock()
         self._commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
@@ -310,6 +311,7 @@ class StreamSession:
         context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage],
     ) -> None:
         self._inventory = validate_hello(hello)
+        self._screen = SampleScreen(self._inventory)
         if self._verify_identity:
             check_identity(hello.node, context)  # before it can replace the node's stream
         self._node, self._boot_id = hello.node, hello.boot_id
@@ -420,12 +422,12 @@ class StreamSession:
                 await self.node_reachable()
 
     def _report(self, report: pb.Report) -> None:
-        screened = screen_report(report, self._inventory)
+        screened = self._screen.screen(report)
         self._check_report_time(report.time_unix_ms)
         for reason, count in screened.rejected.items():
             self._stats.samples_rejected[reason] += count
             self._warnings.warn("sample_refused", reason=reason, error=screened.examples[reason])
-        self._stats.counter_resets += self._fleet.apply_samples(self._node, screened.accepted)
+        self._stats.counter_resets += self._fleet.apply_keyed(self._node, screened.accepted)
         self._stats.reports += 1
         self._stats.samples += len(report.samples)
 

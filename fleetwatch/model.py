@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from enum import StrEnum
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, cast
 
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -146,6 +146,23 @@ class Target(NamedTuple):
         frame and keyword handling): the collector converts every sample's target.
         """
         return _tuple_new(cls, (_TARGET_FROM_PB[msg.kind], msg.gpu_uuid, msg.index, msg.device))
+
+
+# A wire target as the collector keys a stream's samples: (kind, gpu_uuid, index, device), the
+# kind as its wire number. Read from a message in four field reads, no object built.
+TargetKey = tuple[int, str, int, str]
+
+
+def target_key_of(msg: pb.Target) -> TargetKey:
+    """The key of a wire target."""
+    return (msg.kind, msg.gpu_uuid, msg.index, msg.device)
+
+
+def target_from_key(key: TargetKey) -> Target:
+    """The target a (validated) key names."""
+    kind, uuid, index, device = key
+    wire_kind = cast("pb.TargetKind", kind)
+    return _tuple_new(Target, (_TARGET_FROM_PB[wire_kind], uuid, index, device))
 
 
 def event_kind_to_pb(kind: EventKind) -> pb.EventKind:

@@ -60,6 +60,21 @@ class Plausible:
             return OUT_OF_RANGE, f"{value:g} is outside {self.low:g}..{self.high:g}"
         return None
 
+    def fits(self, value: SampleValue) -> bool:
+        """``problem(value) is None``, without the words: every sample of a report asks it."""
+        shape = self.shape
+        if shape == "any":
+            return True
+        if isinstance(value, str):
+            return shape == "text"
+        if shape == "text":
+            return False
+        return (
+            not (value < 0 <= self.low)
+            and self.low <= value <= self.high
+            and (shape != "flag" or value in (0, 1))
+        )
+
     def _type_problem(self, value: SampleValue) -> tuple[str, str] | None:
         is_text = isinstance(value, str)
         if is_text == (self.shape == "text"):

@@ -17,11 +17,12 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Final
 
 from fleetwatch import PROTOCOL_VERSION
-from fleetwatch.model import sample_value_from_pb
-from fleetwatch.wire.plausible import value_problem
+from fleetwatch.model import SampleValue, TargetKey, sample_value_from_pb
+from fleetwatch.wire.plausible import rule_for, value_problem
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -38,6 +39,8 @@ MAX_SAMPLES: Final = 50_000
 MAX_TEXT: Final = 256
 MAX_DETAIL: Final = 4096
 MAX_XID: Final = 65_535
+# A node declares a few hundred targets; a stream remembers at most this many as checked.
+MAX_CHECKED_TARGETS: Final = 4096
 
 AGENT_EVENT_KINDS: Final = frozenset(
     {
@@ -177,7 +180,8 @@ def validate_target(target: pb.Target, inventory: Inventory, reason: str) -> Non
 class ScreenedReport:
     """A report's samples split into those taken and those refused, with the reasons."""
 
-    accepted: list[pb.Sample] = field(default_factory=list)
+    # (target key, signal, value) of each sample taken, in order
+    accepted: list[tuple[TargetKey, str, SampleValue]] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     # the first refusal of each reason, in words, for the log
     examples: dict[str, str] = field(default_factory=dict)
@@ -228,21 +232,68 @@ def screen_report(report: pb.Report, inventory: Inventory) -> ScreenedReport:
     sample is refused on its own, by reason: one of :func:`sample_problem`'s, or ``negative``,
     ``out_of_range`` or ``wrong_type`` from the table in :mod:`fleetwatch.wire.plausible`.
     """
-    _check_size(report)
-    out = ScreenedReport()
-    for sample in report.samples:
-        problem = sample_problem(sample, inventory)
-        if problem is None:
-            problem = value_problem(sample.signal, sample_value_from_pb(sample))
-            if problem is not None:
-                problem = problem[0], f"sample {sample.signal}: {problem[1]}"
-        if problem is None:
-            out.accepted.append(sample)
-            continue
-        reason, message = problem
-        out.rejected[reason] += 1
-        out.examples.setdefault(reason, message)
-    return out
+    return SampleScreen(inventory).screen(report)
+
+
+class SampleScreen:
+    """:func:`screen_report` for one stream, remembering the targets it found good.
+
+    A node names the same few hundred targets in every report: each is checked against its
+    inventory once, then known by its key; each signal name is checked once per process. A
+    sample then costs its key, two lookups and its value's checks.
+    """
+
+    def __init__(self, inventory: Inventory) -> None:
+        """Screen samples against ``inventory`` (the stream's Hello)."""
+        self._inventory = inventory
+        self._checked: set[TargetKey] = set()
+
+    def screen(self, report: pb.Report) -> ScreenedReport:
+        """See :func:`screen_report`."""
+        _check_size(report)
+        out = ScreenedReport()
+        checked, accepted = self._checked, out.accepted
+        for sample in report.samples:
+            t = sample.target
+            key = (t.kind, t.gpu_uuid, t.index, t.device)
+            signal = sample.signal
+            which = sample.WhichOneof("value")
+            value: SampleValue
+            if key in checked and _good_signal(signal):
+                if which == "real_value":
+                    value = sample.real_value
+                    good = math.isfinite(value)
+                elif which == "int_value":
+                    value, good = sample.int_value, True
+                else:
+                    value = sample.text_value
+                    good = which == "text_value" and len(value) <= MAX_TEXT
+                if good and rule_for(signal).fits(value):
+                    accepted.append((key, signal, value))
+                    continue
+            problem = self._problem(sample, key)
+            if problem is None:
+                accepted.append((key, signal, sample_value_from_pb(sample)))
+                continue
+            reason, message = problem
+            out.rejected[reason] += 1
+            out.examples.setdefault(reason, message)
+        return out
+
+    def _problem(self, sample: pb.Sample, key: TargetKey) -> tuple[str, str] | None:
+        """Every check, in words (a sample the quick path did not take)."""
+        problem = sample_problem(sample, self._inventory)
+        if problem is not None:
+            return problem
+        if len(self._checked) < MAX_CHECKED_TARGETS:
+            self._checked.add(key)
+        found = value_problem(sample.signal, sample_value_from_pb(sample))
+        return None if found is None else (found[0], f"sample {sample.signal}: {found[1]}")
+
+
+@lru_cache(maxsize=4096)
+def _good_signal(signal: str) -> bool:
+    return _full(SIGNAL_NAME, signal)
 
 
 def validate_event(event: pb.Event, inventory: Inventory) -> None:

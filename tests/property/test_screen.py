@@ -10,11 +10,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fleetwatch import PROTOCOL_VERSION
-from fleetwatch.model import sample_value_from_pb
-from fleetwatch.wire.plausible import EXACT, value_problem
+from fleetwatch.wire.plausible import EXACT, rule_for, value_problem
 from fleetwatch.wire.repeats import MAX_TIMES, mark_repeats, occurrences, parse_repeats
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import MAX_DETAIL, screen_report, validate_hello
+from fleetwatch.wire.validate import MAX_DETAIL, SampleScreen, screen_report, validate_hello
 from tests.property.hostile import NUMBERS, WEIRD_TEXT, tried
 
 TARGET = "wire"
@@ -67,13 +66,19 @@ def test_bad_samples_are_refused_one_by_one_with_a_known_reason(samples):
     """Every sample is taken or refused with a reason from the fixed set; what is taken is
     finite and allowed by the table; the counts add up."""
     tried(TARGET)
-    screened = screen_report(pb.Report(samples=samples), INVENTORY)
+    report = pb.Report(samples=samples)
+    screened = screen_report(report, INVENTORY)
     assert set(screened.rejected) <= REASONS
     assert len(screened.accepted) + sum(screened.rejected.values()) == len(samples)
-    for sample in screened.accepted:
-        value = sample_value_from_pb(sample)
+    for _key, signal, value in screened.accepted:
         assert not isinstance(value, float) or math.isfinite(value)
-        assert value_problem(sample.signal, value) is None
+        assert value_problem(signal, value) is None
+    # A stream's screen remembers the targets it checked: its verdicts stay the same.
+    screen = SampleScreen(INVENTORY)
+    for _ in range(2):
+        again = screen.screen(report)
+        assert again.accepted == screened.accepted
+        assert again.rejected == screened.rejected
 
 
 @given(WEIRD_TEXT, st.integers(-(10**15), 10**15), st.floats(allow_nan=True))
@@ -88,3 +93,18 @@ def test_a_marked_detail_is_bounded_and_reads_back(detail, times, span):
     assert found is not None
     assert 1 <= found.times <= MAX_TIMES
     assert occurrences(marked) == found.times
+
+
+@given(
+    st.sampled_from(sorted({*EXACT, "x_per_second", "x_total", "agent_x", "ib_x", "free_form"})),
+    st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False),
+        st.sampled_from([0, 1, 0.5, -0.0, 2, 150.0, 150.5, -40, -41]),
+        st.text(max_size=5),
+    ),
+)
+def test_the_quick_check_agrees_with_the_worded_one(signal, value):
+    """``fits`` (every sample's check) says yes exactly when ``problem`` finds nothing."""
+    rule = rule_for(signal)
+    assert rule.fits(value) == (rule.problem(value) is None)

@@ -2,8 +2,9 @@
 
 from collector.fleet import FleetModel
 from collector.incidents import Evaluator, watched_signals
-from fleetwatch.model import Target
+from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
+from rules.engine import Phase
 from rules.loader import parse_rules
 from rules.xid_catalog import load_catalog
 
@@ -112,3 +113,113 @@ class TestWatchedSignals:
         )
         assert watched_signals(parse_rules(walks, "t.yaml")) is None
         assert "power_watts" not in (watched_signals(parse_rules(HOT, "t.yaml")) or {"power_watts"})
+
+
+QUIET_AGAIN = """\
+version: 1
+rules:
+  - name: link_quiet_again
+    scope: nvlink
+    when: >-
+      has(link.signals.nvlink_crc_errors) && link.signals.nvlink_crc_errors > 0.0
+      && increase("nvlink_crc_errors", "1m") == 0.0
+    severity: info
+"""
+
+FLEET_SHARE = """\
+version: 1
+rules:
+  - name: most_of_the_fleet_gone
+    scope: nvlink
+    when: 'fleet.nodes_reachable * 2 < fleet.nodes'
+    severity: info
+"""
+
+
+class TestSweepOnlyWhatTimeCanChange:
+    """A sweep evaluates a target only when its answer can change with time alone."""
+
+    @staticmethod
+    def fleet_with_counters(clock: FakeClock, rules: str) -> tuple[FleetModel, Evaluator]:
+        fleet = FleetModel()
+        ev = Evaluator(
+            rules=parse_rules(rules, "t.yaml"),
+            fleet=fleet,
+            catalog=load_catalog(),
+            clock=clock,
+            full_sweep_s=10.0,
+        )
+        fleet.observer = ev
+        for name in ("n0", "n1"):
+            fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=4, ib_ports=0), 0.0, 0.0)
+            for gpu in fleet.view()[name].gpus.values():
+                for link in range(4):
+                    ev.note_sample(fleet.view()[name], Target.nvlink(gpu.uuid, link), "x", 0)
+                    fleet.apply_samples(
+                        name, [sample_to_pb(Target.nvlink(gpu.uuid, link), "nvlink_crc_errors", 0)]
+                    )
+        ev.tick()  # the first: everything
+        return fleet, ev
+
+    def test_still_counters_are_not_swept(self):
+        """16 NVLinks whose counters never moved: a whole sweep period evaluates none of them."""
+        clock = FakeClock()
+        _fleet, ev = self.fleet_with_counters(clock, QUIET_AGAIN)
+        before = ev.evaluations
+        for _ in range(12):
+            clock.advance(1.0)
+            ev.tick()
+        assert ev.evaluations == before
+
+    def test_a_counter_that_moved_is_swept_until_its_window_passes(self):
+        """A link's errors grew once, then nothing more came: only the sweep can see the minute
+        pass, and it fires the incident; the other links are never looked at."""
+        clock = FakeClock()
+        fleet, ev = self.fleet_with_counters(clock, QUIET_AGAIN)
+        (gpu, *_) = fleet.view()["n1"].gpus.values()
+        fleet.apply_samples(
+            "n1", [sample_to_pb(Target.nvlink(gpu.uuid, 2), "nvlink_crc_errors", 7)]
+        )
+        assert ev.tick(urgent=True) == []  # it grew within the minute: not quiet yet
+        fired = []
+        before = ev.evaluations
+        for _ in range(75):
+            clock.advance(1.0)
+            fired += [
+                o.transition.incident.target
+                for o in ev.tick()
+                if o.transition.incident.phase == Phase.FIRING
+            ]
+        assert fired == ["n1/gpu/0/nvlink/2"]
+        # about 6 sweeps of that one link, then the open incident's evaluations each tick
+        assert ev.evaluations - before < 75 + 10
+
+    def test_rules_reading_the_fleet_are_swept_everywhere(self):
+        """A condition on the fleet can change with any node: the sweep evaluates it on every
+        target, even still ones."""
+        clock = FakeClock()
+        fleet, ev = self.fleet_with_counters(clock, FLEET_SHARE)
+        fleet.mark_unreachable("n0")
+        fleet.mark_unreachable("n1")
+        ev.tick()
+        fired = set()
+        for _ in range(11):
+            clock.advance(1.0)
+            fired |= {o.transition.incident.target for o in ev.tick()}
+        assert len(fired) == 16
+
+    def test_a_hello_evaluates_the_whole_node_once(self):
+        """A node that said Hello again starts afresh: every target of it is evaluated at the
+        next regular tick, nothing of the other node."""
+        clock = FakeClock()
+        fleet, ev = self.fleet_with_counters(clock, QUIET_AGAIN)
+        fleet.on_hello(made_up_hello("n0", gpus=2, nvlinks=4, ib_ports=0), 0.0, 0.0)
+        for gpu in fleet.view()["n0"].gpus.values():
+            fleet.apply_samples(
+                "n0", [sample_to_pb(Target.nvlink(gpu.uuid, i), "x", 1) for i in range(4)]
+            )
+        before = ev.evaluations
+        ev.tick(urgent=True)
+        assert ev.evaluations == before  # "x" is read by no rule
+        ev.tick()
+        assert ev.evaluations == before + 8

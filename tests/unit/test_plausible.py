@@ -127,7 +127,7 @@ class TestScreenReport:
             ]
         )
         screened = screen_report(report, INVENTORY)
-        assert [s.signal for s in screened.accepted] == [
+        assert [signal for _key, signal, _value in screened.accepted] == [
             "temperature_celsius",
             "ecc_sbe_volatile_total",
         ]

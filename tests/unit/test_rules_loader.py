@@ -12,7 +12,7 @@ from fleetwatch.testing import FakeClock
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.cel_env import SCOPE_VARIABLES, VARIABLE_FIELDS
 from rules.loader import RulesFileError, load_rules, parse_rules
-from rules.model import RuleSet, Scope, Severity
+from rules.model import Scope, Severity
 from rules.xid_catalog import load_catalog
 
 GOOD = """\
@@ -278,20 +278,28 @@ class TestConditionFields:
         sample = sample_to_pb(Target.nvlink(uuid, 0), "nvlink_crc_errors", 0)
         fleet.apply_report("n1", pb.Report(samples=[sample]))
         jobs = JobBook(config=JobsConfig(), fleet=fleet, clock=clock)
+        every_scope = "version: 1\nrules:\n" + "".join(
+            f"  - {{name: r_{s.value}, scope: {s.value}, when: 'true', severity: info}}\n"
+            for s in Scope
+        )
         evaluator = Evaluator(
-            rules=RuleSet(), fleet=fleet, catalog=load_catalog(), clock=clock, jobs=jobs
+            rules=parse_rules(every_scope, "r.yaml"),
+            fleet=fleet,
+            catalog=load_catalog(),
+            clock=clock,
+            jobs=jobs,
         )
         step = pb.JobStep(
             job_id="j", rank=0, step=1, time_unix_ms=1, step_time_s=1.0, gpu_uuid=uuid
         )
         jobs.ingest("n1", pb.JobReport(steps=[step]))
-        sweep = _Sweep(fleet=evaluator._fleet_map())
+        fleet_map = {**evaluator._fleet_counts(), **evaluator.fleet_extras()}
+        sweep = _Sweep(fleet=fleet_map, now=0.0, wanted=set(), swept=set(), whole={"n1"})
         seen: dict[str, set[str]] = {}
-        targets = list(evaluator._targets(sweep, set(), {"n1"}))
-        targets += [
-            ("j", "job/j", Scope.JOB, {"job": m, "fleet": sweep.fleet}) for m in jobs.publish()
-        ]
-        for _node, _key, scope, data in targets:
+        targets = [(scope, data) for _n, _k, scope, _r, data in evaluator._targets(sweep)]
+        targets += [(Scope.JOB, {"job": m, "fleet": sweep.fleet}) for m in jobs.publish()]
+        assert {scope for scope, _ in targets} == set(Scope) - {Scope.FLEET}
+        for scope, data in targets:
             assert set(SCOPE_VARIABLES[scope]) == set(data)
             for var, fields in data.items():
                 seen.setdefault(var, set()).update(fields)
