@@ -19,6 +19,7 @@ from collector.exporter_ingest import IngestCollector
 from collector.exporter_jobs import JobsCollector
 from collector.exporter_rules import RulesCollector
 from collector.fleet import FleetModel
+from collector.gc_pauses import start_freezer
 from collector.history_restore import restore_history
 from collector.http_api import ApiServer
 from collector.incident_service import DrainDesk, IncidentService, SilenceBook
@@ -214,6 +215,7 @@ class CollectorService:
         )
         self.grpc_port = 0
         self._liveness_task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
         self._beat_task: asyncio.Task[None] | None = None
 
     @property
@@ -266,6 +268,7 @@ class CollectorService:
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
+        self._gc_task = start_freezer(self.clock)
         if self.peers.shared:
             self._beat_task = asyncio.create_task(self.peers.run(), name="collector-beat")
         log.info(
@@ -377,7 +380,7 @@ class CollectorService:
         """Stop serving, then close the journal."""
         if self._notifier is not None:
             self._notifier.stopping()
-        for task in (self._watchdog_task, self._liveness_task, self._beat_task):
+        for task in (self._watchdog_task, self._liveness_task, self._beat_task, self._gc_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
