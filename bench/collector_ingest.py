@@ -44,6 +44,10 @@ warm, ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each on its ow
 of the first webhook naming the node minus the write of the fault's first message (so, unlike
 ``fault_to_action.py``, without the agent's own detection).
 
+``--floor`` runs every size again against ``bench/ingest_floor.py``, a server that only reads,
+parses and acks (grpcio and protobuf, nothing of the collector), and reports its CPU beside the
+collector's (``floor``, ``cpu_vs_floor``): the peer the collector's cost is compared with.
+
 ``--profile`` runs py-spy on the collector during the window of ``--profile-nodes`` nodes and
 prints the top functions. ``--quick``: 256 and 1,024 nodes, short windows, no fault run.
 """
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -232,6 +237,11 @@ def parse_args() -> argparse.Namespace:
     add("--fault-nodes", type=int, default=FAULT_NODES, help="nodes of load in the fault run")
     add("--fault-timeout", type=float, default=30.0, help="s to wait for a fault's webhook")
     add("--scrape-max-nodes", type=int, default=1024, help="time a /metrics scrape up to")
+    add(
+        "--floor",
+        action="store_true",
+        help="run each size again against bench/ingest_floor.py (gRPC and parsing only)",
+    )
     add("--profile", action="store_true", help="py-spy the collector in one size's window")
     add("--profile-nodes", type=int, default=1024, help="the size --profile profiles")
     add("--recording", type=Path, help="reuse a recording (bench/ingest_record.py --out)")
@@ -286,6 +296,55 @@ def run_fault_size(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any] |
     return row
 
 
+FLOOR_KEYS = (
+    "nodes",
+    "kept_up",
+    "collector_cpu_cores",
+    "collector_rss_mb",
+    "lag_p99_ms",
+    "connect_s",
+    "machine_cpu_busy_share",
+    "why_not",
+)
+
+
+def run_floor(ctx: Context, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same load against ``bench/ingest_floor.py`` at each size the collector ran."""
+    floor_ctx = dataclasses.replace(
+        ctx,
+        collector_command=[
+            sys.executable,
+            str(Path(__file__).resolve().parent / "ingest_floor.py"),
+        ],
+        workdir=ctx.workdir / "floor",
+    )
+    out = []
+    for nodes in sorted({r["nodes"] for r in rows} | set(ctx.args.sizes)):
+        log(f"floor (a collector that only reads) at {nodes} nodes ...")
+        row = run_size(floor_ctx, nodes)
+        show_row(row)
+        out.append({key: row.get(key) for key in FLOOR_KEYS})
+    return out
+
+
+def with_floor(
+    result: dict[str, Any], rows: list[dict[str, Any]], floor: list[dict[str, Any]]
+) -> None:
+    """The floor's figures, and the collector's CPU as a multiple of the floor's, per size."""
+    result["floor"] = floor
+    by_nodes = {f["nodes"]: f for f in floor}
+    ratios = {}
+    for row in rows:
+        base = by_nodes.get(row["nodes"], {}).get("collector_cpu_cores")
+        if base and row.get("collector_cpu_cores"):
+            ratios[str(row["nodes"])] = round(row["collector_cpu_cores"] / base, 2)
+    result["cpu_vs_floor"] = ratios
+    best = result["max_nodes_at_1hz"]
+    result["floor_cpu_cores_at_max"] = by_nodes.get(best, {}).get("collector_cpu_cores")
+    result["cpu_vs_floor_at_max"] = ratios.get(str(best))
+    result["floor_cpu_cores_at_target"] = by_nodes.get(TARGET_NODES, {}).get("collector_cpu_cores")
+
+
 def show_profiles(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if "profile" not in row:
@@ -330,6 +389,7 @@ def main() -> None:
         )
         rows, not_run = run_sizes(ctx)
         fault_row = run_fault_size(ctx, rows)
+        floor = run_floor(ctx, rows) if args.floor else None
     finally:
         receiver.stop()
         if args.workdir is None:
@@ -338,6 +398,8 @@ def main() -> None:
     table(rows)
     result = result_of(args, rows, fault_row, cores)
     result["sizes_not_run"] = not_run
+    if floor is not None:
+        with_floor(result, rows, floor)
     result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, sort_keys=True), flush=True)
 

@@ -184,7 +184,9 @@ class Load:
         self.tasks.append(asyncio.create_task(self._read(node, call)))
         async with node.lock:
             await call.write(node.wire.report(self.rec.first, int(time.time() * 1000)))
-            node.ready_seq = await self._probe(node, call)
+            # known before the probe is written: a quick collector's ack can come first
+            node.ready_seq = node.seq + 1
+            await self._probe(node, call)
 
     async def _probe(self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes]) -> int:
         """Send the recorded AER event as the node's next event (the caller holds the lock)."""
