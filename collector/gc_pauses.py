@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.gc")
 
 THAW_EVERY_S: Final = 3600.0
+# Allocations between young collections (CPython's default is 700). A loaded collector makes
+# tens of thousands of short-lived containers a second (a report's samples); at 700 it ran 65
+# young collections a second, 0.4 ms each, and a middle one every 0.2 s, 4 ms each.
+YOUNG_THRESHOLD: Final = 10_000
 CHECK_EVERY_S: Final = 1.0
 
 
@@ -34,6 +38,14 @@ class GcModule(Protocol):
     """What of the ``gc`` module this uses (injected, for tests)."""
 
     callbacks: list[Any]
+
+    def get_threshold(self) -> tuple[int, int, int]:
+        """The collection thresholds."""
+        ...
+
+    def set_threshold(self, threshold0: int, threshold1: int, threshold2: int) -> None:
+        """Set the collection thresholds."""
+        ...
 
     def freeze(self) -> None:
         """Move every tracked object to the permanent generation."""
@@ -49,7 +61,10 @@ class GcModule(Protocol):
 
 
 class FullCollectionFreezer:
-    """Freezes the survivors of each full collection, on the event loop; thaws now and then."""
+    """Freezes the survivors of each full collection, on the event loop; thaws now and then.
+
+    It also collects the youngest generation less often (:data:`YOUNG_THRESHOLD`).
+    """
 
     def __init__(
         self,
@@ -74,6 +89,8 @@ class FullCollectionFreezer:
     async def run(self) -> None:
         """Watch for full collections until cancelled; freeze after each."""
         self._gc.callbacks.append(self._on_collection)
+        _, middle, old = self._gc.get_threshold()
+        self._gc.set_threshold(YOUNG_THRESHOLD, middle, old)
         thawed_at = self._clock.monotonic()
         try:
             while True:

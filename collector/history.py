@@ -17,6 +17,7 @@ from typing import Final
 MAX_EVENTS_PER_TARGET: Final = 1000
 MAX_SAMPLES_PER_SERIES: Final = 2000
 _POINT: Final = struct.Struct("dd")  # (monotonic time, value) of a counter sample
+_LINK: Final = "/nvlink/"  # in the key of an NVLink target (collector.target_keys.link_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class History:
         # in windows for ``event_window_s``, a counter's step for its signal's window. A target
         # whose counters never moved and that had no event answers the same whenever asked.
         self._moving: dict[str, float] = {}
+        self._moving_links: dict[str, float] = {}  # node -> the latest of its links' moving
 
     def wants(self, signal: str) -> bool:
         """Whether samples of ``signal`` are kept."""
@@ -88,6 +90,19 @@ class History:
     def _moves(self, target: str, until: float) -> None:
         if until > self._moving.get(target, -math.inf):
             self._moving[target] = until
+            if _LINK in target:
+                node = target.split("/", 1)[0]
+                self._moving_links[node] = max(self._moving_links.get(node, -math.inf), until)
+
+    def moving_links(self, node: str, now: float) -> bool:
+        """Whether any NVLink of ``node`` may be :meth:`moving` (False: none is)."""
+        until = self._moving_links.get(node)
+        if until is None:
+            return False
+        if until < now:
+            del self._moving_links[node]
+            return False
+        return True
 
     def moving(self, target: str, now: float) -> bool:
         """Whether ``target``'s window answers may differ from one moment to the next.
@@ -142,3 +157,5 @@ class History:
             del self._samples[series]
         for key in [k for k in self._moving if k.startswith(prefix)]:
             del self._moving[key]
+        for node in [n for n in self._moving_links if f"{n}/".startswith(prefix)]:
+            del self._moving_links[node]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from collector.gc_pauses import FullCollectionFreezer
+from collector.gc_pauses import YOUNG_THRESHOLD, FullCollectionFreezer
 from fleetwatch.testing import FakeClock
 
 
@@ -13,11 +13,18 @@ class FakeGc:
     def __init__(self) -> None:
         self.callbacks: list[Any] = []
         self.calls: list[str] = []
+        self.threshold = (700, 10, 10)
 
     def collect(self, generation: int) -> None:
         for callback in list(self.callbacks):
             callback("start", {"generation": generation})
             callback("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+
+    def get_threshold(self) -> tuple[int, int, int]:
+        return self.threshold
+
+    def set_threshold(self, threshold0: int, threshold1: int, threshold2: int) -> None:
+        self.threshold = (threshold0, threshold1, threshold2)
 
     def freeze(self) -> None:
         self.calls.append("freeze")
@@ -43,6 +50,7 @@ async def test_survivors_of_a_full_collection_are_frozen_and_thawed_hourly():
     await step(clock, 0.0)
     await step(clock)
     assert fake.calls == []  # no collection yet
+    assert fake.threshold == (YOUNG_THRESHOLD, 10, 10)
     fake.collect(0)
     fake.collect(1)
     await step(clock)
