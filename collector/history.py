@@ -96,13 +96,7 @@ class History:
 
     def moving_links(self, node: str, now: float) -> bool:
         """Whether any NVLink of ``node`` may be :meth:`moving` (False: none is)."""
-        until = self._moving_links.get(node)
-        if until is None:
-            return False
-        if until < now:
-            del self._moving_links[node]
-            return False
-        return True
+        return _still(self._moving_links, node, now)
 
     def moving(self, target: str, now: float) -> bool:
         """Whether ``target``'s window answers may differ from one moment to the next.
@@ -111,13 +105,7 @@ class History:
         older than its signal's window (or when it never had either): until something new comes,
         ``events()``, ``xids()``, ``increase()`` and ``rate()`` answer it as they did before.
         """
-        until = self._moving.get(target)
-        if until is None:
-            return False
-        if until < now:
-            del self._moving[target]
-            return False
-        return True
+        return _still(self._moving, target, now)
 
     def events(self, target: str, kind: str, since: float) -> int:
         """How many events of ``kind`` ``target`` had at or after ``since``."""
@@ -159,3 +147,14 @@ class History:
             del self._moving[key]
         for node in [n for n in self._moving_links if f"{n}/".startswith(prefix)]:
             del self._moving_links[node]
+
+
+def _still(until_by_key: dict[str, float], key: str, now: float) -> bool:
+    """Whether ``key``'s time in ``until_by_key`` is not past (a past one is dropped)."""
+    until = until_by_key.get(key)
+    if until is None:
+        return False
+    if until < now:
+        del until_by_key[key]
+        return False
+    return True

@@ -26,18 +26,25 @@ def fleet_of(count: int, clock: FakeClock) -> FleetModel:
     return fleet
 
 
+def evaluator(rules: str, fleet: FleetModel, clock: FakeClock, sweep_s: float) -> Evaluator:
+    """An evaluator of ``rules`` that the fleet tells of its changes."""
+    ev = Evaluator(
+        rules=parse_rules(rules, "t.yaml"),
+        fleet=fleet,
+        catalog=load_catalog(),
+        clock=clock,
+        full_sweep_s=sweep_s,
+    )
+    fleet.observer = ev
+    return ev
+
+
 def test_sweep_is_spread_over_the_sweep_period():
     """30 nodes, a 30 s sweep, a tick a second: the first tick sees all, then one node a tick,
     and every node again within 30 s."""
     clock = FakeClock()
     fleet = fleet_of(30, clock)
-    ev = Evaluator(
-        rules=parse_rules(RULES, "t.yaml"),
-        fleet=fleet,
-        catalog=load_catalog(),
-        clock=clock,
-        full_sweep_s=30.0,
-    )
+    ev = evaluator(RULES, fleet, clock, 30.0)
     ev.tick()
     assert ev.evaluations == 30
     per_tick = []
@@ -54,14 +61,7 @@ def test_urgent_tick_evaluates_only_what_changed():
     """An event's tick skips the sweep and the open incidents: only the event's target."""
     clock = FakeClock()
     fleet = fleet_of(30, clock)
-    ev = Evaluator(
-        rules=parse_rules(RULES, "t.yaml"),
-        fleet=fleet,
-        catalog=load_catalog(),
-        clock=clock,
-        full_sweep_s=1.0,
-    )
-    fleet.observer = ev
+    ev = evaluator(RULES, fleet, clock, 1.0)
     ev.tick()
     clock.advance(5.0)
     fleet.mark_unreachable("n07")
@@ -142,14 +142,7 @@ class TestSweepOnlyWhatTimeCanChange:
     @staticmethod
     def fleet_with_counters(clock: FakeClock, rules: str) -> tuple[FleetModel, Evaluator]:
         fleet = FleetModel()
-        ev = Evaluator(
-            rules=parse_rules(rules, "t.yaml"),
-            fleet=fleet,
-            catalog=load_catalog(),
-            clock=clock,
-            full_sweep_s=10.0,
-        )
-        fleet.observer = ev
+        ev = evaluator(rules, fleet, clock, 10.0)
         for name in ("n0", "n1"):
             fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=4, ib_ports=0), 0.0, 0.0)
             for gpu in fleet.view()[name].gpus.values():
