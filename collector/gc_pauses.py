@@ -87,10 +87,13 @@ class FullCollectionFreezer:
             self._full_collections += 1
 
     async def run(self) -> None:
-        """Watch for full collections until cancelled; freeze after each."""
+        """Watch for full collections until cancelled; freeze after each.
+
+        Cancelled, it thaws everything and puts the thresholds back.
+        """
         self._gc.callbacks.append(self._on_collection)
-        _, middle, old = self._gc.get_threshold()
-        self._gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+        before = self._gc.get_threshold()
+        self._gc.set_threshold(YOUNG_THRESHOLD, before[1], before[2])
         thawed_at = self._clock.monotonic()
         try:
             while True:
@@ -106,10 +109,11 @@ class FullCollectionFreezer:
                     self._gc.freeze()
                     self.freezes += 1
                     log.debug("gc_frozen", objects=self._gc.get_freeze_count())
-        finally:
-            with_callback = self._gc.callbacks
-            if self._on_collection in with_callback:
-                with_callback.remove(self._on_collection)
+        finally:  # leave the interpreter as it was (a collector stopped inside a test run)
+            if self._on_collection in self._gc.callbacks:
+                self._gc.callbacks.remove(self._on_collection)
+            self._gc.set_threshold(*before)
+            self._gc.unfreeze()
 
 
 def start_freezer(clock: Clock) -> asyncio.Task[None]:

@@ -66,3 +66,5 @@ async def test_survivors_of_a_full_collection_are_frozen_and_thawed_hourly():
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert fake.callbacks == []
+    assert fake.threshold == (700, 10, 10)  # the interpreter as it was
+    assert fake.calls[-1] == "unfreeze"
