@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+import structlog
+
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent
 from agent.sim.hardware import SimNode
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 
     from agent.agent import Agent
     from fleetwatch.clock import Clock
+
+log = structlog.get_logger("agent.sim")
 
 
 def sim_hardware(node: SimNode) -> Hardware:
@@ -97,7 +101,7 @@ class SimCluster:
     def start(self) -> None:
         """Start every agent, and the clock that moves the simulated hardware's counters."""
         for name, agent in self.agents.items():
-            self._tasks[name] = asyncio.create_task(agent.run(), name=f"agent-{name}")
+            self._tasks[name] = self._run_agent(name, agent)
         self._ticker = asyncio.create_task(self._tick(), name="sim-ticker")
 
     async def _tick(self) -> None:
@@ -133,8 +137,20 @@ class SimCluster:
             fd_budget=self.fds,
         )
         self.agents[name] = agent
-        self._tasks[name] = asyncio.create_task(agent.run(), name=f"agent-{name}")
+        self._tasks[name] = self._run_agent(name, agent)
         return agent
+
+    @staticmethod
+    def _run_agent(name: str, agent: Agent) -> asyncio.Task[None]:
+        """Run an agent; if it dies of an exception, say so (a test would only see silence)."""
+
+        def died(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.error("sim_agent_died", node=name, error=repr(exc), exc_info=exc)
+
+        task = asyncio.create_task(agent.run(), name=f"agent-{name}")
+        task.add_done_callback(died)
+        return task
 
     async def inject(self, fault: Fault) -> None:
         """Make a fault happen."""
