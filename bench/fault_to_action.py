@@ -314,6 +314,20 @@ def http_get(url: str, timeout_s: float = 10.0) -> bytes:
         return bytes(resp.read())
 
 
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> bool:
+    """Wait until ``base``/healthz answers; False if ``proc`` ended or time ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            http_get(base + "/healthz", timeout_s=2)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        else:
+            return True
+
+
 def api(base: str, path: str) -> Any:  # noqa: ANN401 - JSON
     return json.loads(http_get(base + path))
 
@@ -638,16 +652,9 @@ def measure(args: argparse.Namespace, run: Run) -> dict[str, Any]:  # noqa: PLR0
         cwd=ROOT,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 - no locks are taken before exec
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            http_get(base + "/healthz", timeout_s=2)
-            break
-        except OSError:
-            if run.collector.poll() is not None or time.monotonic() > deadline:
-                msg = "the collector did not come up"
-                raise RuntimeError(msg) from None
-            time.sleep(0.2)
+    if not wait_healthy(base, run.collector):
+        msg = "the collector did not come up"
+        raise RuntimeError(msg)
     log(f"collector: up (pid {run.collector.pid}), http {base}")
 
     fleet_log = (run.workdir / "fleet.log").open("wb")

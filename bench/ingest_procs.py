@@ -22,7 +22,13 @@ import psutil
 from collector.config import load_collector_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_to_action import FleetProcess, _die_with_parent, http_get, stop_process, tail
+from fault_to_action import (
+    FleetProcess,
+    _die_with_parent,
+    stop_process,
+    tail,
+    wait_healthy,
+)
 from fault_to_action import write_collector_config as write_config
 from ingest_wire import node_name
 
@@ -101,17 +107,10 @@ class Collector:
             preexec_fn=pinned({core}),  # noqa: PLW1509 - no locks are taken before exec
         )
         base = "http://" + cfg.http
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                http_get(base + "/healthz", timeout_s=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.close()
-                    msg = f"the collector did not come up:\n{tail(workdir / 'collector.log')}"
-                    raise RuntimeError(msg) from None
-                time.sleep(0.2)
+        if not wait_healthy(base, proc):
+            out.close()
+            msg = f"the collector did not come up:\n{tail(workdir / 'collector.log')}"
+            raise RuntimeError(msg)
         return cls(proc, base, cfg.listen, workdir, out)
 
     def rss_mb(self) -> float:
