@@ -24,7 +24,7 @@ import structlog
 from collector.fleet_samples import SLOT_ALSO, SLOT_KEY, TargetSlot, rules_key
 from collector.history import History, PastEvent
 from collector.target_keys import FLEET_KEY, gpu_key, job_key, link_key, node_key, port_key
-from fleetwatch.model import EventKind, SampleValue, Target, TargetKind
+from fleetwatch.model import EventKind, SampleValue, Target
 from rules.cel_env import RuleEnvironment, TargetContext
 from rules.engine import Engine, Incident, Phase, Transition
 from rules.model import Rule, RuleSet, Scope, Severity
@@ -297,15 +297,6 @@ class Evaluator:
                 also = slot[SLOT_ALSO]
                 if also is not None:  # the GPU's view (nvlinks_down) changed too
                     dirty.add((node, also))
-
-    def note_sample(self, node: NodeState, target: Target, signal: str, value: SampleValue) -> None:
-        """One sample was applied (the general path of :meth:`note_samples`)."""
-        if not self.wants(signal):
-            return
-        key = self.target_key(node, target)
-        also = key.rsplit("/nvlink/", 1)[0] if target.kind == TargetKind.NVLINK else None
-        slot: TargetSlot = ((0, "", 0, ""), 0, key, also)
-        self.note_samples(node.name, [(slot, signal, value)])
 
     def note_job(self, job_id: str, gpus: list[tuple[str, str]]) -> None:
         """A job finished steps; ``gpus`` (node, uuid) host ranks that began or ended straggling."""

@@ -89,20 +89,21 @@ class TestWatchedSignals:
         clock = FakeClock()
         fleet = FleetModel()
         fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
-        ev = Evaluator(
-            rules=parse_rules(HOT, "t.yaml"), fleet=fleet, catalog=load_catalog(), clock=clock
-        )
+        ev = evaluator(HOT, fleet, clock, 30.0)
         ev.tick()  # the first sweep
-        node = fleet.view()["n1"]
-        (gpu,) = node.gpus.values()
+        (uuid,) = fleet.view()["n1"].gpus
+
+        def apply(target: Target, signal: str, value: float) -> None:
+            fleet.apply_samples("n1", [sample_to_pb(target, signal, value)])
+
         before = ev.evaluations
-        ev.note_sample(node, Target.gpu(gpu.uuid), "power_watts", 400.0)
+        apply(Target.gpu(uuid), "power_watts", 400.0)
         ev.tick(urgent=True)
         assert ev.evaluations == before
-        ev.note_sample(node, Target.gpu(gpu.uuid), "temperature_celsius", 95.0)
+        apply(Target.gpu(uuid), "temperature_celsius", 95.0)
         ev.tick(urgent=True)
         assert ev.evaluations == before + 1
-        ev.note_sample(node, Target.nvlink(gpu.uuid, 3), "nvlink_up", 0)
+        apply(Target.nvlink(uuid, 3), "nvlink_up", 0)
         ev.tick(urgent=True)
         assert ev.evaluations == before + 2
 
@@ -147,7 +148,6 @@ class TestSweepOnlyWhatTimeCanChange:
             fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=4, ib_ports=0), 0.0, 0.0)
             for gpu in fleet.view()[name].gpus.values():
                 for link in range(4):
-                    ev.note_sample(fleet.view()[name], Target.nvlink(gpu.uuid, link), "x", 0)
                     fleet.apply_samples(
                         name, [sample_to_pb(Target.nvlink(gpu.uuid, link), "nvlink_crc_errors", 0)]
                     )
