@@ -184,6 +184,10 @@ class CollectorLink:
             *settings.client_options(),
             # gRPC's connect timeout is the smallest reconnect backoff (20 s by default).
             ("grpc.min_reconnect_backoff_ms", int(self._connect_timeout * 1000)),
+            # Each attempt its own connection: channels in one process otherwise share one
+            # from a global pool, with the reconnect backoff (up to 120 s) it grew while the
+            # collector was down, under our own backoff.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=options)
