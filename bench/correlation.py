@@ -5,14 +5,14 @@ The last line of output is one JSON object (see the project's benchmark contract
 one table per case family for people.
 
 What runs: for every case, the collector's real job correlator and rules, in this process, on a
-fake clock: a :class:`collector.fleet.FleetModel` told about the job's nodes by Hellos (8 GPUs
-"NVIDIA H100 80GB HBM3" and 8 IB ports each), the :class:`collector.incidents.Evaluator` with
-the built-in rules (``rules/default.yaml``) and a :class:`collector.jobs.book.JobBook` with the
-default ``JobsConfig``, wired as the collector wires them. Each simulated second the job
-finishes one step: every rank's ``JobStep`` goes through ``JobBook.ingest`` (one ``JobReport``
-per node), hardware state arrives as samples (``FleetModel.apply_report``) and events
-(``FleetModel.apply_event``), then ``Evaluator.tick()`` runs and the job's published map
-(``JobBook.summaries()``) is read.
+fake clock: a :class:`collector.model.fleet.FleetModel` told about the job's nodes by Hellos
+(8 GPUs "NVIDIA H100 80GB HBM3" and 8 IB ports each), the
+:class:`collector.incidents.evaluator.Evaluator` with the built-in rules (``rules/default.yaml``)
+and a :class:`collector.jobs.book.JobBook` with the default ``JobsConfig``, wired as the
+collector wires them. Each simulated second the job finishes one step: every rank's ``JobStep``
+goes through ``JobBook.ingest`` (one ``JobReport`` per node), hardware state arrives as samples
+(``FleetModel.apply_report``) and events (``FleetModel.apply_event``), then ``Evaluator.tick()``
+runs and the job's published map (``JobBook.summaries()``) is read.
 
 The job: N ranks (8 a node; 8, 32, 128 or 512 ranks). A rank's compute time is
 0.8 s x (1 + gauss(0, 0.02)), and 1% of rank-steps take 30% longer (a GC pause, say); the step
@@ -73,11 +73,11 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from collector.fleet import FleetModel
-from collector.incidents import NO_DRAINS, Evaluator
+from collector.incidents.evaluator import NO_DRAINS, Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
-from collector.target_keys import gpu_key
+from collector.model.fleet import FleetModel
+from collector.model.target_keys import gpu_key
 from fleetwatch.logs import configure_logging
 from fleetwatch.model import EventKind, SampleValue, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid

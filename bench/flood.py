@@ -6,7 +6,7 @@ The last line of output is one JSON object (see the project's benchmark contract
 What runs, all on loopback:
 
 * a real collector process, ``fleetwatch collector --config FILE``, with a SQLite journal and
-  every ingest limit at its default (``collector/ingest_throttle.py``: 1,000 events a second per
+  every ingest limit at its default (``collector/ingest/throttle.py``: 1,000 events a second per
   node after a burst of 10,000; alike events past 200 a second coalesced);
 * the flooder, this script again in a process of its own (``--role flooder``): one raw gRPC
   client that says Hello as node ``flooder`` and then offers events open-loop at ``--rate``
@@ -51,7 +51,7 @@ from typing import Any
 import grpc
 import psutil
 
-from collector.store_sqlite import JournalReader
+from collector.store.sqlite import JournalReader
 from fleetwatch.testing import free_port, made_up_hello, made_up_uuid
 from fleetwatch.wire import settings
 from fleetwatch.wire.repeats import seqs_covered

@@ -3,8 +3,8 @@
 Run from the repository root: ``.venv/bin/python bench/journal_backends.py [--seconds S]``.
 The last line of output is one JSON object.
 
-Both backends run the collector's own store (:class:`collector.store_sqlite.SqliteStore`,
-:class:`collector.store_postgres.PostgresStore`) as the journal's writer thread does: one
+Both backends run the collector's own store (:class:`collector.store.sqlite.SqliteStore`,
+:class:`collector.store.postgres.PostgresStore`) as the journal's writer thread does: one
 transaction per batch of events (group commit), each commit durable before it returns (SQLite
 ``synchronous=FULL`` in WAL mode; PostgreSQL with its default ``fsync`` and
 ``synchronous_commit``, a throwaway server from :mod:`fleetwatch.pg_server` on loopback, its data
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector.store_events import EventRow, EventStore
-from collector.store_incidents import ActionRow, FleetActions
-from collector.store_postgres import PostgresStore
-from collector.store_sqlite import SqliteStore
+from collector.store.events import EventRow, EventStore
+from collector.store.incidents import ActionRow, FleetActions
+from collector.store.postgres import PostgresStore
+from collector.store.sqlite import SqliteStore
 from fleetwatch.pg_server import PgServer
 
 BATCHES = (1, 100, 1000)

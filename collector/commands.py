@@ -17,13 +17,13 @@ import structlog
 from agent.commands import REFUSED
 from collector.actions.dispatcher import ActionOutcome, refused
 from collector.actions.guards import UnsafeArgumentError, parse_target
-from collector.session import StreamNotReadyError
+from collector.ingest.session import StreamNotReadyError
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import GPU_UUID
 
 if TYPE_CHECKING:
-    from collector.fleet import FleetModel
-    from collector.session import SessionRegistry
+    from collector.ingest.session import SessionRegistry
+    from collector.model.fleet import FleetModel
 
 log = structlog.get_logger("collector.commands")
 

@@ -14,9 +14,9 @@ from collector.actions.config import (
     read_secret,
 )
 from collector.exceptions import ConfigError
-from collector.ingest_throttle import DEFAULT_LIMITS, IngestLimits
+from collector.ingest.throttle import DEFAULT_LIMITS, IngestLimits
 from collector.jobs.config import JobsConfig
-from collector.journal_config import check_journal_keys
+from collector.store.journal_config import check_journal_keys
 from fleetwatch.config_file import (
     check_log_level,
     check_number,

@@ -9,26 +9,27 @@ from typing import TYPE_CHECKING
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
+from collector.actions.actuators import LiveActuators, build_actuators
 from collector.actions.dispatcher import Dispatcher, GpuResetter
-from collector.actuators import LiveActuators, build_actuators
-from collector.api_auth import ChangeGuard
+from collector.api.auth import ChangeGuard
+from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
-from collector.exporter import FleetCollector
-from collector.exporter_ingest import IngestCollector
-from collector.exporter_jobs import JobsCollector
-from collector.exporter_rules import RulesCollector
-from collector.fleet import FleetModel
+from collector.export.fleet import FleetCollector
+from collector.export.ingest import IngestCollector
+from collector.export.jobs import JobsCollector
+from collector.export.rules import RulesCollector
 from collector.gc_pauses import start_freezer
-from collector.history_restore import restore_history
-from collector.http_api import ApiServer
-from collector.incident_service import DrainDesk, IncidentService, SilenceBook
-from collector.incidents import Evaluator
+from collector.incidents.evaluator import Evaluator
+from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
+from collector.ingest.server import FleetServer
+from collector.ingest.tls import server_credentials
 from collector.jobs.book import JobBook
-from collector.journal import Journal, open_store
-from collector.liveness import LivenessMonitor
-from collector.node_states import NodeFlags
-from collector.peers import Peers
+from collector.model.fleet import FleetModel
+from collector.model.history_restore import restore_history
+from collector.model.liveness import LivenessMonitor
+from collector.model.node_states import NodeFlags
+from collector.model.target_keys import FLEET_KEY
 from collector.reload import (
     LIVE_KEYS,
     ReloadCollector,
@@ -38,10 +39,9 @@ from collector.reload import (
     rule_changes,
     successor,
 )
-from collector.server import FleetServer
 from collector.stats import CollectorStats
-from collector.target_keys import FLEET_KEY
-from collector.tls import server_credentials
+from collector.store.journal import Journal, open_store
+from collector.store.peers import Peers
 from fleetwatch.config_file import short_repr
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
 from fleetwatch.tls import is_loopback

@@ -20,12 +20,12 @@ import structlog
 import yaml
 from prometheus_client.registry import Collector
 
-from collector.actuators import build_actuators
+from collector.actions.actuators import build_actuators
 from collector.config import CollectorConfig, load_collector_config
 from collector.exceptions import CollectorError, ConfigError
-from collector.incidents import Evaluator
-from collector.metrics_catalog import BY_NAME, families
-from collector.tls import tls_material
+from collector.export.catalog import BY_NAME, families
+from collector.incidents.evaluator import Evaluator
+from collector.ingest.tls import tls_material
 from fleetwatch.config_lines import FileProblem, config_problem
 from fleetwatch.reload import RESULTS, changed_keys
 from rules.exceptions import CatalogError, RulesError
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import Metric
 
-    from collector.actuators import Actuators
+    from collector.actions.actuators import Actuators
     from fleetwatch.clock import Clock
     from fleetwatch.reload import ReloadTally
     from rules.engine import Incident

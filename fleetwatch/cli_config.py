@@ -137,7 +137,7 @@ def _journal(cfg: CollectorConfig) -> str:
     """The journal as ``config check`` names it (never a password)."""
     if cfg.journal_dsn is None:
         return str(cfg.journal)
-    from collector.store_postgres import describe  # noqa: PLC0415 - psycopg only when used
+    from collector.store.postgres import describe  # noqa: PLC0415 - psycopg only when used
 
     return f"{describe(cfg.journal_dsn)} as {cfg.collector_name()}"
 
@@ -145,7 +145,7 @@ def _journal(cfg: CollectorConfig) -> str:
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
     """Load ``path`` as the collector does at start, with ``environ`` for webhook secrets."""
     from collector.config import load_collector_config  # noqa: PLC0415
-    from collector.tls import tls_material  # noqa: PLC0415
+    from collector.ingest.tls import tls_material  # noqa: PLC0415
     from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
 
     try:
@@ -257,7 +257,7 @@ def _transport(cfg: AgentConfig | CollectorConfig) -> str:
 
 
 def _api_changes(cfg: CollectorConfig) -> str:
-    """Who may change state through the HTTP API (as :mod:`collector.api_auth` decides)."""
+    """Who may change state through the HTTP API (as :mod:`collector.api.auth` decides)."""
     from collector.config import split_host_port  # noqa: PLC0415
     from fleetwatch.tls import is_loopback  # noqa: PLC0415
 

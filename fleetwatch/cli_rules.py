@@ -27,7 +27,7 @@ def check(paths: list[Path], out: TextIO, err: TextIO) -> int:
 
 def test(paths: list[Path], out: TextIO, err: TextIO) -> int:
     """Run rule test files; 0 when every test passes, 1 otherwise (failures say why)."""
-    from collector.rule_tests import run_file  # noqa: PLC0415
+    from collector.incidents.rule_tests import run_file  # noqa: PLC0415
 
     failed = total = 0
     for path in paths:

@@ -55,7 +55,8 @@ SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.JOB: ("job", "fleet"),
     Scope.FLEET: ("fleet",),
 }
-# The fields of each variable: the keys of the maps the collector builds (collector.incidents).
+# The fields of each variable: the keys of the maps the collector builds
+# (collector.incidents.evaluator).
 # A unit test builds those maps and compares, so neither side can change alone.
 VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
     "node": frozenset(

@@ -56,15 +56,15 @@ from collector.actions.guards import (
     drain_reason,
 )
 from collector.actions.tally import UNFINISHED, ActionTally
-from collector.store_incidents import ActionRow, FleetActions
+from collector.store.incidents import ActionRow, FleetActions
 from rules.model import ActionSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from collector.fleet import FleetModel
-    from collector.journal import Journal
-    from collector.store_incidents import IncidentRow
+    from collector.model.fleet import FleetModel
+    from collector.store.incidents import IncidentRow
+    from collector.store.journal import Journal
     from fleetwatch.clock import Clock
     from rules.model import Rule
 

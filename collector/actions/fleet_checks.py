@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collector.actions.dispatcher import SafetyConfig
-    from collector.store_incidents import Decision, FleetActions, IncidentRow
+    from collector.store.incidents import Decision, FleetActions, IncidentRow
 
 PLANNED: Decision = ("planned", "", 0)
 

@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 REASON_PREFIX: Final = "fleetwatch:"
-# A target key below its node: a GPU, one of its NVLinks, or an IB port (collector.target_keys).
+# A target key below its node: a GPU, one of its NVLinks, or an IB port
+# (collector.model.target_keys).
 _BELOW_NODE = re.compile(
     r"/gpu/(?P<gpu>\d{1,3})(?:/nvlink/(?P<link>\d{1,3}))?"
     r"|/ib/(?P<device>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})/(?P<port>\d{1,3})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Final
 
-from collector.target_keys import FLEET_KEY
+from collector.model.target_keys import FLEET_KEY
 
 if TYPE_CHECKING:
     from fleetwatch.clock import Clock

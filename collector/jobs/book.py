@@ -34,11 +34,11 @@ from collector.jobs.state import JobState
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from collector.fleet import FleetModel
-    from collector.history import History
     from collector.jobs.checkpoint_policy import CheckpointAdvice
     from collector.jobs.config import JobsConfig
     from collector.jobs.state import FinishedStep
+    from collector.model.fleet import FleetModel
+    from collector.model.history import History
     from fleetwatch.clock import Clock
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 

@@ -19,15 +19,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from collector.target_keys import gpu_key, link_key, port_key
+from collector.model.target_keys import gpu_key, link_key, port_key
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from collector.fleet import GpuState, NodeState, PortState
-    from collector.history import History
     from collector.jobs.config import JobsConfig
     from collector.jobs.state import JobState
+    from collector.model.fleet import GpuState, NodeState, PortState
+    from collector.model.history import History
 
 # clocks_event_reasons bits that slow a busy GPU: HW slowdown, SW/HW thermal, HW power brake.
 SLOWDOWN_REASONS: Final = {

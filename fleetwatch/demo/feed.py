@@ -18,9 +18,9 @@ from rules.engine import Phase
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from collector.incident_service import ActionSink
-    from collector.journal import Journal
-    from collector.store_incidents import ActionRow, IncidentRow
+    from collector.incidents.service import ActionSink
+    from collector.store.incidents import ActionRow, IncidentRow
+    from collector.store.journal import Journal
     from fleetwatch.clock import Clock
     from rules.engine import Engine
     from rules.model import ActionSpec, Rule

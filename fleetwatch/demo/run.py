@@ -19,7 +19,7 @@ from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from agent.sim.training import SimTrainingJob
 from collector.config import CollectorConfig
 from collector.main import CollectorService
-from collector.node_states import node_state
+from collector.model.node_states import node_state
 from fleetwatch.demo.feed import IncidentFeed
 from fleetwatch.demo.view import (
     action_table,
@@ -41,9 +41,9 @@ from fleetwatch.demo.wiring import (
 from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
 if TYPE_CHECKING:
-    from collector.fleet import NodeState
-    from collector.store_incidents import ActionRow, IncidentRow
-    from collector.store_sqlite import EventRow
+    from collector.model.fleet import NodeState
+    from collector.store.incidents import ActionRow, IncidentRow
+    from collector.store.sqlite import EventRow
     from fleetwatch.clock import Clock
 
 STATUS_EVERY_S = 2.0

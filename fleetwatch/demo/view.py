@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from collector.fleet import NodeState
-    from collector.store_incidents import ActionRow, IncidentRow
-    from collector.store_sqlite import EventRow
+    from collector.model.fleet import NodeState
+    from collector.store.incidents import ActionRow, IncidentRow
+    from collector.store.sqlite import EventRow
 
 
 def _gpu_index(node: NodeState | None, uuid: str) -> str:

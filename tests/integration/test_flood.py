@@ -20,8 +20,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.cluster import SimCluster
-from collector.exporter_ingest import IngestCollector
-from collector.ingest_throttle import IngestLimits, IngestThrottle
+from collector.export.ingest import IngestCollector
+from collector.ingest.throttle import IngestLimits, IngestThrottle
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import made_up_hello, made_up_uuid, wait_until
 from fleetwatch.wire import settings

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.training import SimTrainingJob
-from collector.metrics_catalog import BY_NAME, NODE_STATES, SERIES_PER_NODE_BUDGET
+from collector.export.catalog import BY_NAME, NODE_STATES, SERIES_PER_NODE_BUDGET
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import job_fleet

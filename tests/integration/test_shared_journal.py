@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from collector.config import CollectorConfig
     from collector.main import CollectorService
-    from collector.store_incidents import ActionRow
+    from collector.store.incidents import ActionRow
     from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration

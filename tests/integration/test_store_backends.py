@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from collector.exceptions import JournalError
-from collector.store_events import EventReader, EventRow, EventStore, NodeRow
-from collector.store_incidents import ActionRow, FleetActions, IncidentRow, SilenceRow
-from collector.store_postgres import SCHEMA_VERSION, PostgresReader, PostgresStore
-from collector.store_sqlite import JournalReader, SqliteStore
+from collector.store.events import EventReader, EventRow, EventStore, NodeRow
+from collector.store.incidents import ActionRow, FleetActions, IncidentRow, SilenceRow
+from collector.store.postgres import SCHEMA_VERSION, PostgresReader, PostgresStore
+from collector.store.sqlite import JournalReader, SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from collector.session import parse_message
+from collector.ingest.session import parse_message
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import Target, event_kind_from_pb, sample_value_from_pb
 from fleetwatch.wire.settings import MAX_MESSAGE_BYTES

@@ -18,10 +18,10 @@ from collector.actions.guards import (
     parse_target,
 )
 from collector.actions.slurm import SlurmNodes, SlurmRefusedError
-from collector.fleet import FleetModel
-from collector.journal import Journal
-from collector.store_incidents import IncidentRow
-from collector.store_sqlite import SqliteStore
+from collector.model.fleet import FleetModel
+from collector.store.incidents import IncidentRow
+from collector.store.journal import Journal
+from collector.store.sqlite import SqliteStore
 from fleetwatch.testing import FakeClock
 from rules.model import ActionSpec, Rule, Scope
 

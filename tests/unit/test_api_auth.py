@@ -4,7 +4,7 @@ from http import HTTPStatus
 import pytest
 from structlog.testing import capture_logs
 
-from collector.api_auth import ChangeGuard
+from collector.api.auth import ChangeGuard
 
 TOKEN = "s3cret-api-token"  # noqa: S105 - a test token
 EVERYWHERE = "0.0.0.0"  # noqa: S104 - a listen address the guard is told of, not bound

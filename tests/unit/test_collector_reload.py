@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
+from collector.actions.actuators import Actuators, LiveActuators
 from collector.actions.dispatcher import ActionOutcome
-from collector.actuators import Actuators, LiveActuators
 from collector.config import CollectorConfig, load_collector_config
-from collector.fleet import FleetModel
-from collector.incidents import Evaluator
+from collector.incidents.evaluator import Evaluator
+from collector.model.fleet import FleetModel
 from collector.reload import (
     LIVE_KEYS,
     RESTART_KEYS,

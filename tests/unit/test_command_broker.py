@@ -4,11 +4,11 @@ import asyncio
 from pathlib import Path
 
 from collector.commands import CommandBroker
-from collector.fleet import FleetModel
-from collector.journal import Journal
-from collector.session import SessionRegistry, StreamSession
+from collector.ingest.session import SessionRegistry, StreamSession
+from collector.model.fleet import FleetModel
 from collector.stats import CollectorStats
-from collector.store_sqlite import SqliteStore
+from collector.store.journal import Journal
+from collector.store.sqlite import SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 

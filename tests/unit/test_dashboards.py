@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.metrics_catalog import CATALOG
+from collector.export.catalog import CATALOG
 from dashboards import build
 from dashboards.queries import dashboard_queries, metric_names
 

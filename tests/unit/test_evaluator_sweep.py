@@ -1,7 +1,7 @@
 """The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
 
-from collector.fleet import FleetModel
-from collector.incidents import Evaluator, watched_signals
+from collector.incidents.evaluator import Evaluator, watched_signals
+from collector.model.fleet import FleetModel
 from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.engine import Phase

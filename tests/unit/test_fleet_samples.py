@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from collector.fleet import MAX_SIGNALS_PER_TARGET, FleetModel
-from collector.fleet_samples import SLOT_KEY
+from collector.model.fleet import MAX_SIGNALS_PER_TARGET, FleetModel
+from collector.model.slots import SLOT_KEY
 from fleetwatch.model import SampleValue, Target, sample_to_pb
 from fleetwatch.testing import made_up_hello
 
 if TYPE_CHECKING:
-    from collector.fleet_samples import TargetSlot
+    from collector.model.slots import TargetSlot
 
 NODE = "n1"
 

@@ -1,6 +1,6 @@
 import tracemalloc
 
-from collector.history import MAX_SAMPLES_PER_SERIES, History
+from collector.model.history import MAX_SAMPLES_PER_SERIES, History
 
 
 class TestSampleSeries:

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from collector.fleet import FleetModel
-from collector.history_restore import restore_history
-from collector.incidents import Evaluator
-from collector.journal import Journal
-from collector.store_sqlite import EventRow, SqliteStore
+from collector.incidents.evaluator import Evaluator
+from collector.model.fleet import FleetModel
+from collector.model.history_restore import restore_history
+from collector.store.journal import Journal
+from collector.store.sqlite import EventRow, SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from rules.loader import parse_rules
 from rules.xid_catalog import load_catalog

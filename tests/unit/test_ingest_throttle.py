@@ -1,6 +1,6 @@
 import pytest
 
-from collector.ingest_throttle import (
+from collector.ingest.throttle import (
     MIN_WAIT_S,
     IngestLimits,
     IngestThrottle,

@@ -5,11 +5,11 @@ from typing import Any
 import pytest
 
 from collector.exceptions import ConfigError
-from collector.fleet import FleetModel
-from collector.incidents import Evaluator
+from collector.incidents.evaluator import Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
 from collector.jobs.peak_flops import PEAK_BF16_FLOPS
+from collector.model.fleet import FleetModel
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import SampleValue, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid

@@ -1,16 +1,16 @@
 import re
 from pathlib import Path
 
-from collector.metrics_catalog import CATALOG
-from collector.metrics_doc import main, render
+from collector.export.catalog import CATALOG
+from collector.export.catalog_doc import main, render
 
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
 BASE_UNITS = {"", "seconds", "bytes", "celsius", "watts", "hertz", "ratio", "transfers_per_second"}
 
 
 def test_the_committed_catalog_page_is_current():
-    """docs/metrics.md is what the catalog renders: run `python -m collector.metrics_doc --write
-    docs/metrics.md` after changing a metric."""
+    """docs/metrics.md is what the catalog renders: run
+    `python -m collector.export.catalog_doc --write docs/metrics.md` after changing a metric."""
     assert DOC.read_text(encoding="utf-8") == render()
 
 

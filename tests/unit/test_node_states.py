@@ -1,6 +1,6 @@
 from collector.actions.tally import ActionTally
-from collector.fleet import GpuState, NodeState, PortState
-from collector.node_states import NodeFlags, node_state
+from collector.model.fleet import GpuState, NodeState, PortState
+from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.testing import FakeClock
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.rule_tests import RuleTestError, run_file
+from collector.incidents.rule_tests import RuleTestError, run_file
 from fleetwatch.cli import main
 
 BUILTIN_TESTS = Path(__file__).parents[2] / "rules" / "default_test.yaml"

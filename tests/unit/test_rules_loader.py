@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.fleet import FleetModel
-from collector.incidents import NO_DRAINS, Evaluator, _Sweep
+from collector.incidents.evaluator import NO_DRAINS, Evaluator, _Sweep
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
+from collector.model.fleet import FleetModel
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock

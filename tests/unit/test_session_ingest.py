@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 
-from collector.fleet import FleetModel
-from collector.ingest_throttle import IngestLimits
-from collector.journal import Journal
-from collector.session import SessionRegistry, StreamSession
+from collector.ingest.session import SessionRegistry, StreamSession
+from collector.ingest.throttle import IngestLimits
+from collector.model.fleet import FleetModel
 from collector.stats import CollectorStats
-from collector.store_sqlite import JournalReader, SqliteStore
+from collector.store.journal import Journal
+from collector.store.sqlite import JournalReader, SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from fleetwatch.wire.repeats import occurrences, parse_repeats, seqs_covered
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb

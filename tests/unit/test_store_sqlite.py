@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from collector.exceptions import JournalError
-from collector.store_sqlite import EventRow, JournalReader, NodeRow, SqliteStore
+from collector.store.sqlite import EventRow, JournalReader, NodeRow, SqliteStore
 
 
 def row(seq: int | None, node: str = "n1", boot: str = "b1", kind: str = "xid") -> EventRow:

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from collector.session import parse_message
+from collector.ingest.session import parse_message
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.wire.settings import MAX_MESSAGE_BYTES
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb

@@ -1,0 +1,1 @@
+"""The HTTP side: /metrics, the JSON API, its incident routes and who may change state."""

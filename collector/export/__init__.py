@@ -1,0 +1,1 @@
+"""Prometheus exposition: the fleet, ingest, jobs and rules exporters and the metrics catalog."""

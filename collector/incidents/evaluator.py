@@ -1,0 +1,594 @@
+"""Rules applied to the fleet: which targets to evaluate, with what data, and what came of it.
+
+On every tick the evaluator looks at the targets something happened to (a sample or an event),
+the targets with an open incident (their ``for``/``keep_firing_for`` timers run), and, every
+``full_sweep_s``, the targets whose answers can change with time alone: those whose windows hold
+something that will age out (an event, a counter that moved), GPUs a training rank runs on, and,
+for rules that read the ``fleet`` or ``share_of_ports()``, every target. Conditions run in CEL;
+the engine turns their results into incident transitions, returned with the verdict on whether
+their actions may run.
+
+Grouping: a firing critical node-level incident suppresses the GPU, NVLink and IB-port incidents
+of that node that fire after it (they are journaled as suppressed and run no actions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from collector.model.history import History, PastEvent
+from collector.model.slots import SLOT_ALSO, SLOT_KEY, TargetSlot, rules_key
+from collector.model.target_keys import FLEET_KEY, gpu_key, job_key, link_key, node_key, port_key
+from fleetwatch.model import EventKind, SampleValue, Target
+from rules.cel_env import RuleEnvironment, TargetContext
+from rules.engine import Engine, Incident, Phase, Transition
+from rules.model import Rule, RuleSet, Scope, Severity
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from cel_expr_python import cel
+
+    from collector.jobs.book import JobBook
+    from collector.model.fleet import FleetModel, GpuState, NodeState, PortState
+    from fleetwatch.clock import Clock
+    from rules.xid_catalog import XidCatalog
+
+log = structlog.get_logger("collector.incidents.evaluator")
+
+ERROR_LOG_EVERY: Final = 1000  # a rule that fails on every target logs once, then now and then
+NO_DRAINS: Final = {
+    "drained_nodes": 0,
+    "drains_waiting": 0,
+    "drain_cap": 0,
+    "drain_breaker_open": False,
+}
+EVENT_WINDOW_S: Final = 24 * 3600.0
+# Events that interrupt a training job whatever the Xid catalog says, by failure category.
+FAILURE_KINDS: Final = {
+    EventKind.GPU_LOST: "gpu_lost",
+    EventKind.PCI_REMOVED: "pcie",
+    EventKind.NODE_UNREACHABLE: "node",
+}
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Why an incident's actions will not run (None: they will)."""
+
+    suppressed_by: str | None = None
+    silenced_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A transition, the rule it belongs to, and whether its actions may run."""
+
+    transition: Transition
+    rule: Rule
+    verdict: Verdict
+
+
+@dataclass(slots=True)
+class _Context:
+    """The window functions' view of one target."""
+
+    evaluator: Evaluator
+    key: str
+    now: float
+
+    def events(self, kind: str, window_s: float) -> int:
+        return self.evaluator.history.events(self.key, kind, self.now - window_s)
+
+    def xids(self, window_s: float) -> list[dict[str, Any]]:
+        catalog = self.evaluator.catalog
+        out = []
+        for xid in self.evaluator.history.xids(self.key, self.now - window_s):
+            entry = catalog.get(xid)
+            out.append(
+                {
+                    "xid": xid,
+                    "class": entry.xid_class if entry else "unknown",
+                    "action": entry.action if entry else "UNKNOWN",
+                    "fatal": entry.fatal if entry else False,
+                },
+            )
+        return out
+
+    def increase(self, signal: str, window_s: float) -> float:
+        return self.evaluator.history.increase(self.key, signal, self.now - window_s, self.now)
+
+    def share_of_ports(self, signal: str, above: float) -> float:
+        # Every port of the fleet, every regular tick: written as a plain loop (a method call
+        # per port made it a third of a 2,048-node collector's rules time).
+        total = hot = 0
+        for node in self.evaluator.fleet.view().values():
+            total += len(node.ports)
+            for port in node.ports.values():
+                value = port.signals.get(signal)
+                if value is not None and not isinstance(value, str) and value > above:
+                    hot += 1
+        return hot / total if total else 0.0
+
+
+@dataclass(slots=True)
+class _Sweep:
+    """One tick's targets and the data maps built for them (each built once)."""
+
+    fleet: dict[str, Any]
+    now: float
+    wanted: set[tuple[str, str]]  # (node, key) to evaluate with every rule of its scope
+    swept: set[str]  # nodes whose targets are looked at for time's sake
+    whole: set[str]  # nodes whose every target is evaluated with every rule
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# A condition that reads these sees more than its own target: the sweep evaluates it everywhere.
+_READS_FLEET: Final = re.compile(r"\b(fleet|share_of_ports)\b")
+
+
+def _sample_windows(rules: RuleSet) -> dict[str, float]:
+    """The longest window each counter signal is asked over, by any rule."""
+    import re  # noqa: PLC0415
+
+    from rules.durations import parse_duration  # noqa: PLC0415
+
+    windows: dict[str, float] = {}
+    pattern = re.compile(r"""(?:increase|rate)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
+    for rule in rules.rules:
+        for signal, window in pattern.findall(rule.when):
+            windows[signal] = max(windows.get(signal, 0.0), parse_duration(window))
+    return windows
+
+
+# Samples that change what the rules see under another name (gpu.present, nvlinks_down, a port's
+# state and up): they mark their target whatever the conditions say.
+MODEL_SIGNALS: Final = frozenset({"gpu_present", "nvlink_up", "ib_state", "ib_phys_state"})
+# A condition that walks a signals map (size(), a macro over it) reads every signal in it.
+_WALKS_SIGNALS: Final = re.compile(
+    r"signals\s*(\)|,|\.\s*(all|exists|exists_one|filter|map)\s*\()|in\s+[\w.]*signals\b"
+)
+_WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def watched_signals(rules: RuleSet) -> frozenset[str] | None:
+    """The signals whose samples can change a condition: every word of every rule's condition.
+
+    With the model's own signals; a sample of any other cannot change what a rule sees. None
+    (watch them all) when a condition walks a signals map.
+    """
+    words: set[str] = set(MODEL_SIGNALS)
+    for rule in rules.rules:
+        if _WALKS_SIGNALS.search(rule.when):
+            return None
+        words.update(_WORD.findall(rule.when))
+    return frozenset(words)
+
+
+class Evaluator:
+    """Runs a rule set over the fleet model and feeds the incident engine."""
+
+    def __init__(  # noqa: PLR0913 - the collector's collaborators
+        self,
+        *,
+        rules: RuleSet,
+        fleet: FleetModel,
+        catalog: XidCatalog,
+        clock: Clock,
+        full_sweep_s: float = 30.0,
+        env: RuleEnvironment | None = None,
+        jobs: JobBook | None = None,
+    ) -> None:
+        """Compile every rule once; ``jobs`` gives job and rank variables (none: no jobs)."""
+        self.rules = rules
+        self.fleet = fleet
+        self.catalog = catalog
+        self.clock = clock
+        self.env = env or RuleEnvironment()
+        self.engine = Engine(rules)
+        self.history = History(EVENT_WINDOW_S, _sample_windows(rules))
+        self._compiled: dict[str, cel.Expression] = {
+            r.name: self.env.compile(r.scope, r.when) for r in rules.rules
+        }
+        self._by_scope = {scope: rules.by_scope(scope) for scope in Scope}
+        self._watched = watched_signals(rules)
+        self._full_sweep_s = full_sweep_s
+        # Rules a sweep evaluates on every target: their conditions read beyond the target.
+        self._sweep_all = {
+            scope: tuple(r for r in self._by_scope[scope] if _READS_FLEET.search(r.when))
+            for scope in Scope
+        }
+        self._fleet_nodes: dict[str, Any] | None = None  # the fleet counts of the last tick
+        self._whole_next: set[str] = set()  # nodes whose inventory changed
+        self._last_tick: float | None = None
+        self._sweep_queue: list[str] = []  # nodes still to sweep in this round
+        self._sweep_credit = 0.0
+        self._dirty: set[tuple[str, str]] = set()  # (node, target key)
+        self.evaluations = 0
+        self.errors: dict[str, int] = {}
+        self.failures: Counter[tuple[str, str]] = Counter()  # (node, category)
+        self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
+        # Called when an event arrives, so the incident service evaluates at once.
+        self.on_event: Callable[[], None] = lambda: None
+        # More ``fleet`` variables from elsewhere: the dispatcher's drain counts.
+        self.fleet_extras: Callable[[], dict[str, Any]] = lambda: dict(NO_DRAINS)
+        self.jobs: JobBook | None = None
+        if jobs is not None:
+            self.attach_jobs(jobs)
+
+    def attach_jobs(self, jobs: JobBook) -> None:
+        """Take job and rank variables from ``jobs``, and lend it the windows' history."""
+        self.jobs = jobs
+        jobs.history = self.history
+        jobs.on_change = self.note_job
+
+    # ---- what happened --------------------------------------------------------------------
+
+    def target_key(self, node: NodeState, target: Target) -> str:
+        """The key a wire target has in this node."""
+        return rules_key(node, target)
+
+    def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
+        """An event was journaled: remember it for windows and mark its targets for a look."""
+        self._remember(node, kind, target, xid, self.clock.monotonic())
+        category = self.failure_category(kind, xid)
+        if category is not None:
+            self.failures[node, category] += 1
+            if self.jobs is not None:
+                self.jobs.note_failure(node)
+        self.on_event()
+
+    def restore_event(
+        self, node: str, kind: EventKind, target: Target, xid: int, age_s: float
+    ) -> None:
+        """An event journaled ``age_s`` ago by an earlier process: back into the windows.
+
+        Only the windows: it was counted (failures) and woke the rules when it came in.
+        """
+        self._remember(node, kind, target, xid, self.clock.monotonic() - max(age_s, 0.0))
+
+    def _remember(self, node: str, kind: EventKind, target: Target, xid: int, at: float) -> None:
+        state = self.fleet.view().get(node)
+        key = self.target_key(state, target) if state is not None else node_key(node)
+        past = PastEvent(at, kind.value, xid)
+        keys = {key, node_key(node)}
+        if "/nvlink/" in key:
+            keys.add(key.rsplit("/nvlink/", 1)[0])
+        for k in keys:
+            self.history.add_event(k, past)
+            self._dirty.add((node, k))
+
+    def failure_category(self, kind: EventKind, xid: int) -> str | None:
+        """The category of an event that interrupts a training job, or None for others.
+
+        Such events count in checkpoint advice and in ``fleetwatch_node_failures_total``:
+        ``gpu_lost``, ``pcie`` (the PCI device went away), ``node`` (unreachable), and fatal
+        Xids under their catalog class.
+        """
+        if kind in FAILURE_KINDS:
+            return FAILURE_KINDS[kind]
+        entry = self.catalog.get(xid) if kind == EventKind.XID else None
+        return entry.xid_class if entry is not None and entry.fatal else None
+
+    def wants(self, signal: str) -> bool:
+        """Whether a sample of ``signal`` matters: a rule windows over it, or reads it.
+
+        A busy GPU changes temperature, power and utilisation every poll; evaluating its rules
+        for values none of them reads cost three quarters of a loaded collector's CPU
+        (bench/collector_ingest.py). Targets are still swept every ``full_sweep_s``.
+        """
+        return self.history.wants(signal) or self._watched is None or signal in self._watched
+
+    def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
+        """Samples it :meth:`wants` were applied: keep windowed values, mark targets read."""
+        now = self.clock.monotonic()
+        history, watched, dirty = self.history, self._watched, self._dirty
+        for slot, signal, value in noted:
+            key = slot[SLOT_KEY]
+            if history.wants(signal) and isinstance(value, int | float):
+                history.add_sample(key, signal, now, float(value))
+            if watched is None or signal in watched:
+                dirty.add((node, key))
+                also = slot[SLOT_ALSO]
+                if also is not None:  # the GPU's view (nvlinks_down) changed too
+                    dirty.add((node, also))
+
+    def note_job(self, job_id: str, gpus: list[tuple[str, str]]) -> None:
+        """A job finished steps; ``gpus`` (node, uuid) host ranks that began or ended straggling."""
+        self._dirty.add((job_key(job_id), job_key(job_id)))
+        nodes = self.fleet.view()
+        for name, uuid in gpus:
+            gpu = nodes[name].gpus.get(uuid) if name in nodes else None
+            if gpu is not None:
+                self._dirty.add((name, gpu_key(name, gpu.index)))
+
+    def note_node(self, node: str) -> None:
+        """Something about the node as a whole changed (reachability)."""
+        self._dirty.add((node, node_key(node)))
+
+    def note_inventory(self, node: str) -> None:
+        """The node said Hello (or came back from the journal): evaluate all of it once."""
+        self._whole_next.add(node)
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def tick(self, *, urgent: bool = False) -> list[Outcome]:
+        """Evaluate what needs it; return the transitions with their verdicts.
+
+        Every tick evaluates the targets whose data changed. A regular tick also evaluates the
+        open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello,
+        the job and fleet rules, and a slice of the fleet's nodes, so every node is swept within
+        ``full_sweep_s`` without one tick doing the whole fleet and stalling the loop. A sweep
+        evaluates what can change with time alone (see the module's docstring); the first tick
+        evaluates everything. An ``urgent`` tick (an event arrived) evaluates only the changed
+        targets, to act fast, with the fleet counts of the last regular tick.
+        """
+        now = self.clock.monotonic()
+        wanted = set(self._dirty)
+        self._dirty.clear()
+        swept: set[str] = set()
+        whole: set[str] = set()
+        if not urgent:
+            wanted |= {(i.node, i.target) for i in self.engine.open_incidents()}
+            first = self._last_tick is None
+            swept = self._sweep_slice(now)
+            whole = swept if first else self._whole_next
+            self._whole_next = set()
+        if not urgent or self._fleet_nodes is None:
+            self._fleet_nodes = self._fleet_counts()
+        sweep = _Sweep(
+            fleet={**self._fleet_nodes, **self.fleet_extras()},
+            now=now,
+            wanted=wanted,
+            swept=swept,
+            whole=whole,
+        )
+        outcomes: list[Outcome] = []
+        for node, key, _scope, rules, data in self._targets(sweep):
+            for rule in rules:
+                outcomes += self._evaluate(rule, node, key, data, now)
+        if urgent:
+            return outcomes
+        if self.jobs is not None:
+            for job in self.jobs.publish():
+                key = job_key(job["id"])
+                for rule in self._by_scope[Scope.JOB]:
+                    data = {"job": job, "fleet": sweep.fleet}
+                    outcomes += self._evaluate(rule, key, key, data, now)
+        for rule in self._by_scope[Scope.FLEET]:
+            outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
+        return outcomes
+
+    def _evaluate(
+        self,
+        rule: Rule,
+        node: str,
+        key: str,
+        data: dict[str, Any],
+        now: float,
+    ) -> list[Outcome]:
+        self.evaluations += 1
+        context: TargetContext = _Context(self, key, now)
+        holds, error = self.env.evaluate(self._compiled[rule.name], data, context)
+        if error is not None and not error.startswith("NOT_FOUND"):
+            count = self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
+            if count == 1 or count % ERROR_LOG_EVERY == 0:
+                log.warning(
+                    "rule_evaluation_failed", rule=rule.name, target=key, error=error, count=count
+                )
+        transitions = self.engine.observe(
+            rule.name,
+            node,
+            key,
+            holds=holds,
+            now=now,
+            evidence=self._evidence(rule, data) if holds else "",
+        )
+        return [Outcome(t, rule, self.verdict(t.incident, rule)) for t in transitions]
+
+    def verdict(self, incident: Incident, rule: Rule) -> Verdict:
+        """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""
+        verdict = Verdict(silenced_by=self.silencer(incident, rule))
+        if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.JOB, Scope.FLEET):
+            return verdict
+        for other in self.engine.open_incidents():
+            other_rule = self.engine.rules[other.rule]
+            if (
+                other.node == incident.node
+                and other.phase == Phase.FIRING
+                and other_rule.scope == Scope.NODE
+                and other_rule.severity == Severity.CRITICAL
+            ):
+                verdict.suppressed_by = other.id
+                break
+        return verdict
+
+    def _evidence(self, rule: Rule, data: dict[str, Any]) -> str:
+        """A short, factual line naming the target (the rule is named beside it)."""
+        if "job" in data:
+            return str(data["job"]["summary"])
+        rank = data.get("rank")
+        if rank and self.jobs is not None and "rank." in rule.when:
+            return self.jobs.straggler_summary(rank["job"], rank["rank"])
+        return self._target_line(rule, data)
+
+    @staticmethod
+    def _target_line(rule: Rule, data: dict[str, Any]) -> str:
+        if "port" in data:
+            p = data["port"]
+            return f"IB {p['device']}/{p['port']} {p['state']}/{p['phys_state']}"
+        if "link" in data:
+            return f"GPU {data['gpu']['index']} NVLink {data['link']['index']}"
+        if "gpu" in data:
+            g = data["gpu"]
+            return f"GPU {g['index']} {g['uuid']}"
+        if "node" in data:
+            return f"node {data['node']['name']}"
+        return rule.scope.value
+
+    # ---- data for CEL -----------------------------------------------------------------------
+
+    def _fleet_counts(self) -> dict[str, Any]:
+        """The ``fleet`` variables the model gives (the dispatcher gives the rest)."""
+        nodes = self.fleet.view()
+        reachable = gpus = ports = up = 0
+        for node in nodes.values():
+            reachable += node.reachable
+            gpus += len(node.gpus)
+            ports += len(node.ports)
+            for port in node.ports.values():
+                if port.state == "ACTIVE":
+                    up += 1
+        return {
+            "nodes": len(nodes),
+            "nodes_reachable": reachable,
+            "gpus": gpus,
+            "ib_ports": ports,
+            "ib_ports_up": up,
+        }
+
+    @staticmethod
+    def _node_map(node: NodeState) -> dict[str, Any]:
+        return {
+            "name": node.name,
+            "reachable": node.reachable,
+            "connected": node.connected,
+            "gpus": len(node.gpus),
+            "gpus_lost": sum(1 for g in node.gpus.values() if not g.present),
+            "nvlinks_down": sum(g.nvlinks_down for g in node.gpus.values()),
+            "ib_ports": len(node.ports),
+            "ib_ports_down": sum(1 for p in node.ports.values() if p.state and not p.up),
+            "signals": node.signals,
+        }
+
+    @staticmethod
+    def _gpu_map(gpu: GpuState) -> dict[str, Any]:
+        return {
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "model": gpu.model,
+            "pci_bus_id": gpu.pci_bus_id,
+            "present": gpu.present,
+            "nvlink_count": gpu.nvlink_count,
+            "nvlinks_down": gpu.nvlinks_down,
+            "signals": gpu.signals,
+        }
+
+    @staticmethod
+    def _port_map(port: PortState) -> dict[str, Any]:
+        return {
+            "device": port.device,
+            "port": port.port,
+            "state": port.state,
+            "phys_state": port.phys_state,
+            "up": port.up,
+            "rate": port.rate,
+            "signals": port.signals,
+        }
+
+    def _sweep_slice(self, now: float) -> set[str]:
+        """The nodes whose every target this tick evaluates.
+
+        The first tick takes them all; later ticks a share proportional to the time since the
+        last one, in turn.
+        """
+        nodes = self.fleet.view()
+        if self._last_tick is None:
+            self._last_tick = now
+            return set(nodes)
+        self._sweep_credit += len(nodes) * (now - self._last_tick) / self._full_sweep_s
+        self._last_tick = now
+        count = int(self._sweep_credit)
+        self._sweep_credit -= count
+        picked: set[str] = set()
+        while count > 0 and nodes:
+            if not self._sweep_queue:
+                self._sweep_queue = sorted(nodes, reverse=True)
+            name = self._sweep_queue.pop()
+            if name in nodes:
+                picked.add(name)
+                count -= 1
+        return picked
+
+    def _rules_for(
+        self, sweep: _Sweep, name: str, key: str, scope: Scope, *, ranked: bool = False
+    ) -> tuple[Rule, ...]:
+        """The rules to evaluate on one target this tick (often none)."""
+        if name in sweep.whole or (name, key) in sweep.wanted:
+            return self._by_scope[scope]
+        if name not in sweep.swept:
+            return ()
+        if scope == Scope.NODE or ranked or self.history.moving(key, sweep.now):
+            return self._by_scope[scope]
+        return self._sweep_all[scope]
+
+    def _base_map(self, sweep: _Sweep, node: NodeState) -> dict[str, Any]:
+        node_data = sweep.nodes.get(node.name)
+        if node_data is None:
+            node_data = sweep.nodes[node.name] = self._node_map(node)
+        return {"node": node_data, "fleet": sweep.fleet}
+
+    def _nodes_with_links(self, sweep: _Sweep) -> set[str]:
+        """The nodes whose NVLinks can need a look this tick.
+
+        Listed, moving, or under a rule that reads the fleet: links are nine in ten of a
+        node's targets, so they are looped over only there.
+        """
+        links_of = {n for n, key in sweep.wanted if "/nvlink/" in key} | sweep.whole
+        if self._sweep_all[Scope.NVLINK]:
+            return links_of | sweep.swept
+        return links_of | {n for n in sweep.swept if self.history.moving_links(n, sweep.now)}
+
+    def _targets(
+        self, sweep: _Sweep
+    ) -> Iterator[tuple[str, str, Scope, tuple[Rule, ...], dict[str, Any]]]:
+        """(node, key, scope, rules, data) of every target with rules to evaluate this tick."""
+        nodes = self.fleet.view()
+        names = sweep.swept | sweep.whole | {n for n, _ in sweep.wanted}
+        links_of = self._nodes_with_links(sweep)
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                continue
+            links = name in links_of
+            base: dict[str, Any] | None = None  # the node's and the fleet's maps, once needed
+            key = node_key(name)
+            if rules := self._rules_for(sweep, name, key, Scope.NODE):
+                base = self._base_map(sweep, node)
+                yield name, key, Scope.NODE, rules, base
+            for gpu in node.gpus.values():
+                key = gpu_key(name, gpu.index)
+                rank = self.jobs.rank_on(name, gpu.uuid) if self.jobs is not None else {}
+                gpu_data = None
+                if rules := self._rules_for(sweep, name, key, Scope.GPU, ranked=bool(rank)):
+                    base = base or self._base_map(sweep, node)
+                    gpu_data = self._gpu_map(gpu)
+                    yield name, key, Scope.GPU, rules, {**base, "gpu": gpu_data, "rank": rank}
+                for link, values in gpu.link_signals.items() if links else ():
+                    lkey = link_key(name, gpu.index, link)
+                    if not (rules := self._rules_for(sweep, name, lkey, Scope.NVLINK)):
+                        continue
+                    base = base or self._base_map(sweep, node)
+                    gpu_data = gpu_data or self._gpu_map(gpu)
+                    link_data = {
+                        "index": link,
+                        "up": gpu.nvlink_up.get(link, True),
+                        "signals": values,
+                    }
+                    yield (
+                        name,
+                        lkey,
+                        Scope.NVLINK,
+                        rules,
+                        {**base, "gpu": gpu_data, "link": link_data},
+                    )
+            for port in node.ports.values():
+                pkey = port_key(name, port.device, port.port)
+                if rules := self._rules_for(sweep, name, pkey, Scope.IB_PORT):
+                    base = base or self._base_map(sweep, node)
+                    yield name, pkey, Scope.IB_PORT, rules, {**base, "port": self._port_map(port)}

@@ -1,0 +1,336 @@
+"""The rules at run time: evaluate on a tick, journal every incident change, hand on actions.
+
+An incident is journaled on each phase change before anything acts on it. After a restart the
+open incidents are taken back from the journal, so a firing incident does not fire (and act)
+again, and silences are loaded before the first evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+
+import structlog
+
+from collector.store.incidents import IncidentRow, SilenceRow
+from fleetwatch.clock import wait_for_event
+from rules.engine import Incident, Phase
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
+    from collector.actions.dispatcher import Dispatcher
+    from collector.incidents.evaluator import Evaluator, Outcome, Verdict
+    from collector.store.journal import Journal
+    from fleetwatch.clock import Clock
+    from rules.model import ActionSpec, Rule
+
+log = structlog.get_logger("collector.incidents.evaluator")
+
+# Least time between two ticks: events arriving closer together are evaluated together.
+EVENT_GAP_S: Final = 0.005
+
+
+class ActionSink(Protocol):
+    """Where firing and resolved incidents go to be acted on (the dispatcher)."""
+
+    async def fire(
+        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+    ) -> None:
+        """Run (or journal as skipped) a firing incident's actions."""
+        ...
+
+    async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
+        """Undo what should be undone now that the incident resolved (e.g. resume a node)."""
+        ...
+
+    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+        """After each tick: run what waited (drains held back by the cap), if it may run now."""
+        ...
+
+
+class IncidentService:
+    """Ticks the evaluator and journals what comes of it."""
+
+    def __init__(
+        self,
+        *,
+        evaluator: Evaluator,
+        journal: Journal,
+        clock: Clock,
+        sink: ActionSink | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        """Nothing runs until :meth:`start`."""
+        self.evaluator = evaluator
+        self._journal = journal
+        self._clock = clock
+        self.sink = sink
+        self.interval_s = interval_s
+        self._silences: list[SilenceRow] = []
+        self._task: asyncio.Task[None] | None = None
+        # Whose open incidents :meth:`start` takes back: every node's on a journal of its own;
+        # on a shared one, the collector sets it to the nodes it watches.
+        self.owns: Callable[[str], bool] = lambda _node: True
+        self._event = asyncio.Event()
+        # Actions run beside the evaluation, so a slow webhook delays no other incident; an
+        # incident's own steps (fire, then resolve) still run in order, chained by its id.
+        self._acting: dict[str, asyncio.Task[None]] = {}
+        self._settling: asyncio.Task[None] | None = None
+        self.ticks = 0
+        evaluator.silencer = self._silenced_by
+        evaluator.on_event = self._event.set
+
+    def _wall_ms(self, mono: float | None) -> int | None:
+        """A monotonic time of this process as Unix milliseconds."""
+        if mono is None:
+            return None
+        return int((self._clock.now() - (self._clock.monotonic() - mono)) * 1000)
+
+    def _silenced_by(self, incident: Incident, rule: Rule) -> str | None:
+        now_ms = int(self._clock.now() * 1000)
+        for silence in self._silences:
+            if silence.matches(incident.node, rule.name, now_ms):
+                return f"silence {silence.id}"
+        return None
+
+    async def start(self) -> None:
+        """Take back open incidents and silences, then tick in the background."""
+        rows = await self._journal.do(
+            lambda s: s.incidents.incidents(open_only=True, limit=100_000)
+        )
+        mono, now = self._clock.monotonic(), self._clock.now()
+
+        def to_mono(ms: int | None) -> float | None:
+            return None if ms is None else mono - (now - ms / 1000)
+
+        for row in rows:
+            if row.rule not in self.evaluator.engine.rules:
+                continue  # the rule is gone from the rule files: the incident ends with it
+            if not self.owns(row.node):
+                continue  # a peer's node (shared journal): its collector carries it on
+            self.evaluator.engine.restore(
+                Incident(
+                    id=row.id,
+                    rule=row.rule,
+                    node=row.node,
+                    target=row.target,
+                    phase=Phase(row.phase),
+                    started_at=to_mono(row.started_ms) or mono,
+                    evidence=row.evidence,
+                    fired_at=to_mono(row.fired_ms),
+                    escalated=row.escalated,
+                    firings=row.firings,
+                ),
+            )
+        await self.reload_silences()
+        self._task = asyncio.create_task(self._run(), name="incidents")
+        log.info("incidents_started", open=len(rows), rules=len(self.evaluator.rules.rules))
+
+    async def reload_silences(self) -> None:
+        """Read the silences again (after one was added or removed)."""
+        now_ms = int(self._clock.now() * 1000)
+        self._silences = await self._journal.do(lambda s: s.incidents.silences(active_at_ms=now_ms))
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop ticking; give running actions ``grace`` seconds to finish, then cancel them.
+
+        An action cancelled here stays journaled as running, and the next start settles it.
+        """
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        pending = [t for t in (*self._acting.values(), self._settling) if t is not None]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait until no action is running (for tests and orderly shutdown)."""
+        while pending := [t for t in (*self._acting.values(), self._settling) if t is not None]:
+            await asyncio.gather(*pending, return_exceptions=True)
+            if all(t.done() for t in pending):
+                self._acting = {k: t for k, t in self._acting.items() if not t.done()}
+                if self._settling is not None and self._settling.done():
+                    self._settling = None
+
+    def _act(self, incident_id: str, step: Coroutine[object, object, None]) -> None:
+        """Run ``step`` after what this incident already has running."""
+        before = self._acting.get(incident_id)
+
+        async def run() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            try:
+                await step
+            except Exception:
+                log.exception("incident_action_failed", incident=incident_id)
+            finally:
+                if self._acting.get(incident_id) is task:
+                    del self._acting[incident_id]
+
+        task = asyncio.create_task(run(), name=f"act-{incident_id}")
+        self._acting[incident_id] = task
+
+    async def _run(self) -> None:
+        """Tick every ``interval_s``, and at once when an event arrives.
+
+        Events (an Xid, a GPU lost, a node unreachable) are what rules act on without waiting,
+        so an event wakes the loop; a burst of them within ``EVENT_GAP_S`` costs one tick.
+        """
+        due = self._clock.monotonic() + self.interval_s
+        while True:
+            urgent = await self._wait_for_event(due - self._clock.monotonic())
+            if not urgent or self._clock.monotonic() >= due:
+                urgent = False
+                due = self._clock.monotonic() + self.interval_s
+            try:
+                await self.tick(urgent=urgent)
+            except Exception:
+                log.exception("incident_tick_failed")
+            await self._clock.sleep(EVENT_GAP_S)
+
+    async def _wait_for_event(self, seconds: float) -> bool:
+        """True when an event ended the wait."""
+        woke = await wait_for_event(self._event, seconds, self._clock)
+        self._event.clear()
+        return woke
+
+    async def tick(self, *, urgent: bool = False) -> list[Outcome]:
+        """One evaluation round: journal each change, then hand firings to the sink."""
+        self.ticks += 1
+        outcomes = self.evaluator.tick(urgent=urgent)
+        for outcome in outcomes:
+            await self._record(outcome)
+        if self.sink is not None and (self._settling is None or self._settling.done()):
+            self._settling = asyncio.create_task(self.sink.settle(self._firing), name="settle")
+        return outcomes
+
+    def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
+        for incident in self.evaluator.engine.open_incidents():
+            if incident.id == incident_id and incident.phase == Phase.FIRING:
+                rule = self.evaluator.engine.rules[incident.rule]
+                return self._row(incident, rule, self.evaluator.verdict(incident, rule)), rule
+        return None
+
+    def _row(self, incident: Incident, rule: Rule, verdict: Verdict) -> IncidentRow:
+        return IncidentRow(
+            id=incident.id,
+            rule=incident.rule,
+            node=incident.node,
+            target=incident.target,
+            severity=rule.severity.value,
+            phase=incident.phase.value,
+            started_ms=self._wall_ms(incident.started_at) or 0,
+            updated_ms=int(self._clock.now() * 1000),
+            fired_ms=self._wall_ms(incident.fired_at),
+            resolved_ms=self._wall_ms(incident.resolved_at),
+            evidence=incident.evidence,
+            escalated=incident.escalated,
+            firings=incident.firings,
+            suppressed_by=verdict.suppressed_by,
+            silenced_by=verdict.silenced_by,
+        )
+
+    async def _record(self, outcome: Outcome) -> None:
+        incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
+        row = self._row(incident, rule, verdict)
+        await self._journal.do(lambda s: s.incidents.upsert_incident(row))
+        event = f"incident_{incident.phase.value}"
+        if incident.phase == Phase.FIRING:
+            log.warning(
+                event,
+                rule=rule.name,
+                target=incident.target,
+                severity=rule.severity.value,
+                evidence=incident.evidence,
+                suppressed_by=verdict.suppressed_by,
+                silenced_by=verdict.silenced_by,
+            )
+            if self.sink is not None:
+                self._act(row.id, self.sink.fire(row, rule, outcome.transition.actions))
+        elif incident.phase == Phase.RESOLVED:
+            log.info(event, rule=rule.name, target=incident.target)
+            if self.sink is not None:
+                self._act(row.id, self.sink.resolve(row, rule))
+
+
+class _LoopBridge:
+    """Runs coroutines on the collector's event loop for the HTTP server's threads."""
+
+    what = "this bridge"
+
+    def __init__(self) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Remember the loop the journal, the incident service and the dispatcher run on."""
+        self._loop = loop
+
+    def _call(self, coro: Coroutine[object, object, T]) -> T:
+        if self._loop is None:
+            coro.close()
+            msg = f"{self.what} is not bound to a running collector"
+            raise RuntimeError(msg)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+
+class SilenceBook(_LoopBridge):
+    """Adds and removes silences for the HTTP thread, through the event loop's journal writer."""
+
+    what = "the silence book"
+
+    def __init__(self, journal: Journal, service: IncidentService) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        super().__init__()
+        self._journal = journal
+        self._service = service
+
+    def add(self, row: SilenceRow) -> int:
+        """Store a silence and apply it to the next evaluation."""
+
+        async def add() -> int:
+            silence_id = await self._journal.do(lambda s: s.incidents.add_silence(row))
+            await self._service.reload_silences()
+            log.info("silence_added", id=silence_id, node=row.node, rule=row.rule)
+            return silence_id
+
+        return self._call(add())
+
+    def remove(self, silence_id: int) -> bool:
+        """Delete a silence."""
+
+        async def remove() -> bool:
+            removed = await self._journal.do(lambda s: s.incidents.remove_silence(silence_id))
+            await self._service.reload_silences()
+            return removed
+
+        return self._call(remove())
+
+
+class DrainDesk(_LoopBridge):
+    """Lists and releases fleetwatch's drains for the HTTP thread, on the event loop."""
+
+    what = "the drain desk"
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        """Bind to the running loop with :meth:`bind` before use."""
+        super().__init__()
+        self._dispatcher = dispatcher
+
+    def drains(self) -> dict[str, Any]:
+        """What is drained and what waits."""
+
+        async def read() -> dict[str, Any]:
+            return self._dispatcher.drains()
+
+        return self._call(read())
+
+    def release(self, node: str, reason: str) -> bool:
+        """Stop holding ``node`` as drained."""
+        return self._call(self._dispatcher.release(node, reason))

@@ -1,0 +1,1 @@
+"""The gRPC ingest: the server, one agent's stream session and its events, budgets, TLS."""

@@ -1,0 +1,228 @@
+"""One stream's events, from the collector's side: order, replays, clocks, coalescing, commit.
+
+Events of a boot are numbered from 1 without gaps. Within a stream they must come in order (a
+skipped or repeated number ends the stream); the first after a Hello may repeat numbers already
+journaled (a replay after a reconnect), and those are acked again and dropped. Each new event is
+journaled and acked once committed (the ack is cumulative: everything up to its number is safe).
+
+A flood of alike events is held and journaled as one row (:mod:`collector.ingest.coalesce`); the
+ack then stops before the held run until its row is committed. An event stamped by a clock that
+cannot be right (before 2000, or far ahead of the collector's) is journaled with the time it was
+received and the agent's time noted in its detail, and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from collector.ingest.coalesce import HeldRun, RepeatWindows, Stamp
+from collector.store.sqlite import EventRow
+from fleetwatch.clock import unix_ms
+from fleetwatch.model import Target, event_kind_from_pb
+from fleetwatch.wire.plausible import time_problem
+from fleetwatch.wire.repeats import occurrences
+from fleetwatch.wire.validate import MAX_DETAIL, WireError, validate_event
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from collector.ingest.coalesce import EventKey
+    from collector.ingest.throttle import IngestLimits, NodeIngest
+    from collector.model.fleet import FleetModel
+    from collector.stats import CollectorStats
+    from collector.store.journal import Journal
+    from fleetwatch.clock import Clock
+    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+    from fleetwatch.wire.validate import Inventory
+
+log = structlog.get_logger("collector.ingest.session")
+
+# Repeated warnings (throttling, refused samples, bad clocks) are logged the first time and then
+# once every this many, per stream and kind.
+LOG_EVERY: Final = 1000
+
+
+class Warnings:
+    """Warnings of one stream, each logged the first time and then every :data:`LOG_EVERY`."""
+
+    __slots__ = ("_counts", "node")
+
+    def __init__(self) -> None:
+        """No warnings yet; ``node`` is filled in once the stream says Hello."""
+        self.node = ""
+        self._counts: Counter[str] = Counter()
+
+    def warn(self, what: str, **kw: object) -> None:
+        """Count ``what`` and log it when its count is 1 or a multiple of LOG_EVERY."""
+        self._counts[what] += 1
+        count = self._counts[what]
+        if count == 1 or count % LOG_EVERY == 0:
+            log.warning(what, node=self.node, count=count, **kw)
+
+
+class StreamEvents:
+    """The events of one stream of one boot of one node."""
+
+    def __init__(  # noqa: PLR0913 - the stream's identity and the collector's shared parts
+        self,
+        *,
+        node: str,
+        boot_id: str,
+        journaled: int,
+        journal: Journal,
+        fleet: FleetModel,
+        stats: CollectorStats,
+        clock: Clock,
+        limits: IngestLimits,
+        ingest: NodeIngest,
+        ack: Callable[[int], Awaitable[None]],
+        track_write: Callable[[str, asyncio.Future[None]], None],
+        warnings: Warnings,
+    ) -> None:
+        """Start after ``journaled``, the boot's highest number already in the journal."""
+        self._node = node
+        self._boot_id = boot_id
+        self._journaled = journaled
+        self._next_seq: int | None = None
+        self._journal = journal
+        self._fleet = fleet
+        self._stats = stats
+        self._clock = clock
+        self._ingest = ingest
+        self._ack = ack
+        self._track_write = track_write
+        self._warnings = warnings
+        self._hold_s = limits.hold_s
+        self._windows = RepeatWindows(limits.repeat_window_s, limits.repeat_burst)
+        self._run: HeldRun | None = None
+
+    @property
+    def held_until(self) -> float | None:
+        """When the held run must be journaled (monotonic), or None when none is held."""
+        return None if self._run is None else self._run.deadline
+
+    async def take(self, event: pb.Event, inventory: Inventory) -> None:
+        """Check, journal (or hold) and ack one event from the stream."""
+        validate_event(event, inventory)
+        self._check_order(event.seq)
+        if event.seq <= self._journaled:
+            # Sent again after a reconnect. A coalesced row covers numbers it does not hold
+            # itself, so the journal's highest number (not its unique key) is the test.
+            self._stats.events_duplicate += 1
+            await self._ack(event.seq)
+            return
+        stamp = self._stamp(event)
+        key: EventKey = (event.kind, Target.from_pb(event.target), event.xid)
+        alone = self._windows.admit(key, stamp.time_ms)
+        run = self._run
+        if run is not None and (alone or run.key != key):
+            await self.flush()
+        if not alone:
+            if self._run is None:
+                self._run = HeldRun.start(key, event, stamp, self._hold_s)
+            else:
+                self._run.add(event, stamp)
+            return
+        row = self._row(event, event.seq, stamp.time_ms, stamp.detail)
+        await self._commit(row, event, events=1, count=occurrences(stamp.detail))
+        await self._ack(event.seq)
+
+    async def flush(self) -> None:
+        """Journal the held run, if any, as one row; then ack through its last event."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        detail = run.detail(self._clock.monotonic())
+        row = self._row(run.first, run.last_seq, run.last_time_ms, detail)
+        await self._commit(row, run.first, events=run.events, count=run.occurrences)
+        await self._ack(run.last_seq)
+
+    def _check_order(self, seq: int) -> None:
+        if self._next_seq is None:
+            if seq > self._journaled + 1:
+                self._stats.seq_gaps += 1
+                log.warning(
+                    "seq_gap",
+                    node=self._node,
+                    boot_id=self._boot_id,
+                    journaled=self._journaled,
+                    first_seq=seq,
+                )
+        elif seq != self._next_seq:
+            msg = f"event seq {seq} out of order: expected {self._next_seq}"
+            raise WireError("out_of_order", msg)
+        self._next_seq = seq + 1
+
+    def _stamp(self, event: pb.Event) -> Stamp:
+        """The event's time and detail as journaled: the receipt time when its own is wrong."""
+        received = unix_ms(self._clock)
+        now = self._clock.monotonic()
+        problem = time_problem(event.time_unix_ms, received)
+        if problem is None:
+            return Stamp(event.time_unix_ms, event.detail, now)
+        self._stats.bad_times[f"event_time_{problem}"] += 1
+        self._warnings.warn(
+            "event_time_wrong", problem=problem, seq=event.seq, time_unix_ms=event.time_unix_ms
+        )
+        note = f" [agent time {event.time_unix_ms} ms is in the {problem}; time of receipt used]"
+        return Stamp(received, event.detail[: MAX_DETAIL - len(note)] + note, now)
+
+    def _row(self, event: pb.Event, seq: int, time_ms: int, detail: str) -> EventRow:
+        target = Target.from_pb(event.target)
+        return EventRow(
+            node=self._node,
+            boot_id=self._boot_id,
+            seq=seq,
+            time_ms=time_ms,
+            received_ms=unix_ms(self._clock),
+            kind=event_kind_from_pb(event.kind).value,
+            target_kind=target.kind,
+            gpu_uuid=target.gpu_uuid,
+            target_index=target.index,
+            device=target.device,
+            xid=event.xid,
+            xid_class=event.xid_class,
+            detail=detail,
+        )
+
+    async def _commit(self, row: EventRow, event: pb.Event, *, events: int, count: int) -> None:
+        """Journal ``row``, standing for ``events`` events and ``count`` occurrences.
+
+        The write runs in a task of its own, shielded: if the stream is cancelled meanwhile the
+        commit still lands and still reaches the fleet model, and the node's next stream waits
+        for it (:meth:`collector.ingest.session.SessionRegistry.settle`) before it reads the
+        journal.
+        """
+        write = asyncio.ensure_future(self._write(row, event, events=events, count=count))
+        self._track_write(self._node, write)
+        await asyncio.shield(write)
+
+    async def _write(self, row: EventRow, event: pb.Event, *, events: int, count: int) -> None:
+        row_id = await self._journal.append(row)
+        seq = row.seq or 0
+        self._journaled = max(self._journaled, seq)
+        if not row_id:
+            self._stats.events_duplicate += events
+            return
+        kind = event_kind_from_pb(event.kind)
+        target = Target.from_pb(event.target)
+        self._stats.events_journaled += events
+        self._fleet.apply_event(self._node, kind, target, event.xid, count)
+        if events == 1:
+            log.info("event_journaled", node=self._node, seq=seq, kind=kind.value, id=row_id)
+            return
+        self._stats.events_coalesced += events
+        self._ingest.coalesced += events
+        log.info(
+            "events_coalesced",
+            node=self._node,
+            seq=seq,
+            kind=kind.value,
+            events=events,
+            occurrences=count,
+            id=row_id,
+        )

@@ -1,0 +1,468 @@
+"""The fleet model: what the collector knows now about every node, GPU, NVLink and IB port.
+
+Written by stream sessions and the liveness monitor on the event loop; read by the HTTP thread
+(``/metrics`` and the JSON API) through :meth:`FleetModel.snapshot`, which copies under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from collector.model.slots import MODEL_FIELDS, NodeSlots, TargetSlot
+from fleetwatch.model import (
+    EventKind,
+    SampleValue,
+    Target,
+    TargetKey,
+    TargetKind,
+    sample_value_from_pb,
+    target_from_key,
+    target_key_of,
+)
+from fleetwatch.wire.plausible import is_counter
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+# (target key, signal, value): a sample as the wire screen hands it on.
+KeyedSample = tuple[TargetKey, str, SampleValue]
+# More signal names than this (an agent making them up) and the table of what each is starts over.
+MAX_SIGNAL_TRAITS = 4096
+
+# Signals this collector does not model yet are kept as-is for the JSON API, up to this many per
+# node, so a misbehaving agent cannot grow the model without bound.
+MAX_OTHER_SIGNALS = 10_000
+MAX_SIGNALS_PER_TARGET = 256
+
+
+@dataclass(slots=True)
+class GpuState:
+    """One GPU: identity from the Hello, state from samples, counts from journaled events."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    nvlink_count: int
+    present: bool = True
+    nvlink_up: dict[int, bool] = field(default_factory=dict)
+    pcie_replay_count: int | None = None
+    xid_counts: Counter[int] = field(default_factory=Counter)
+    last_xid: int = 0
+    signals: dict[str, SampleValue] = field(default_factory=dict)
+    link_signals: dict[int, dict[str, SampleValue]] = field(default_factory=dict)
+
+    @property
+    def nvlinks_down(self) -> int:
+        """How many of this GPU's NVLinks are reported down."""
+        return sum(1 for up in self.nvlink_up.values() if not up)
+
+    def number(self, signal: str) -> float | None:
+        """A numeric signal of the GPU, or None when not reported."""
+        value = self.signals.get(signal)
+        return None if value is None or isinstance(value, str) else float(value)
+
+    def copy(self) -> GpuState:
+        """A copy sharing nothing mutable with this one (values are immutable scalars)."""
+        return GpuState(
+            self.index,
+            self.uuid,
+            self.pci_bus_id,
+            self.model,
+            self.nvlink_count,
+            self.present,
+            dict(self.nvlink_up),
+            self.pcie_replay_count,
+            Counter(self.xid_counts),
+            self.last_xid,
+            dict(self.signals),
+            {link: dict(values) for link, values in self.link_signals.items()},
+        )
+
+    def link_total(self, signal: str) -> float | None:
+        """A per-link numeric signal summed over the GPU's links (None when none reported)."""
+        values = [
+            v
+            for link in self.link_signals.values()
+            if (v := link.get(signal)) is not None and not isinstance(v, str)
+        ]
+        return float(sum(values)) if values else None
+
+
+@dataclass(slots=True)
+class PortState:
+    """One InfiniBand port."""
+
+    device: str
+    port: int
+    rate: str
+    link_layer: str
+    state: str = ""
+    phys_state: str = ""
+    link_downed: int | None = None
+    down_events: int = 0
+    signals: dict[str, SampleValue] = field(default_factory=dict)
+
+    def copy(self) -> PortState:
+        """A copy sharing nothing mutable with this one."""
+        return PortState(
+            self.device,
+            self.port,
+            self.rate,
+            self.link_layer,
+            self.state,
+            self.phys_state,
+            self.link_downed,
+            self.down_events,
+            dict(self.signals),
+        )
+
+    def number(self, signal: str) -> float | None:
+        """A numeric signal of the port, or None when not reported."""
+        value = self.signals.get(signal)
+        return None if value is None or isinstance(value, str) else float(value)
+
+    @property
+    def up(self) -> bool:
+        """True when the port is ACTIVE."""
+        return self.state == "ACTIVE"
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One node."""
+
+    name: str
+    boot_id: str
+    agent_version: str = ""
+    driver_version: str = ""
+    gpus: dict[str, GpuState] = field(default_factory=dict)
+    ports: dict[tuple[str, int], PortState] = field(default_factory=dict)
+    connected: bool = False
+    reachable: bool = True
+    last_seen_mono: float = 0.0
+    last_seen_unix: float = 0.0
+    events: Counter[str] = field(default_factory=Counter)
+    signals: dict[str, SampleValue] = field(default_factory=dict)
+    other: dict[str, SampleValue] = field(default_factory=dict)
+
+    def copy(self) -> NodeState:
+        """A copy sharing nothing mutable with this one: what ``copy.deepcopy`` gives, faster.
+
+        Every value held is an immutable scalar (or a tuple key of them), so copying the
+        containers is enough; a field added to a state class must be added to its ``copy``
+        (a unit test compares the copies with ``copy.deepcopy``).
+        """
+        return NodeState(
+            self.name,
+            self.boot_id,
+            self.agent_version,
+            self.driver_version,
+            {uuid: gpu.copy() for uuid, gpu in self.gpus.items()},
+            {key: port.copy() for key, port in self.ports.items()},
+            self.connected,
+            self.reachable,
+            self.last_seen_mono,
+            self.last_seen_unix,
+            Counter(self.events),
+            dict(self.signals),
+            dict(self.other),
+        )
+
+
+class FleetObserver(Protocol):
+    """Told of every change, to decide what to look at again (the rules evaluator)."""
+
+    def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
+        """A new event was applied."""
+        ...
+
+    def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
+        """Samples of signals it :meth:`wants` were applied (the fast path's way to say it)."""
+        ...
+
+    def wants(self, signal: str) -> bool:
+        """Whether samples of ``signal`` can matter to it (asked once per signal name)."""
+        ...
+
+    def note_node(self, node: str) -> None:
+        """The node's reachability changed."""
+        ...
+
+    def note_inventory(self, node: str) -> None:
+        """The node's state was made anew (a Hello): everything about it may read otherwise."""
+        ...
+
+
+class FleetModel:
+    """Nodes by name. Every method is safe to call from any thread."""
+
+    def __init__(self) -> None:
+        """Start with no nodes and no observer."""
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeState] = {}
+        self._observer: FleetObserver | None = None
+        # Per node, where each target's samples go; per signal name, what it is (see
+        # collector.model.slots). A node's slots are made again with its state, at its Hello.
+        self._slots: dict[str, NodeSlots] = {}
+        self._traits: dict[str, tuple[bool, bool, bool]] = {}
+
+    @property
+    def observer(self) -> FleetObserver | None:
+        """Who is told of changes (the rules' evaluator; a rule reload brings a new one)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: FleetObserver | None) -> None:
+        self._observer = observer
+        self._traits = {}  # what the new one wants is asked again
+
+    def snapshot(self) -> dict[str, NodeState]:
+        """Return a deep copy of every node, for readers on other threads.
+
+        Every scrape and API read takes one, under the lock the sessions write under: it is
+        built by the state classes' ``copy`` (about a sixth of what ``copy.deepcopy`` costs).
+        """
+        with self._lock:
+            return {name: node.copy() for name, node in self._nodes.items()}
+
+    def view(self) -> dict[str, NodeState]:
+        """The live nodes, uncopied: only for code on the event loop, which is the only writer."""
+        return self._nodes
+
+    def node_names(self) -> list[str]:
+        """Return the names of every known node."""
+        with self._lock:
+            return sorted(self._nodes)
+
+    def on_hello(self, hello: pb.Hello, mono: float, unix: float) -> bool:
+        """Take a node's (validated) Hello; return True if the node was unreachable before."""
+        with self._lock:
+            old = self._nodes.get(hello.node)
+            node = NodeState(
+                name=hello.node,
+                boot_id=hello.boot_id,
+                agent_version=hello.agent_version,
+                driver_version=hello.driver_version,
+                connected=True,
+                reachable=True,
+                last_seen_mono=mono,
+                last_seen_unix=unix,
+                events=old.events if old else Counter(),
+            )
+            for g in hello.gpus:
+                gpu = GpuState(g.index, g.uuid, g.pci_bus_id, g.model, g.nvlink_count)
+                if old and g.uuid in old.gpus:
+                    gpu.xid_counts = old.gpus[g.uuid].xid_counts
+                    gpu.last_xid = old.gpus[g.uuid].last_xid
+                node.gpus[g.uuid] = gpu
+            for p in hello.ib_ports:
+                port = PortState(p.device, p.port, p.rate, p.link_layer)
+                if old and (p.device, p.port) in old.ports:
+                    port.down_events = old.ports[p.device, p.port].down_events
+                node.ports[p.device, p.port] = port
+            self._nodes[hello.node] = node
+            self._slots[hello.node] = NodeSlots()
+        if self.observer is not None:
+            self.observer.note_inventory(hello.node)
+        return old is not None and not old.reachable
+
+    def restore(self, hello: pb.Hello, *, reachable: bool, mono: float, unix: float) -> None:
+        """Re-create a node remembered from the journal, not connected until it says Hello."""
+        self.on_hello(hello, mono, unix)
+        with self._lock:
+            node = self._nodes[hello.node]
+            node.connected = False
+            node.reachable = reachable
+
+    def touch(self, name: str, mono: float, unix: float) -> bool:
+        """Note a message from ``name``; return True if it was unreachable until now."""
+        with self._lock:
+            node = self._nodes[name]
+            node.last_seen_mono, node.last_seen_unix = mono, unix
+            was_unreachable = not node.reachable
+            node.reachable = True
+        if was_unreachable and self.observer is not None:
+            self.observer.note_node(name)
+        return was_unreachable
+
+    def on_disconnect(self, name: str) -> None:
+        """The node's stream ended."""
+        with self._lock:
+            if name in self._nodes:
+                self._nodes[name].connected = False
+
+    def overdue(self, now_mono: float, silence_s: float) -> list[str]:
+        """Names of reachable nodes silent for longer than ``silence_s``."""
+        with self._lock:
+            return [
+                n.name
+                for n in self._nodes.values()
+                if n.reachable and now_mono - n.last_seen_mono > silence_s
+            ]
+
+    def mark_unreachable(self, name: str) -> float:
+        """Mark a node unreachable; return its last-seen wall time."""
+        with self._lock:
+            node = self._nodes[name]
+            node.reachable = False
+        if self.observer is not None:
+            self.observer.note_node(name)
+        return node.last_seen_unix
+
+    def forget(self, name: str) -> bool:
+        """Drop a node another collector has taken over; False when it was not here."""
+        with self._lock:
+            gone = self._nodes.pop(name, None) is not None
+            self._slots.pop(name, None)
+        if gone and self.observer is not None:
+            self.observer.note_node(name)
+        return gone
+
+    def apply_report(self, name: str, report: pb.Report) -> int:
+        """Apply a (validated) Report's samples; return how many counters went down."""
+        return self.apply_samples(name, report.samples)
+
+    def apply_samples(self, name: str, samples: Iterable[pb.Sample]) -> int:
+        """Apply (validated) wire samples; return how many counters went down."""
+        return self.apply_keyed(
+            name,
+            [(target_key_of(s.target), s.signal, sample_value_from_pb(s)) for s in samples],
+        )
+
+    def apply_keyed(self, name: str, samples: Iterable[KeyedSample]) -> int:
+        """Apply (validated) samples; return how many counters went down.
+
+        A counter lower than its previous value is taken as it is: a driver reload or an HCA
+        reset starts counting again, and the rules' ``increase()`` counts from the new value.
+        The observer hears, once per call, of the samples of the signals it wants.
+        """
+        noted: list[tuple[TargetSlot, str, SampleValue]] = []
+        resets = 0
+        with self._lock:
+            node = self._nodes[name]
+            slots = self._slots[name]
+            by_key, all_values = slots.by_key, slots.values
+            traits = self._traits
+            for key, signal, value in samples:
+                slot = by_key.get(key) or slots.add(node, key)
+                trait = traits.get(signal) or self._trait(signal)
+                values = all_values[slot[1]]
+                if values is None or trait[1]:
+                    resets += _apply_value(node, target_from_key(key), signal, value)
+                else:
+                    old = values.get(signal)
+                    if old is not None:
+                        values[signal] = value
+                        if (
+                            trait[0]
+                            and not isinstance(value, str)
+                            and not isinstance(old, str)
+                            and value < old
+                        ):
+                            resets += 1
+                    elif len(values) < MAX_SIGNALS_PER_TARGET:
+                        values[signal] = value
+                if trait[2]:
+                    noted.append((slot, signal, value))
+        if noted and self._observer is not None:
+            self._observer.note_samples(name, noted)
+        return resets
+
+    def _trait(self, signal: str) -> tuple[bool, bool, bool]:
+        """(a counter, kept in a model field, wanted by the observer) of a signal name."""
+        if len(self._traits) >= MAX_SIGNAL_TRAITS:
+            self._traits = {}
+        observer = self._observer
+        trait = (
+            is_counter(signal),
+            signal in MODEL_FIELDS,
+            observer is not None and observer.wants(signal),
+        )
+        self._traits[signal] = trait
+        return trait
+
+    def apply_event(
+        self,
+        name: str,
+        kind: EventKind,
+        target: Target,
+        xid: int,
+        count: int = 1,
+    ) -> None:
+        """Count a newly journaled event against its node and target.
+
+        ``count``: the occurrences the event stands for (more than 1 for a coalesced storm, see
+        :mod:`fleetwatch.wire.repeats`); the rules' observer is told once.
+        """
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return
+            node.events[kind.value] += count
+            gpu = node.gpus.get(target.gpu_uuid)
+            if gpu is not None and kind in (EventKind.XID, EventKind.GPU_LOST) and xid:
+                gpu.xid_counts[xid] += count
+                gpu.last_xid = xid
+            if gpu is not None and kind in (EventKind.GPU_LOST, EventKind.PCI_REMOVED):
+                gpu.present = False
+            port = node.ports.get((target.device, target.index))
+            if port is not None and kind == EventKind.IB_PORT_DOWN:
+                port.down_events += count
+        if self.observer is not None:
+            self.observer.note_event(name, kind, target, xid)
+
+
+def _bounded_set(
+    values: dict[str, SampleValue],
+    key: str,
+    value: SampleValue,
+    *,
+    signal: str = "",
+    limit: int = MAX_SIGNALS_PER_TARGET,
+) -> int:
+    """Set ``key`` (within ``limit`` keys); return 1 when a counter went down, else 0."""
+    old = values.get(key)
+    if old is not None or len(values) < limit:
+        values[key] = value
+    if old is None or isinstance(old, str) or isinstance(value, str) or value >= old:
+        return 0
+    return int(is_counter(signal or key))
+
+
+def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> int:
+    if target.kind == TargetKind.NVLINK:
+        if signal == "nvlink_up":
+            gpu.nvlink_up[target.index] = bool(value)
+        return _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)
+    if signal == "gpu_present":
+        gpu.present = bool(value)
+    elif signal == "pcie_replay_count":
+        gpu.pcie_replay_count = int(value)
+    return _bounded_set(gpu.signals, signal, value)
+
+
+def _apply_value(node: NodeState, target: Target, signal: str, value: SampleValue) -> int:
+    """Apply one sample's value; return 1 when it was a counter that went down, else 0."""
+    kind = target.kind
+    gpu = node.gpus.get(target.gpu_uuid) if kind in (TargetKind.GPU, TargetKind.NVLINK) else None
+    port = node.ports.get((target.device, target.index)) if kind == TargetKind.IB_PORT else None
+    if kind == TargetKind.NODE:
+        return _bounded_set(node.signals, signal, value)
+    if gpu is not None:
+        return _apply_gpu(gpu, target, signal, value)
+    if port is not None:
+        if signal == "ib_state":
+            port.state = str(value)
+        elif signal == "ib_phys_state":
+            port.phys_state = str(value)
+        elif signal == "ib_link_downed":
+            port.link_downed = int(value)
+        return _bounded_set(port.signals, signal, value)
+    key = f"{target.label()}:{signal}"
+    return _bounded_set(node.other, key, value, signal=signal, limit=MAX_OTHER_SIGNALS)

@@ -1,0 +1,1 @@
+"""The journal: events, incidents, actions and peers on SQLite or PostgreSQL."""

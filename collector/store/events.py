@@ -1,0 +1,266 @@
+"""The journal's events and nodes, in SQL both backends run (:mod:`collector.store.sql`).
+
+Events are deduplicated by (node, boot, sequence): an agent that replays its outbox, to the same
+collector or to another one sharing the journal, never journals an event twice. Nodes remember
+their last Hello, reachability and, in a shared journal, which collector holds their stream.
+Collectors sharing a journal each keep a heartbeat row, so one can tell a node that moved to a
+live peer from a node that went silent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, TypeVar
+
+from collector.store.incidents import IncidentStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from collector.store.sql import SqlConn
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One journaled event. ``id`` is 0 until the journal assigns it."""
+
+    node: str
+    boot_id: str
+    seq: int | None
+    time_ms: int
+    received_ms: int
+    kind: str
+    target_kind: str
+    gpu_uuid: str = ""
+    target_index: int = 0
+    device: str = ""
+    xid: int = 0
+    xid_class: str = ""
+    detail: str = ""
+    id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """A node the collector has heard from, as remembered across restarts."""
+
+    name: str
+    boot_id: str
+    hello: bytes
+    last_seen_ms: int
+    reachable: bool
+    collector: str = ""  # the collector that holds (or last held) its stream
+
+
+EVENT_COLUMNS: Final = (
+    "node, boot_id, seq, time_ms, received_ms, kind, target_kind, gpu_uuid, target_index, "
+    "device, xid, xid_class, detail"
+)
+
+
+def _row_values(row: EventRow) -> tuple[object, ...]:
+    return (
+        row.node,
+        row.boot_id,
+        row.seq,
+        row.time_ms,
+        row.received_ms,
+        row.kind,
+        row.target_kind,
+        row.gpu_uuid,
+        row.target_index,
+        row.device,
+        row.xid,
+        row.xid_class,
+        row.detail,
+    )
+
+
+def event_from_db(values: Sequence[object]) -> EventRow:
+    """An :class:`EventRow` from ``id`` and the :data:`EVENT_COLUMNS`, as a query gives them."""
+    (rid, node, boot, seq, t, rcv, kind, tk, uuid, idx, dev, xid, xcls, detail) = values
+    return EventRow(
+        id=int(str(rid)),
+        node=str(node),
+        boot_id=str(boot),
+        seq=None if seq is None else int(str(seq)),
+        time_ms=int(str(t)),
+        received_ms=int(str(rcv)),
+        kind=str(kind),
+        target_kind=str(tk),
+        gpu_uuid=str(uuid),
+        target_index=int(str(idx)),
+        device=str(dev),
+        xid=int(str(xid)),
+        xid_class=str(xcls),
+        detail=str(detail),
+    )
+
+
+def select_events(  # noqa: PLR0913 - the API's filters
+    db: SqlConn,
+    *,
+    node: str | None = None,
+    kind: str | None = None,
+    after_id: int = 0,
+    limit: int = 100,
+    newest_first: bool = False,
+) -> list[EventRow]:
+    """Events matching the filters, ordered by journal id (the HTTP API's reads)."""
+    clauses: list[str] = ["id > ?"]
+    params: list[object] = [after_id]
+    if node is not None:
+        clauses.append("node = ?")
+        params.append(node)
+    if kind is not None:
+        clauses.append("kind = ?")
+        params.append(kind)
+    order = "DESC" if newest_first else "ASC"
+    sql = (
+        f"SELECT id, {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} "  # noqa: S608
+        f"ORDER BY id {order} LIMIT ?"
+    )
+    return [event_from_db(r) for r in db.rows(sql, (*params, limit))]
+
+
+class EventReader:
+    """Reads for the HTTP API and the CLI, off the journal's writer thread.
+
+    Each backend says how a read gets a connection (:meth:`_run`); the queries are shared.
+    """
+
+    def _run(self, fn: Callable[[SqlConn], T]) -> T:
+        raise NotImplementedError
+
+    def events(
+        self,
+        *,
+        node: str | None = None,
+        kind: str | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[EventRow]:
+        """Events matching the filters, ordered by journal id."""
+        return self._run(
+            lambda db: select_events(
+                db, node=node, kind=kind, after_id=after_id, limit=limit, newest_first=newest_first
+            )
+        )
+
+    def read(self, fn: Callable[[IncidentStore], T]) -> T:
+        """Run a read of the incident, action or silence tables."""
+        return self._run(lambda db: fn(IncidentStore(db)))
+
+    def count(self) -> int:
+        """How many events the journal holds."""
+        return self._run(lambda db: int(db.rows("SELECT COUNT(*) FROM events")[0][0]))
+
+    def close(self) -> None:
+        """Let go of any connection it holds."""
+
+
+class EventStore:
+    """Synchronous journal operations on one connection (the journal's writer thread)."""
+
+    def __init__(self, db: SqlConn, collector: str = "", where: str = "") -> None:
+        """Use ``db`` (schema already migrated); ``collector`` names this collector's rows.
+
+        ``where`` says which journal it is, for logs: a path, or postgresql://host:port/db.
+        """
+        self.db = db
+        self.collector = collector
+        self.where = where
+        self.incidents = IncidentStore(db)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other collectors may write to this journal too."""
+        return self.db.shared
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.db.close()
+
+    def insert_events(self, rows: Sequence[EventRow]) -> list[int]:
+        """Insert rows in one transaction; return each row's new id, or 0 for a duplicate."""
+        sql = (
+            f"INSERT INTO events ({EVENT_COLUMNS}) "  # noqa: S608 - constant
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+            "ON CONFLICT (node, boot_id, seq) DO NOTHING RETURNING id"
+        )
+        with self.db.transaction():
+            results = self.db.rows_many(sql, [_row_values(row) for row in rows])
+        return [int(got[0][0]) if got else 0 for got in results]
+
+    def high_seq(self, node: str, boot_id: str) -> int:
+        """Return the highest journaled sequence number of a node's boot (0 when none)."""
+        ((high,),) = self.db.rows(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE node = ? AND boot_id = ?",
+            (node, boot_id),
+        )
+        return int(high)
+
+    def received_since(self, since_ms: int, limit: int) -> list[EventRow]:
+        """Events journaled at or after ``since_ms``, oldest first, at most the newest ``limit``."""
+        rows = self.db.rows(
+            f"SELECT id, {EVENT_COLUMNS} FROM events WHERE received_ms >= ? "  # noqa: S608
+            "ORDER BY id DESC LIMIT ?",
+            (since_ms, limit),
+        )
+        return [event_from_db(r) for r in reversed(rows)]
+
+    def save_node(self, row: NodeRow) -> None:
+        """Remember a node's latest Hello, last contact, reachability and collector."""
+        self.db.run(
+            "INSERT INTO nodes (name, boot_id, hello, last_seen_ms, reachable, collector) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (name) DO UPDATE SET boot_id=excluded.boot_id, "
+            "hello=excluded.hello, last_seen_ms=excluded.last_seen_ms, "
+            "reachable=excluded.reachable, collector=excluded.collector",
+            (
+                row.name,
+                row.boot_id,
+                row.hello,
+                row.last_seen_ms,
+                int(row.reachable),
+                row.collector or self.collector,
+            ),
+        )
+
+    def set_reachable(self, name: str, *, reachable: bool, last_seen_ms: int) -> None:
+        """Record a reachability change (only while this collector holds the node)."""
+        self.db.run(
+            "UPDATE nodes SET reachable = ?, last_seen_ms = ? WHERE name = ? AND collector = ?",
+            (int(reachable), last_seen_ms, name, self.collector),
+        )
+
+    def load_nodes(self) -> list[NodeRow]:
+        """Return every node ever seen."""
+        rows = self.db.rows(
+            "SELECT name, boot_id, hello, last_seen_ms, reachable, collector FROM nodes "
+            "ORDER BY name",
+        )
+        return [
+            NodeRow(str(n), str(b), bytes(h), int(t), bool(r), str(c)) for n, b, h, t, r, c in rows
+        ]
+
+    def node_holder(self, name: str) -> tuple[str, int] | None:
+        """(collector, last seen ms) of the collector that last took ``name``'s stream."""
+        rows = self.db.rows("SELECT collector, last_seen_ms FROM nodes WHERE name = ?", (name,))
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def beat(self, now_ms: int, version: str) -> None:
+        """This collector is alive (its row in ``collectors``)."""
+        self.db.run(
+            "INSERT INTO collectors (name, last_seen_ms, started_ms, version) VALUES (?,?,?,?) "
+            "ON CONFLICT (name) DO UPDATE SET last_seen_ms = excluded.last_seen_ms, "
+            "version = excluded.version",
+            (self.collector, now_ms, now_ms, version),
+        )
+
+    def collectors(self) -> list[tuple[str, int, str]]:
+        """Every collector that wrote to this journal: (name, last seen ms, version)."""
+        rows = self.db.rows("SELECT name, last_seen_ms, version FROM collectors ORDER BY name")
+        return [(str(n), int(t), str(v)) for n, t, v in rows]
