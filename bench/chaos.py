@@ -8,9 +8,10 @@ What runs, all on loopback and all real but the hardware:
 * the collector, ``fleetwatch collector --config FILE`` with the built-in rules and a SQLite
   journal, its actions wired to a signed drain webhook and a signed ``default`` notify channel
   served by :class:`fleetwatch.webhook_receiver.WebhookReceiver` in this process;
-* one process per node (``bench/chaos_node.py``): the real agent with its disk spool and kernel
-  log cursor, on a simulated node whose kernel log is a file that this process appends to;
-* a relay between every agent and the collector (``bench/chaos_net.py``) that can cut nodes off.
+* one process per node (``bench/helpers/chaos_node.py``): the real agent with its disk spool and
+  kernel log cursor, on a simulated node whose kernel log is a file that this process appends to;
+* a relay between every agent and the collector (``bench/helpers/chaos_net.py``) that can cut
+  nodes off.
 
 For ``--duration`` seconds this process appends Xid lines to the nodes' kernel logs, each with a
 unique marker, at ``--rate`` a second (application Xids, which the built-in rules answer with a
@@ -52,17 +53,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from bench_actions import webhook_actions_toml  # beside this script
-from chaos_net import PartitionRelay
-
-from agent.sim.hardware import H100_BUSES, SimGpu
+from agent.sim.devices import H100_BUSES, SimGpu
 from agent.sim.kmsg_file import KmsgFileWriter
 from fleetwatch.clock import SystemClock
 from fleetwatch.webhook_receiver import WebhookReceiver
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers.actions import webhook_actions_toml
+from helpers.chaos_net import PartitionRelay
+
 ROOT = Path(__file__).resolve().parents[1]
 
-CHAOS_NODE: Final = Path(__file__).resolve().parent / "chaos_node.py"
+CHAOS_NODE: Final = Path(__file__).resolve().parent / "helpers" / "chaos_node.py"
 SECRET: Final = b"chaos-bench-webhook-secret"
 GPUS_PER_NODE: Final = 8
 APP_XIDS: Final = (13, 31, 43, 45, 68, 69)  # class "application": notify per GPU incident

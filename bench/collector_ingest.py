@@ -7,16 +7,16 @@ receiver, py-spy) to the other.
 
 What runs, all on loopback:
 
-* ``bench/ingest_record.py`` once, first: real agents on simulated nodes, recorded against a
+* ``bench/ingest/record.py`` once, first: real agents on simulated nodes, recorded against a
   stand-in collector (a busy node's Hello, first Report and one counter interval of steady
   Reports at a 1 s poll, its corrected-AER event, and what agents sent after each fault of
   ``bench/fault_to_action.py``);
 * for each fleet size, a fresh real collector process (``fleetwatch collector --config``: a
   SQLite journal, the built-in rules, every setting its default but the actions, which are
   ``bench/fault_to_action.py``'s signed webhooks), pinned to one CPU;
-* ``bench/ingest_load.py`` processes on the other CPU (one per ``--nodes-per-process`` nodes):
+* ``bench/ingest/load.py`` processes on the other CPU (one per ``--nodes-per-process`` nodes):
   each node its own gRPC channel and stream, replaying the recording as raw bytes prepared
-  once (``bench/ingest_wire.py``): Hello, first Report, then one Report a second (``--interval``)
+  once (``bench/ingest/wire.py``): Hello, first Report, then one Report a second (``--interval``)
   at a random phase; ``--events-per-s`` times a second (5), a random node sends the AER event.
 
 Ingest lag: an event's ack comes once the event is journaled (committed), and a stream is
@@ -44,7 +44,7 @@ warm, ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each on its ow
 of the first webhook naming the node minus the write of the fault's first message (so, unlike
 ``fault_to_action.py``, without the agent's own detection).
 
-``--floor`` runs every size again against ``bench/ingest_floor.py``, a server that only reads,
+``--floor`` runs every size again against ``bench/ingest/floor.py``, a server that only reads,
 parses and acks (grpcio and protobuf, nothing of the collector), and reports its CPU beside the
 collector's (``floor``, ``cpu_vs_floor``): the peer the collector's cost is compared with.
 
@@ -72,8 +72,8 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_to_action import SECRET
-from ingest_procs import Cores, log, record
-from ingest_size import (
+from ingest.procs import Cores, log, record
+from ingest.size import (
     GPUS_PER_NODE,
     GROWTH_LIMIT_MS,
     LAG_LIMIT_MS,
@@ -240,11 +240,11 @@ def parse_args() -> argparse.Namespace:
     add(
         "--floor",
         action="store_true",
-        help="run each size again against bench/ingest_floor.py (gRPC and parsing only)",
+        help="run each size again against bench/ingest/floor.py (gRPC and parsing only)",
     )
     add("--profile", action="store_true", help="py-spy the collector in one size's window")
     add("--profile-nodes", type=int, default=1024, help="the size --profile profiles")
-    add("--recording", type=Path, help="reuse a recording (bench/ingest_record.py --out)")
+    add("--recording", type=Path, help="reuse a recording (bench/ingest/record.py --out)")
     add("--workdir", type=Path, help="keep journals, logs, profiles and the recording here")
     add("--seed", type=int, default=1)
     add(
@@ -309,12 +309,12 @@ FLOOR_KEYS = (
 
 
 def run_floor(ctx: Context, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The same load against ``bench/ingest_floor.py`` at each size the collector ran."""
+    """The same load against ``bench/ingest/floor.py`` at each size the collector ran."""
     floor_ctx = dataclasses.replace(
         ctx,
         collector_command=[
             sys.executable,
-            str(Path(__file__).resolve().parent / "ingest_floor.py"),
+            str(Path(__file__).resolve().parent / "ingest" / "floor.py"),
         ],
         workdir=ctx.workdir / "floor",
     )

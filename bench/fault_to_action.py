@@ -10,7 +10,7 @@ What runs, all on loopback:
   channel. Its drain cap, circuit breaker and node cooldown are lifted so that every fault's
   actions run: this measures latency, not safety. Every other setting is the collector's default
   (``rules_interval`` included);
-* ``bench/sim_fleet.py`` in a second process: 256 simulated nodes, each with its real agent
+* ``bench/helpers/sim_fleet.py`` in a second process: 256 simulated nodes, each with its real agent
   streaming over gRPC to the collector at the agent's production poll, heartbeat and counter
   intervals (printed, and in the JSON), started spread over one poll interval as a real fleet's
   agents are not in step (``--synchronized-start``: all at once);
@@ -67,14 +67,14 @@ from fleetwatch.clock import SystemClock
 from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_actions import webhook_actions_toml
-from sim_fleet import node_names, percentile
+from helpers.actions import webhook_actions_toml
+from helpers.sim_fleet import node_names, percentile
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM_FLEET = Path(__file__).resolve().parent / "sim_fleet.py"
+SIM_FLEET = Path(__file__).resolve().parent / "helpers" / "sim_fleet.py"
 SECRET = b"fault-to-action-bench-secret"
 GPUS_PER_NODE = 8
 TARGET_P99_MS = 250.0
@@ -178,10 +178,10 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
 
 
 class FleetProcess:
-    """``bench/sim_fleet.py`` as a child: JSON lines to its stdin, JSON lines from its stdout.
+    """``bench/helpers/sim_fleet.py`` as a child: JSON lines to its stdin, JSON lines from stdout.
 
     ``script`` and ``preexec`` let other benchmarks run another script that speaks the same
-    pipe (``bench/ingest_load.py``), e.g. pinned to a core.
+    pipe (``bench/ingest/load.py``), e.g. pinned to a core.
     """
 
     def __init__(

@@ -7,16 +7,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collector.actions.config import (
-    ActionsConfig,
-    check_secret_keys,
-    parse_actions,
-    read_secret,
-)
+from collector.actions.config import ActionsConfig, parse_actions
 from collector.exceptions import ConfigError
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestLimits
+from collector.ingest.tls import ServerTls
 from collector.jobs.config import JobsConfig
-from collector.store.journal_config import check_journal_keys
+from collector.secret_files import check_secret_keys, read_secret
+from collector.store.journal_config import JournalConfig, check_journal_keys
 from fleetwatch.config_file import (
     check_log_level,
     check_number,
@@ -104,7 +101,12 @@ class CollectorConfig:
             error=ConfigError,
         )
         self._check_api_token_keys()
-        check_journal_keys(self)
+        check_journal_keys(
+            dsn=self.journal_dsn,
+            password_file=self.journal_password_file,
+            password_env=self.journal_password_env,
+            name=self.name,
+        )
         check_log_level(self.log_level, "collector config", ConfigError)
 
     def _check_api_token_keys(self) -> None:
@@ -115,20 +117,26 @@ class CollectorConfig:
             env_key="api_token_env",
         )
 
-    def journal_password(self, environ: Mapping[str, str]) -> str | None:
-        """The PostgreSQL journal's password; None: libpq finds it (PGPASSFILE) or none is needed.
-
-        Raises:
-            ConfigError: the file cannot be read, the variable is unset, or either is empty.
-        """
-        secret = read_secret(
-            self.journal_password_file,
-            self.journal_password_env,
-            environ,
-            file_key="journal_password_file",
-            env_key="journal_password_env",
+    def server_tls(self) -> ServerTls:
+        """What the gRPC listener needs of this config: its address and TLS files."""
+        return ServerTls(
+            listen=self.listen,
+            host=split_host_port(self.listen, "listen")[0],
+            cert=self.tls_cert,
+            key=self.tls_key,
+            client_ca=self.tls_client_ca,
+            insecure=self.insecure,
         )
-        return None if secret is None else secret.decode()
+
+    def journal_config(self) -> JournalConfig:
+        """What the journal needs of this config: where it lives, its password, our name."""
+        return JournalConfig(
+            path=self.journal,
+            collector=self.collector_name(),
+            dsn=self.journal_dsn,
+            password_file=self.journal_password_file,
+            password_env=self.journal_password_env,
+        )
 
     def collector_name(self) -> str:
         """``name``, or the host name and the gRPC port."""

@@ -111,7 +111,7 @@ class CollectorService:
         """
         api_token = cfg.api_token(environ or {})  # a bad token file stops the start first
         if credentials is None:
-            credentials = server_credentials(cfg)
+            credentials = server_credentials(cfg.server_tls())
             if credentials is None and cfg.insecure:
                 log.warning("grpc_plaintext", listen=cfg.listen, reason="insecure = true")
         self.cfg = cfg
@@ -123,7 +123,7 @@ class CollectorService:
         self._watchdog_task: asyncio.Task[None] | None = None
         self.fleet = FleetModel()
         self.stats = CollectorStats()
-        store, self.reader = open_store(cfg, self._environ)
+        store, self.reader = open_store(cfg.journal_config(), self._environ)
         self.journal = Journal(store)
         self.peers = Peers(
             journal=self.journal,

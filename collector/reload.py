@@ -157,7 +157,7 @@ def _restart_problems(
     collector would also start with these files: a broken one fails the reload too.
     """
     problems: list[FileProblem] = []
-    for check in (lambda: tls_material(new), lambda: new.api_token(environ)):
+    for check in (lambda: tls_material(new.server_tls()), lambda: new.api_token(environ)):
         try:
             check()
         except ConfigError as exc:

@@ -133,15 +133,6 @@ def check_agent(path: Path, clock: Clock) -> Outcome:
     return Outcome(summary, tuple(problems))
 
 
-def _journal(cfg: CollectorConfig) -> str:
-    """The journal as ``config check`` names it (never a password)."""
-    if cfg.journal_dsn is None:
-        return str(cfg.journal)
-    from collector.store.postgres import describe  # noqa: PLC0415 - psycopg only when used
-
-    return f"{describe(cfg.journal_dsn)} as {cfg.collector_name()}"
-
-
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
     """Load ``path`` as the collector does at start, with ``environ`` for webhook secrets."""
     from collector.config import load_collector_config  # noqa: PLC0415
@@ -159,7 +150,11 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
     except RulesError as exc:
         problems.extend(f"rules: {line}" for line in str(exc).splitlines())
     problems += _catalog_and_tls(
-        cfg.xid_catalog, lambda: tls_material(cfg), CollectorError, "collector config", clock
+        cfg.xid_catalog,
+        lambda: tls_material(cfg.server_tls()),
+        CollectorError,
+        "collector config",
+        clock,
     )
     actions = cfg.actions
     hooks = [(f"actions.notify.{name}", hook) for name, hook in actions.notify.items()]
@@ -170,7 +165,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
             hook.sender(clock, key, environ)
         except CollectorError as exc:
             problems.append(str(exc))
-    for secret in (cfg.api_token, cfg.journal_password):
+    for secret in (cfg.api_token, cfg.journal_config().password):
         try:
             secret(environ)
         except CollectorError as exc:
@@ -178,7 +173,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
     drainers = {"slurm": actions.slurm.enabled, "webhook": actions.drain_webhook is not None}
     summary = (
         f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http} ({_api_changes(cfg)}), "
-        f"journal {_journal(cfg)}, "
+        f"journal {cfg.journal_config().where()}, "
         f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels{', dry run' if actions.safety.dry_run else ''}"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent.sim.hardware import SimGpu, SimNode
+    from agent.sim.devices import SimGpu
 
 DRIVER_VERSION: Final = "570.133.20"
 NVML_VERSION: Final = "12.570.133.20"
@@ -144,15 +144,15 @@ def _fields(gpu: SimGpu) -> dict[tuple[int, int], int]:
 
 
 class SimNvmlLibrary:
-    """The subset of pynvml the agent calls, backed by a :class:`SimNode`."""
+    """The subset of pynvml the agent calls, backed by one node's simulated GPUs."""
 
-    def __init__(self, node: SimNode, *, driver_loaded: bool = True) -> None:
+    def __init__(self, gpus: list[SimGpu], *, driver_loaded: bool = True) -> None:
         """Borrow pynvml's exception class so errors match the real ones."""
         import pynvml  # noqa: PLC0415 - for its exception classes only
 
         self._pynvml = pynvml
         self.NVMLError: type[Exception] = pynvml.NVMLError
-        self.node = node
+        self.gpus = gpus  # the node's, shared: faults change them in place
         self.driver_loaded = driver_loaded
         self._init_count = 0
         self._lock = threading.Lock()
@@ -251,16 +251,16 @@ class SimNvmlLibrary:
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's name
         """Count GPUs, lost ones included (the driver still knows them)."""
         self._ready()
-        return len(self.node.gpus)
+        return len(self.gpus)
 
     # ---- identity ----------------------------------------------------------------------------
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: ANN401, N802 - pynvml's name
         """Return the GPU as its own handle."""
         self._ready()
-        if not 0 <= index < len(self.node.gpus):
+        if not 0 <= index < len(self.gpus):
             raise self._error(INVALID_ARGUMENT)
-        gpu = self.node.gpus[index]
+        gpu = self.gpus[index]
         if self._hung:
             self._hold(gpu.uuid)
         if gpu.lost:

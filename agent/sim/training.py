@@ -20,7 +20,8 @@ from fleetwatch.jobclient import report_step
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.sim.hardware import SimGpu, SimNode
+    from agent.sim.devices import SimGpu
+    from agent.sim.hardware import SimNode
     from fleetwatch.clock import Clock
 
 FULL_CLOCK_MHZ: Final = 1980

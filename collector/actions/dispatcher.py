@@ -62,6 +62,7 @@ from rules.model import ActionSpec
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from collector.actions.safety import SafetyConfig
     from collector.model.fleet import FleetModel
     from collector.store.incidents import IncidentRow
     from collector.store.journal import Journal
@@ -77,7 +78,6 @@ __all__ = [
     "Drainer",
     "GpuResetter",
     "Notifier",
-    "SafetyConfig",
     "refused",
 ]
 
@@ -129,20 +129,6 @@ class GpuResetter(Protocol):
     async def reset(self, node: str, target: str, *, force: bool) -> ActionOutcome:
         """Reset the GPU ``target`` (a key like ``node/gpu/3``) of ``node``."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class SafetyConfig:
-    """Limits on what fleetwatch may do on its own."""
-
-    dry_run: bool = False
-    max_drained_nodes: int = 4
-    max_drained_share: float = 0.1
-    node_cooldown_s: float = 300.0
-    breaker_window_s: float = 600.0
-    breaker_max_drains: int = 5
-    breaker_cooldown_s: float = 3600.0
-    reset_retry_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

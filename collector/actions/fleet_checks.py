@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collector.actions.dispatcher import SafetyConfig
+    from collector.actions.safety import SafetyConfig
     from collector.store.incidents import Decision, FleetActions, IncidentRow
 
 PLANNED: Decision = ("planned", "", 0)

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from collector.api.auth import ChangeGuard
     from collector.api.incidents import DrainKeeper, SilenceWriter
     from collector.jobs.book import JobBook
-    from collector.model.fleet import FleetModel, NodeState
+    from collector.model.fleet import FleetModel
+    from collector.model.state import NodeState
     from collector.store.events import EventReader, EventRow
     from fleetwatch.clock import Clock
 

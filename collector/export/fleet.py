@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from collector.model.fleet import FleetModel, GpuState, NodeState, PortState
+    from collector.model.fleet import FleetModel
+    from collector.model.state import GpuState, NodeState, PortState
     from collector.stats import CollectorStats
     from fleetwatch.model import SampleValue
 

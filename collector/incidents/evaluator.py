@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from cel_expr_python import cel
 
     from collector.jobs.book import JobBook
-    from collector.model.fleet import FleetModel, GpuState, NodeState, PortState
+    from collector.model.fleet import FleetModel
+    from collector.model.state import GpuState, NodeState, PortState
     from fleetwatch.clock import Clock
     from rules.xid_catalog import XidCatalog
 

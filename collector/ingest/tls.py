@@ -7,23 +7,34 @@ the operator says ``insecure = true``. With TLS every agent must present a certi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 
-from collector.config import split_host_port
 from collector.exceptions import ConfigError
 from fleetwatch.tls import TlsMaterial, is_loopback, load_tls
 
 if TYPE_CHECKING:
-    from collector.config import CollectorConfig
+    from pathlib import Path
 
 
-def tls_material(cfg: CollectorConfig) -> TlsMaterial | None:
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """The gRPC listener's TLS keys of ``[collector]``: all three files, or none."""
+
+    listen: str  # host:port, as configured
+    host: str  # its host part
+    cert: Path | None = None  # tls_cert
+    key: Path | None = None  # tls_key
+    client_ca: Path | None = None  # tls_client_ca
+    insecure: bool = False
+
+
+def tls_material(cfg: ServerTls) -> TlsMaterial | None:
     """Read the TLS files ``cfg`` names; None for plaintext. ConfigError says what is wrong."""
-    if cfg.tls_cert is None or cfg.tls_key is None or cfg.tls_client_ca is None:
-        host, _ = split_host_port(cfg.listen, "listen")
-        if not (is_loopback(host) or cfg.insecure):
+    if cfg.cert is None or cfg.key is None or cfg.client_ca is None:
+        if not (is_loopback(cfg.host) or cfg.insecure):
             msg = (
                 f"collector config: listen {cfg.listen} is not a loopback address and no TLS is "
                 "configured; set tls_cert, tls_key and tls_client_ca (docs/deploy.md), or "
@@ -32,15 +43,15 @@ def tls_material(cfg: CollectorConfig) -> TlsMaterial | None:
             raise ConfigError(msg)
         return None
     return load_tls(
-        ("tls_cert", cfg.tls_cert),
-        ("tls_key", cfg.tls_key),
-        ("tls_client_ca", cfg.tls_client_ca),
+        ("tls_cert", cfg.cert),
+        ("tls_key", cfg.key),
+        ("tls_client_ca", cfg.client_ca),
         what="collector config",
         error=ConfigError,
     )
 
 
-def server_credentials(cfg: CollectorConfig) -> grpc.ServerCredentials | None:
+def server_credentials(cfg: ServerTls) -> grpc.ServerCredentials | None:
     """MTLS server credentials that require a client certificate, or None for plaintext."""
     material = tls_material(cfg)
     if material is None:

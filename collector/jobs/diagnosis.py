@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from collector.jobs.config import JobsConfig
     from collector.jobs.state import JobState
-    from collector.model.fleet import GpuState, NodeState, PortState
     from collector.model.history import History
+    from collector.model.state import GpuState, NodeState, PortState
 
 # clocks_event_reasons bits that slow a busy GPU: HW slowdown, SW/HW thermal, HW power brake.
 SLOWDOWN_REASONS: Final = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collector.model.fleet import NodeState
+    from collector.model.state import NodeState
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collector.model.target_keys import gpu_key, link_key, node_key, port_key
 from fleetwatch.model import SampleValue, Target, TargetKey, TargetKind, target_from_key
 
 if TYPE_CHECKING:
-    from collector.model.fleet import NodeState
+    from collector.model.state import NodeState
 
 # Signals the model keeps in fields of their own (gpu.present, a port's state...): applied by
 # the general path, which knows those fields.

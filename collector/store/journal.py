@@ -21,8 +21,8 @@ from collector.store.sqlite import JournalReader, SqliteStore
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from collector.config import CollectorConfig
     from collector.store.events import EventReader, EventRow, EventStore, NodeRow
+    from collector.store.journal_config import JournalConfig
 
 log = structlog.get_logger("collector.store.journal")
 
@@ -30,18 +30,17 @@ MAX_BATCH: Final = 1000
 T = TypeVar("T")
 
 
-def open_store(cfg: CollectorConfig, environ: Mapping[str, str]) -> tuple[EventStore, EventReader]:
-    """The journal the config names (PostgreSQL with ``journal_dsn``, else the SQLite file).
+def open_store(cfg: JournalConfig, environ: Mapping[str, str]) -> tuple[EventStore, EventReader]:
+    """The journal ``cfg`` names (PostgreSQL with a DSN, else the SQLite file).
 
     Raises:
         JournalError: it cannot be opened or migrated; ConfigError: its password cannot be read.
     """
-    name = cfg.collector_name()
-    if cfg.journal_dsn is None:
-        return SqliteStore(cfg.journal, name), JournalReader(cfg.journal)
-    password = cfg.journal_password(environ)
-    store = PostgresStore(cfg.journal_dsn, password=password, collector=name)
-    return store, PostgresReader(cfg.journal_dsn, password=password)
+    if cfg.dsn is None:
+        return SqliteStore(cfg.path, cfg.collector), JournalReader(cfg.path)
+    password = cfg.password(environ)
+    store = PostgresStore(cfg.dsn, password=password, collector=cfg.collector)
+    return store, PostgresReader(cfg.dsn, password=password)
 
 
 class Journal:

@@ -41,7 +41,7 @@ from fleetwatch.demo.wiring import (
 from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
 if TYPE_CHECKING:
-    from collector.model.fleet import NodeState
+    from collector.model.state import NodeState
     from collector.store.incidents import ActionRow, IncidentRow
     from collector.store.sqlite import EventRow
     from fleetwatch.clock import Clock

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from collector.model.fleet import NodeState
+    from collector.model.state import NodeState
     from collector.store.incidents import ActionRow, IncidentRow
     from collector.store.sqlite import EventRow
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.sim.cluster import SimCluster
 from collector.actions.config import ActionsConfig, WebhookConfig
-from collector.actions.dispatcher import SafetyConfig
+from collector.actions.safety import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.demo.wiring import demo_rules

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from collector.actions.config import ActionsConfig, WebhookConfig
-from collector.actions.dispatcher import SafetyConfig
+from collector.actions.safety import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until

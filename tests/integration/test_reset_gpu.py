@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from agent.sim.cluster import SimCluster
 from collector.actions.config import ActionsConfig, WebhookConfig
-from collector.actions.dispatcher import SafetyConfig
+from collector.actions.safety import SafetyConfig
 from collector.commands import CommandBroker
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock

@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 
 from collector.actions import guards
 from collector.actions.adapters import SlurmDrainer
-from collector.actions.dispatcher import Dispatcher, SafetyConfig
+from collector.actions.dispatcher import Dispatcher
 from collector.actions.guards import (
     TargetRef,
     UnsafeArgumentError,
@@ -17,6 +17,7 @@ from collector.actions.guards import (
     drain_reason,
     parse_target,
 )
+from collector.actions.safety import SafetyConfig
 from collector.actions.slurm import SlurmNodes, SlurmRefusedError
 from collector.model.fleet import FleetModel
 from collector.store.incidents import IncidentRow

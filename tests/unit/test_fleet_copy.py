@@ -2,7 +2,8 @@ import copy
 import dataclasses
 from collections import Counter
 
-from collector.model.fleet import FleetModel, GpuState, NodeState, PortState
+from collector.model.fleet import FleetModel
+from collector.model.state import GpuState, NodeState, PortState
 from fleetwatch.model import EventKind, SampleValue, Target, sample_to_pb
 from fleetwatch.testing import made_up_hello, made_up_uuid
 

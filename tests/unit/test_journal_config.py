@@ -31,14 +31,14 @@ class TestJournalKeys:
             {},
         )
         assert cfg.journal_dsn == "postgresql://fw@db.example:5432/fleetwatch"
-        assert cfg.journal_password({}) == "s3cret"
+        assert cfg.journal_config().password({}) == "s3cret"
         assert cfg.collector_name() == "collector-a"
 
     def test_password_from_the_environment(self):
         cfg = CollectorConfig(journal_dsn="host=db dbname=fw", journal_password_env="FW_PG")  # noqa: S106
-        assert cfg.journal_password({"FW_PG": "pw"}) == "pw"
+        assert cfg.journal_config().password({"FW_PG": "pw"}) == "pw"
         with pytest.raises(ConfigError, match="FW_PG"):
-            cfg.journal_password({})
+            cfg.journal_config().password({})
 
     @pytest.mark.parametrize(
         ("body", "message"),

@@ -1,6 +1,6 @@
 from collector.actions.tally import ActionTally
-from collector.model.fleet import GpuState, NodeState, PortState
 from collector.model.node_states import NodeFlags, node_state
+from collector.model.state import GpuState, NodeState, PortState
 from fleetwatch.testing import FakeClock
 
 

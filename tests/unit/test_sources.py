@@ -19,7 +19,7 @@ def node(tmp_path: Path) -> SimNode:
 class TestNvmlSource:
     def test_identity_uses_nvml_formats_normalised(self, node: SimNode):
         """UUID, model and bus id come from NVML; the bus id is normalised to dddd:bb:dd.f."""
-        src = NvmlSource(SimNvmlLibrary(node))
+        src = NvmlSource(SimNvmlLibrary(node.gpus))
         assert src.start() == ("570.133.20", "12.570.133.20")
         gpu = src.identify(1)
         assert gpu.uuid == node.gpus[1].uuid
@@ -28,13 +28,13 @@ class TestNvmlSource:
 
     def test_nvlink_count_is_probed_not_assumed(self, node: SimNode):
         """The link count comes from the device, not from NVML_NVLINK_MAX_LINKS."""
-        src = NvmlSource(SimNvmlLibrary(node))
+        src = NvmlSource(SimNvmlLibrary(node.gpus))
         src.start()
         assert src.identify(0).nvlink_count == 4
 
     def test_reading_reflects_link_state_and_replays(self, node: SimNode):
         """A down link reads False; the replay counter reads what the hardware counted."""
-        src = NvmlSource(SimNvmlLibrary(node))
+        src = NvmlSource(SimNvmlLibrary(node.gpus))
         src.start()
         gpu = src.identify(0)
         node.nvlink_down(0, 2)
@@ -45,7 +45,7 @@ class TestNvmlSource:
 
     def test_lost_gpu_raises_gpu_lost_on_every_call(self, node: SimNode):
         """After Xid 79 every read of that GPU raises GpuLostError; the other GPU still reads."""
-        src = NvmlSource(SimNvmlLibrary(node))
+        src = NvmlSource(SimNvmlLibrary(node.gpus))
         src.start()
         lost, ok = src.identify(0), src.identify(1)
         node.xid(0, 79)
@@ -56,14 +56,14 @@ class TestNvmlSource:
 
     def test_driver_not_loaded_is_a_clear_nvml_error(self, node: SimNode):
         """NVML init without a driver fails with NVML's code and words."""
-        src = NvmlSource(SimNvmlLibrary(node, driver_loaded=False))
+        src = NvmlSource(SimNvmlLibrary(node.gpus, driver_loaded=False))
         with pytest.raises(NvmlError, match="nvmlInit: Driver Not Loaded") as info:
             src.start()
         assert info.value.code == 9
 
     def test_calls_before_init_fail_like_nvml(self, node: SimNode):
         """The simulated library refuses calls before nvmlInit, as the real one does."""
-        src = NvmlSource(SimNvmlLibrary(node))
+        src = NvmlSource(SimNvmlLibrary(node.gpus))
         with pytest.raises(NvmlError, match="Uninitialized"):
             src.device_count()
 

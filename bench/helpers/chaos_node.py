@@ -8,7 +8,7 @@ which outlives this process as the kernel's ring buffer outlives a crashed agent
 process kills this one with SIGKILL and starts it again on the same directory: same boot, so the
 agent must pick up its spool and cursor and neither lose nor repeat an event.
 
-Run: ``python bench/chaos_node.py --node NAME --dir DIR --collector HOST:PORT``.
+Run: ``python bench/helpers/chaos_node.py --node NAME --dir DIR --collector HOST:PORT``.
 """
 
 from __future__ import annotations

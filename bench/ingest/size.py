@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 from fault_to_action import (
     FAULTS,
     PlannedFault,
@@ -36,9 +36,10 @@ from fault_to_action import (
     stage_figures,
     summarise,
 )
-from ingest_procs import Collector, Cores, Load, core_busy_s, log, pinned, wait_connected
-from ingest_wire import node_name
-from sim_fleet import percentile
+from helpers.sim_fleet import percentile
+
+from ingest.procs import Collector, Cores, Load, core_busy_s, log, pinned, wait_connected
+from ingest.wire import node_name
 
 if TYPE_CHECKING:
     import argparse

@@ -1,7 +1,7 @@
 """Recorded agent traffic for ``bench/collector_ingest.py``, and its replay as many nodes.
 
 A :class:`Recording` holds the wire messages real agents on simulated nodes sent
-(``bench/ingest_record.py``): one busy node's Hello, its first Report (every value), its
+(``bench/ingest/record.py``): one busy node's Hello, its first Report (every value), its
 steady-state Reports (one a second: the samples that changed, or none as a heartbeat), one of
 its events (a corrected PCIe AER error, read from the kernel log), and for each kind of fault the
 messages a node sent right after the fault.

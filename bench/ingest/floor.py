@@ -1,6 +1,6 @@
 """The floor under bench/collector_ingest.py: a collector that does nothing but read.
 
-Run by ``bench/collector_ingest.py --floor`` in the collector's place (``ingest_floor.py
+Run by ``bench/collector_ingest.py --floor`` in the collector's place (``bench/ingest/floor.py
 collector --config FILE``, as the real one is started): the same gRPC server options and stream
 method, a Welcome for each Hello, every message parsed, every event acked at once; no checks, no
 model, no rules, no journal. What the benchmark measures against it is the cost of grpcio's
@@ -80,10 +80,10 @@ async def serve(config: Path) -> None:
 
 
 def main() -> None:
-    """``ingest_floor.py collector --config FILE``."""
+    """``bench/ingest/floor.py collector --config FILE``."""
     args = sys.argv[1:]
     if len(args) != 3 or args[:2] != ["collector", "--config"]:  # noqa: PLR2004
-        sys.exit("usage: ingest_floor.py collector --config FILE")
+        sys.exit("usage: bench/ingest/floor.py collector --config FILE")
     asyncio.run(serve(Path(args[2])))
 
 

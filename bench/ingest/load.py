@@ -1,9 +1,9 @@
 """Load for ``bench/collector_ingest.py``: many nodes' streams, replayed from a recording.
 
-Run by the benchmark as a child process: ``ingest_load.py --collector HOST:PORT --recording FILE
---first N --count M``. Each of its nodes opens its own gRPC channel and stream to the collector (as
-each real agent does) and sends, as raw bytes prepared from the recording
-(``bench/ingest_wire.py``): its Hello, the first full Report, then one steady-state Report a second,
+Run by the benchmark as a child process: ``bench/ingest/load.py --collector HOST:PORT
+--recording FILE --first N --count M``. Each of its nodes opens its own gRPC channel and stream
+to the collector (as each real agent does) and sends, as raw bytes prepared from the recording
+(``bench/ingest/wire.py``): its Hello, the first full Report, then one steady-state Report a second,
 cycling through the recorded ones from a random place, at a random phase within the second (a real
 fleet is not in step). ``--events-per-s`` times a second (the whole fleet's rate; this process sends
 its share) a random node also sends the recorded corrected-AER event (a probe); the collector acks
@@ -14,7 +14,7 @@ Nodes connect at most ``--connecting`` at a time: a node counts as connecting fr
 until the ack of an event sent right after its first Report (so the collector is never handed
 thousands of 80 kB first Reports at once, and the time the fleet takes to connect is measured).
 
-The pipe (as ``bench/sim_fleet.py``'s): JSON lines on stdin, JSON lines on stdout.
+The pipe (as ``bench/helpers/sim_fleet.py``'s): JSON lines on stdin, JSON lines on stdout.
 
 * ``{"op": "status"}`` -> ``{"op": "status", "connected": .., "ready": .., "failed": ..}``;
 * ``{"op": "record"}``: start counting (the measurement window);
@@ -55,9 +55,10 @@ import grpc
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest_wire import NodeWire, Recording, report_message
-from sim_fleet import say, stdin_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
+from helpers.sim_fleet import say, stdin_lines
+
+from ingest.wire import NodeWire, Recording, report_message
 
 WELCOME_TIMEOUT_S = 120.0
 HIST_CAP_MS = 60_000

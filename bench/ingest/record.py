@@ -1,6 +1,6 @@
 """Record what real agents on simulated nodes send, for ``bench/collector_ingest.py`` to replay.
 
-Run from the repository root: ``.venv/bin/python bench/ingest_record.py --out FILE``.
+Run from the repository root: ``.venv/bin/python bench/ingest/record.py --out FILE``.
 
 A small gRPC server in this process stands in for the collector: it answers each Hello with a
 Welcome, acks every event, and keeps every message. Against it run real agents
@@ -46,15 +46,16 @@ from fleetwatch.testing import free_port
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 from agent_poll import move_hardware
 from fault_to_action import FAULTS
-from ingest_wire import FaultScript, Recording, check_rendering, samples_of
+
+from ingest.wire import FaultScript, Recording, check_rendering, samples_of
 
 if TYPE_CHECKING:
     from agent.sim.hardware import SimNode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AER_FIXTURE = ROOT / "tests" / "fixtures" / "kmsg" / "aer-corrected.txt"
 BUSY = "rec-busy"
 POLL_S = 1.0

@@ -1,7 +1,7 @@
 """The processes of ``bench/collector_ingest.py``: the collector and the load, each on its CPU.
 
 The collector (``fleetwatch collector --config``, the config ``bench/fault_to_action.py``
-writes) runs on one CPU; the load processes (``bench/ingest_load.py``, spoken to over
+writes) runs on one CPU; the load processes (``bench/ingest/load.py``, spoken to over
 ``bench/fault_to_action.py``'s :class:`FleetProcess` pipe), the recording and everything else on
 the other. A child is pinned before it execs, so every thread it starts is pinned too.
 """
@@ -21,7 +21,7 @@ import psutil
 
 from collector.config import load_collector_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 from fault_to_action import (
     FleetProcess,
     _die_with_parent,
@@ -30,16 +30,17 @@ from fault_to_action import (
     wait_healthy,
 )
 from fault_to_action import write_collector_config as write_config
-from ingest_wire import node_name
+
+from ingest.wire import node_name
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = Path(__file__).resolve().parent
-LOAD = BENCH / "ingest_load.py"
-RECORD = BENCH / "ingest_record.py"
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = Path(__file__).resolve().parents[1]
+LOAD = BENCH / "ingest" / "load.py"
+RECORD = BENCH / "ingest" / "record.py"
 PACE_S = 20.0  # connecting gives up when this long's pace would not get every node in in time
 
 
@@ -235,7 +236,7 @@ def wait_connected(load: Load, collector: Collector, nodes: int, timeout_s: floa
 
 def record(ctx_dir: Path, core: int) -> Path:
     out = ctx_dir / "recording.json"
-    log("recording real agents on simulated nodes (bench/ingest_record.py) ...")
+    log("recording real agents on simulated nodes (bench/ingest/record.py) ...")
     done = subprocess.run(  # noqa: S603 - our own interpreter and script
         [sys.executable, str(RECORD), f"--out={out}"],
         cwd=ROOT,

@@ -1,0 +1,86 @@
+"""A simulated GPU and InfiniBand port: the state NVML and sysfs would report about them.
+
+:class:`agent.sim.hardware.SimNode` builds a node of them and changes them as faults happen;
+:class:`agent.sim.nvml_lib.SimNvmlLibrary` answers NVML calls from the GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Bus numbers of the eight GPUs on a typical HGX H100 board.
+H100_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+H100_MODEL = "NVIDIA H100 80GB HBM3"
+H100_NVLINKS = 18
+
+
+@dataclass(slots=True)
+class SimGpu:
+    """One simulated GPU: what NVML would report about it."""
+
+    index: int
+    uuid: str
+    bus: int
+    model: str = H100_MODEL
+    nvlink_up: list[bool] = field(default_factory=lambda: [True] * H100_NVLINKS)
+    # Per link: DL replay, DL recovery, DL CRC error counters (they only grow).
+    nvlink_errors: list[list[int]] = field(default_factory=list)
+    pcie_replays: int = 0
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    max_pcie_gen: int = 5
+    max_pcie_width: int = 16
+    ecc_sbe_volatile: int = 0
+    ecc_dbe_volatile: int = 0
+    ecc_sbe_aggregate: int = 0
+    ecc_dbe_aggregate: int = 0
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    clock_event_reasons: int = 0
+    temperature_c: int = 41
+    power_mw: int = 118_000
+    util_gpu: int = 0
+    util_mem: int = 0
+    sm_clock_mhz: int = 1980
+    lost: bool = False
+    slowdown: float = 1.0  # step-time factor a simulated training job reads (1.0: healthy)
+    processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
+    resets: int = 0
+    reset_fails: bool = False  # the driver cannot reset it (nvidia-smi answers an error)
+    # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
+    unsupported: set[int | str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        """Give every link its error counters."""
+        if not self.nvlink_errors:
+            self.nvlink_errors = [[0, 0, 0] for _ in self.nvlink_up]
+
+    @property
+    def nvml_bus_id(self) -> str:
+        """The bus id as NVML prints it: 8-digit domain, uppercase."""
+        return f"00000000:{self.bus:02X}:00.0"
+
+    @property
+    def sysfs_bus_id(self) -> str:
+        """The bus id as sysfs and udev name it."""
+        return f"0000:{self.bus:02x}:00.0"
+
+    @property
+    def kernel_bus_id(self) -> str:
+        """The bus id as the driver's Xid lines print it: 4-digit domain, no function."""
+        return f"0000:{self.bus:02x}:00"
+
+
+@dataclass(slots=True)
+class SimIbPort:
+    """One simulated InfiniBand port."""
+
+    device: str
+    port: int = 1
+    state: str = "ACTIVE"
+    phys_state: str = "LinkUp"
+    link_downed: int = 0
+    xmit_wait_per_s: float = 0.0  # congestion: ticks the sender waited, per second
+    traffic_bytes_per_s: float = 0.0

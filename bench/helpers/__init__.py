@@ -1,0 +1,1 @@
+"""Helpers of the benchmarks: simulated fleets, chaos nodes and relay, shared actions config."""

@@ -1,0 +1,23 @@
+"""The limits on what fleetwatch may do on its own (``[collector.actions]``, docs/rules.md).
+
+Read by the dispatcher (what this collector did) and by the fleet-wide checks over a shared
+journal (:mod:`collector.actions.fleet_checks`); :mod:`collector.actions.config` parses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SafetyConfig:
+    """Limits on what fleetwatch may do on its own."""
+
+    dry_run: bool = False
+    max_drained_nodes: int = 4
+    max_drained_share: float = 0.1
+    node_cooldown_s: float = 300.0
+    breaker_window_s: float = 600.0
+    breaker_max_drains: int = 5
+    breaker_cooldown_s: float = 3600.0
+    reset_retry_s: float = 60.0
