@@ -3,7 +3,8 @@
 It implements the receiving side of ``docs/webhooks.md`` on its own, with the standard library
 only, and does not import the sender: a test of the two together checks the published contract,
 not one function against itself. It verifies signatures, refuses stale ones, de-duplicates by
-idempotency key and can be told to fail the next requests, to exercise the sender's retries.
+the idempotency key inside the signed body (never by the unsigned header, which a replay can
+change) and can be told to fail the next requests, to exercise the sender's retries.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = ["Delivery", "ReceivedRequest", "WebhookReceiver"]
 MAX_BODY_BYTES: Final = 1 << 20
 _MAX_TIMESTAMP_DIGITS: Final = 12
 _POLL_INTERVAL_S: Final = 0.05
+_MISMATCH: Final = "X-Fleetwatch-Idempotency-Key differs from the signed body's idempotency_key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,7 @@ class Delivery:
     """One accepted delivery, recorded once per idempotency key.
 
     Attributes:
-        idempotency_key: the ``X-Fleetwatch-Idempotency-Key`` header.
+        idempotency_key: the envelope's ``idempotency_key``, which the signature covers.
         body: the parsed JSON body (the envelope).
         headers: the request headers, names in lower case.
         received_at: the receiver's clock (Unix seconds) when the request arrived.
@@ -112,6 +114,7 @@ class WebhookReceiver:
         self._requests: list[ReceivedRequest] = []
         self._seen_keys: set[str] = set()
         self._duplicates = 0
+        self._mismatched = 0
         self._rejected = 0
         self._fail_remaining = 0
         self._fail_status = HTTPStatus.SERVICE_UNAVAILABLE.value
@@ -146,6 +149,12 @@ class WebhookReceiver:
         """Requests that repeated an accepted idempotency key (answered 200, not recorded)."""
         with self._changed:
             return self._duplicates
+
+    @property
+    def mismatched(self) -> int:
+        """Requests refused with 400 because the idempotency header differs from the body's key."""
+        with self._changed:
+            return self._mismatched
 
     @property
     def rejected(self) -> int:
@@ -256,6 +265,8 @@ class WebhookReceiver:
             return _Answer(HTTPStatus.UNAUTHORIZED, {"error": problem})
         parsed = _parse(headers, body)
         if isinstance(parsed, _Answer):
+            if parsed.body.get("error") == _MISMATCH:
+                self._mismatched += 1
             return parsed
         key, envelope = parsed
         if key in self._seen_keys:
@@ -298,14 +309,23 @@ class WebhookReceiver:
 
 
 def _parse(headers: dict[str, str], body: bytes) -> tuple[str, dict[str, Any]] | _Answer:
-    """The idempotency key and the envelope of a request, or the 400 it deserves."""
-    key = headers.get("x-fleetwatch-idempotency-key")
-    if not key:
-        return _Answer(HTTPStatus.BAD_REQUEST, {"error": "missing X-Fleetwatch-Idempotency-Key"})
+    """The idempotency key and the envelope of a request, or the 400 it deserves.
+
+    The key is the envelope's ``idempotency_key``: the signature covers the body, not the
+    ``X-Fleetwatch-Idempotency-Key`` header, so a captured request replayed with a new header
+    value must still be recognised as the delivery it repeats. A header that disagrees with the
+    body was changed on the way and is refused.
+    """
     try:
         envelope = json.loads(body)
     except ValueError:
         return _Answer(HTTPStatus.BAD_REQUEST, {"error": "body is not JSON"})
     if not isinstance(envelope, dict):
         return _Answer(HTTPStatus.BAD_REQUEST, {"error": "body is not a JSON object"})
+    key = envelope.get("idempotency_key")
+    if not isinstance(key, str) or not key:
+        return _Answer(HTTPStatus.BAD_REQUEST, {"error": "body has no idempotency_key string"})
+    header = headers.get("x-fleetwatch-idempotency-key")
+    if header is not None and header != key:
+        return _Answer(HTTPStatus.BAD_REQUEST, {"error": _MISMATCH})
     return key, envelope

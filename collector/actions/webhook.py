@@ -2,9 +2,11 @@
 
 One delivery is one JSON envelope POSTed to one URL. The body is encoded once; every attempt
 carries the same body and idempotency key, with a fresh timestamp and an HMAC-SHA256 signature
-over ``timestamp + "." + body``. Connection errors, timeouts, 5xx and 429 are retried with
-exponential backoff on the injected clock; any other answer is final. ``docs/webhooks.md`` is the
-contract a receiver implements.
+over ``timestamp + "." + body``. The key travels inside the signed body (``idempotency_key``),
+which is what receivers de-duplicate by; the ``X-Fleetwatch-Idempotency-Key`` header repeats it
+for older receivers and logs, but is not signed, so a replay could change it. Connection errors,
+timeouts, 5xx and 429 are retried with exponential backoff on the injected clock; any other answer
+is final. ``docs/webhooks.md`` is the contract a receiver implements.
 
 The HTTP is the standard library's ``http.client``, run in a worker thread through
 ``asyncio.to_thread`` so the event loop never blocks; a delivery sends one request at a time.
@@ -120,7 +122,8 @@ def encode_envelope(
 
     Args:
         kind: what the delivery is (``drain_request``, ``notification``, ...).
-        idempotency_key: the same key the ``X-Fleetwatch-Idempotency-Key`` header carries.
+        idempotency_key: the key receivers de-duplicate by; here it is covered by the signature
+            (the ``X-Fleetwatch-Idempotency-Key`` header repeats it, unsigned).
         sent_at: Unix seconds of the first attempt (rounded to milliseconds).
         payload: the action's own fields; must be JSON (no NaN or infinity).
 
@@ -275,7 +278,7 @@ class WebhookSender:
             payload: the action's fields, placed under ``"payload"`` in the envelope.
             idempotency_key: names this delivery for the receiver's de-duplication; the same
                 logical action must always use the same key (1-200 of A-Z, a-z, 0-9 and
-                ``. _ : / -``; it goes into a header).
+                ``. _ : / -``). It goes into the signed body, and into a header as well.
             kind: what the delivery is, e.g. ``drain_request`` or ``notification``.
 
         Returns:

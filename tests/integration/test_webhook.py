@@ -206,6 +206,52 @@ class TestRetries:
             assert request.headers["x-fleetwatch-signature"].removeprefix("sha256=") not in text
 
 
+def replay(receiver: WebhookReceiver, body: bytes, headers: dict[str, str]) -> int:
+    """POST ``body`` with ``headers`` as they were captured (or altered); return the status."""
+    connection = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=2)
+    try:
+        connection.request("POST", "/hooks/drain", body=body, headers=headers)
+        response = connection.getresponse()
+        response.read()
+    finally:
+        connection.close()
+    return response.status
+
+
+class TestReplay:
+    async def test_replay_with_a_new_idempotency_header_is_handled_once(self, receiver, clock):
+        """A captured drain request sent again inside the window, its unsigned idempotency header
+        changed (or dropped), is not a new delivery: the receiver goes by the signed body's key."""
+        await sender_for(receiver, clock).send(PAYLOAD, KEY, kind="drain_request")
+        [captured] = receiver.requests()
+        signed = {
+            name: captured.headers[name]
+            for name in ("content-type", "x-fleetwatch-timestamp", "x-fleetwatch-signature")
+        }
+
+        statuses = [
+            replay(receiver, captured.body, signed | {"X-Fleetwatch-Idempotency-Key": f"{KEY}:{n}"})
+            for n in range(3)
+        ]
+        statuses.append(replay(receiver, captured.body, signed))  # no header at all
+
+        assert statuses == [400, 400, 400, 200]
+        assert receiver.mismatched == 3
+        assert receiver.duplicates == 1
+        [delivery] = receiver.deliveries()
+        assert delivery.idempotency_key == KEY
+        assert delivery.body["payload"] == PAYLOAD
+
+    def test_body_without_idempotency_key_is_refused(self, clock):
+        """An envelope without its own key cannot be de-duplicated safely: 400, not recorded."""
+        with WebhookReceiver(clock=clock) as open_receiver:
+            body = json.dumps({"version": 1, "kind": "drain_request", "payload": {}}).encode()
+            status = replay(open_receiver, body, {"X-Fleetwatch-Idempotency-Key": KEY})
+
+            assert status == 400
+            assert open_receiver.deliveries() == []
+
+
 class TestSignatures:
     async def test_wrong_secret_is_rejected_and_not_retried(self, receiver, clock):
         """A signature made with another secret gets 401 once; nothing is recorded."""
