@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from collector.actions.slurm import is_single_node_name
 from collector.exceptions import CollectorError
 from fleetwatch.wire.validate import NODE_NAME
 from rules.loader import RULE_NAME
@@ -85,9 +86,16 @@ class TargetRef:
 
 
 def check_node(node: str) -> str:
-    """Return ``node`` if it is one host name (as the Hello check wants); raise otherwise."""
+    """Return ``node`` if it is one host name (as the Hello check wants); raise otherwise.
+
+    A name a scheduler reads as many nodes is refused too, whichever drainer would get it:
+    Slurm's ``ALL`` or ``DEFAULT`` in any case (a webhook's drain endpoint often hands the
+    node to ``scontrol`` as it is).
+    """
     if NODE_NAME.fullmatch(node) is None:
         raise UnsafeArgumentError("node", node, "a host name")
+    if not is_single_node_name(node):
+        raise UnsafeArgumentError("node", node, "a single node's name (Slurm reserves it)")
     return node
 
 

@@ -10,7 +10,9 @@ fleetwatch knows a drain is its own (NHC's ``node-mark-offline``/``node-mark-onl
   prefix; anything else is refused and reported, never forced.
 
 Every argument is checked before scontrol runs (`SlurmRefusedError` otherwise): the node is one
-node name (never a hostlist expression or an option), and the reason, once sanitised, holds only
+node name (never a hostlist expression such as ``n[1-4]`` or ``a,b``, an option, or one of the
+names Slurm reserves, ``ALL`` and ``DEFAULT`` in any case: ``scontrol update NodeName=ALL``
+changes every node), and the reason, once sanitised, holds only
 letters, digits, spaces and ``. _ : / ( ) , -``. Reasons are read back by people and by scripts
 (NHC's are shell functions), so no quote, ``$``, ``;``, ``|``, ``&``, backquote, glob or
 redirection character ever reaches one. fleetwatch builds its reasons from its own words and
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REASON_PREFIX",
     "MAX_REASON_CHARS",
+    "RESERVED_NODE_NAMES",
     "DrainOutcome",
     "DrainResult",
     "ResumeOutcome",
@@ -52,6 +55,7 @@ __all__ = [
     "SlurmNodeState",
     "SlurmNodes",
     "SlurmRefusedError",
+    "is_single_node_name",
     "parse_node_line",
     "sanitize_reason",
 ]
@@ -66,6 +70,9 @@ _ELLIPSIS: Final = "..."
 
 # One Slurm node, never a hostlist expression ("node-[01-04]", "a,b") or an option ("-x").
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+# Names Slurm gives a meaning of its own, compared without case: NodeName=ALL is every node,
+# NodeName=DEFAULT sets the defaults of the nodes declared after it in slurm.conf.
+RESERVED_NODE_NAMES: Final = frozenset({"all", "default"})
 _NAME_FIELD = re.compile(r"NodeName=(\S+)")
 _STATE_FIELD = re.compile(r"(?:^|\s)State=(\S+)")
 _REASON_FIELD: Final = " Reason="
@@ -396,8 +403,10 @@ class SlurmNodes:
         """Resume ``node`` if it is drained or draining with our prefix; otherwise refuse.
 
         Raises:
+            SlurmRefusedError: the node name failed its check; nothing was run.
             SlurmError: scontrol failed, timed out or is missing; the message names the node.
         """
+        _check_node_name(node)
         before = await self.state(node)
         refusal: ResumeOutcome | None = None
         if not (before.drained or before.draining):
@@ -459,9 +468,18 @@ class SlurmNodes:
         return stdout.decode(errors="replace")
 
 
+def is_single_node_name(node: str) -> bool:
+    """Tell whether ``node`` can only ever name one Slurm node.
+
+    False for a hostlist expression (brackets, commas, ``*``, ``?``, spaces), anything that
+    looks like an option, and the names Slurm reserves (``ALL``, ``DEFAULT``, in any case).
+    """
+    return _NODE_NAME.fullmatch(node) is not None and node.lower() not in RESERVED_NODE_NAMES
+
+
 def _check_node_name(node: str) -> None:
-    """Refuse anything but one node name: scontrol would expand "a,b" or "n[1-9]" to many."""
-    if not _NODE_NAME.fullmatch(node):
+    """Refuse anything but one node name: scontrol would expand "a,b", "n[1-9]" or "ALL"."""
+    if not is_single_node_name(node):
         msg = f"refusing node name {node[:80]!r}: not a single Slurm node name"
         log.error("slurm_argument_refused", node=node[:80], argument="node", error=msg)
         raise SlurmRefusedError(msg, node=node)

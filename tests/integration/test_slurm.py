@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -79,6 +82,26 @@ class TestState:
         for name in ("node-[01-02]", "node-01,node-02", "-o", "node 01", ""):
             with pytest.raises(SlurmError, match="not a single Slurm node name"):
                 await nodes.drain(name, "xid 79")
+
+    @pytest.mark.parametrize("name", ["ALL", "all", "DEFAULT"])
+    async def test_reserved_name_is_refused_before_scontrol_runs(self, cluster, tmp_path, name):
+        """``scontrol update NodeName=ALL`` would drain every node of the cluster: the name is
+        refused before any scontrol call (the pre-read included), and every node stays up."""
+        calls = tmp_path / "calls"
+        wrapper = tmp_path / "scontrol"
+        real = shutil.which("scontrol", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin")
+        wrapper.write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\nexec "{real}" "$@"\n')
+        wrapper.chmod(0o755)
+        nodes = SlurmNodes(scontrol=str(wrapper), env=cluster.env)
+        reasons = {node: state.reason for node, state in cluster.nodes().items()}
+
+        with pytest.raises(SlurmRefusedError, match="not a single Slurm node name"):
+            await nodes.drain(name, "xid 79")
+        with pytest.raises(SlurmRefusedError, match="not a single Slurm node name"):
+            await nodes.resume(name)
+
+        assert not calls.exists()
+        assert {node: state.reason for node, state in cluster.nodes().items()} == reasons
 
 
 class TestDrain:

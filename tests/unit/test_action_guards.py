@@ -239,6 +239,33 @@ class TestDrainCannotBeSteered:
         assert [(a, o) for a, o, _ in tally] == [("drain_node", "refused")]
         assert any(e["event"] == "action_refused" for e in logs)
 
+    @pytest.mark.parametrize("node", ["ALL", "all", "All", "DEFAULT", "default"])
+    async def test_slurm_reserved_node_name_is_refused_before_scontrol_runs(
+        self, tmp_path, fake_scontrol, node
+    ):
+        """A node whose name Slurm reads as every node (``NodeName=ALL``) or as the defaults
+        is refused at the guard, in any case: no scontrol call, not even the pre-read (this
+        scontrol would describe it as an idle node and let the update run)."""
+        scontrol, calls = fake_scontrol
+        state, detail, _ = await drain_through_slurm(
+            tmp_path, scontrol, incident(node, f"{node}/gpu/0")
+        )
+        assert (state, calls_of(calls)) == ("refused", [])
+        assert "single node" in detail
+        with pytest.raises(UnsafeArgumentError, match="single node"):
+            guards.check_node(node)
+
+    @pytest.mark.parametrize("node", ["ALL", "all", "Default", "n*", "n?", "n1,n2", "n[1-2]"])
+    async def test_slurm_nodes_refuse_reserved_names_and_hostlists(self, fake_scontrol, node):
+        """Whoever calls SlurmNodes, a name that is not one node never reaches scontrol:
+        drain, resume and state all refuse it before running anything."""
+        scontrol, calls = fake_scontrol
+        nodes = SlurmNodes(scontrol=str(scontrol))
+        for call in (nodes.drain(node, "xid 79"), nodes.resume(node), nodes.state(node)):
+            with pytest.raises(SlurmRefusedError, match="not a single Slurm node name"):
+                await call
+        assert calls_of(calls) == []
+
     async def test_hostile_rule_name_is_refused(self, tmp_path, fake_scontrol):
         """A rule name is part of the reason, so it is checked too."""
         scontrol, calls = fake_scontrol
