@@ -29,7 +29,9 @@ Functions, about the target being evaluated (windows are durations such as ``"10
 
 Conditions are type-checked against these at load time; nothing is ever ``eval``'d in Python.
 The variables are maps of any type to CEL, so :func:`field_problems` checks their fields
-(against ``VARIABLE_FIELDS``) and the kinds ``events()`` counts (against ``EventKind``) itself.
+(against ``VARIABLE_FIELDS``) and the kinds ``events()`` counts (against ``EventKind``) itself,
+and :meth:`RuleEnvironment.type_problem` compiles the condition again with the fields' types
+(:mod:`rules.cel_types`): ``node.name + 1`` and ``when: node.gpus`` (not a bool) are refused.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from cel_expr_python import cel
 
 from fleetwatch.model import EventKind
+from rules.cel_types import VARIABLE_TYPES, ConditionTypes
 from rules.durations import parse_duration
 from rules.model import Scope
 
@@ -56,92 +59,9 @@ SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.FLEET: ("fleet",),
 }
 # The fields of each variable: the keys of the maps the collector builds
-# (collector.incidents.evaluator).
-# A unit test builds those maps and compares, so neither side can change alone.
+# (collector.incidents.evaluator); their types are in rules.cel_types.
 VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
-    "node": frozenset(
-        {
-            "name",
-            "reachable",
-            "connected",
-            "gpus",
-            "gpus_lost",
-            "nvlinks_down",
-            "ib_ports",
-            "ib_ports_down",
-            "signals",
-        },
-    ),
-    "gpu": frozenset(
-        {
-            "index",
-            "uuid",
-            "model",
-            "pci_bus_id",
-            "present",
-            "nvlink_count",
-            "nvlinks_down",
-            "signals",
-        },
-    ),
-    "rank": frozenset(
-        {
-            "job",
-            "rank",
-            "straggler",
-            "slowdown",
-            "straggler_steps",
-            "job_gpus",
-            "lost_gpu_hours_per_hour",
-        },
-    ),
-    "job": frozenset(
-        {
-            "id",
-            "active",
-            "world_size",
-            "ranks",
-            "nodes",
-            "gpus",
-            "step",
-            "step_time_s",
-            "tokens_per_s",
-            "tokens_per_s_per_gpu",
-            "mfu",
-            "ettr",
-            "goodput_tokens_per_s",
-            "restarts",
-            "stragglers",
-            "straggler_nodes",
-            "lost_gpu_hours_per_hour",
-            "drop",
-            "drop_share",
-            "drop_cause",
-            "suspects",
-            "fabric",
-            "fabric_nodes",
-            "checkpoint_age_s",
-            "checkpoint_cost_s",
-            "checkpoint_interval_s",
-            "checkpoint_overdue",
-            "summary",
-        },
-    ),
-    "link": frozenset({"index", "up", "signals"}),
-    "port": frozenset({"device", "port", "state", "phys_state", "up", "rate", "signals"}),
-    "fleet": frozenset(
-        {
-            "nodes",
-            "nodes_reachable",
-            "gpus",
-            "ib_ports",
-            "ib_ports_up",
-            "drained_nodes",
-            "drains_waiting",
-            "drain_cap",
-            "drain_breaker_open",
-        },
-    ),
+    variable: frozenset(fields) for variable, fields in VARIABLE_TYPES.items()
 }
 # Patterns over a condition whose string literals were replaced by "N" (see _without_strings).
 _RAW_PREFIX: Final = re.compile(r"(?<![\w.])[bB]?[rR][bB]?$")
@@ -239,6 +159,7 @@ class RuleEnvironment:
         """Build the environments (the functions close over this object's current context)."""
         self._context: TargetContext | None = None
         self._windows: dict[str, float] = {}
+        self._types: ConditionTypes | None = None  # built when a check first needs it
         functions = self._functions()
         self._envs = {
             scope: cel.NewEnv(
@@ -317,6 +238,16 @@ class RuleEnvironment:
             text = str(exc).removeprefix("INVALID_ARGUMENT: ")
             cut = text if len(text) <= MAX_PROBLEM else text[: MAX_PROBLEM - 3] + "..."
             raise ConditionError(cut) from exc
+
+    def type_problem(self, scope: Scope, condition: str) -> str | None:
+        """Why a condition that compiles cannot give true or false, or None when it can.
+
+        A type error CEL sees once the fields have types (``node.name + 1``), or a condition of
+        another type than bool (``node.gpus``, ``job.summary``).
+        """
+        if self._types is None:
+            self._types = ConditionTypes(SCOPE_VARIABLES)
+        return self._types.problem(scope, condition)
 
     def evaluate(
         self,

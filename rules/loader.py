@@ -65,6 +65,7 @@ RULE_KEYS: Final = frozenset(
     },
 )
 ESCALATE_KEYS: Final = frozenset({"after", "within", "actions"})
+TOP_KEYS: Final = frozenset({"version", "rules"})
 BUILTIN: Final = ("rules", "default.yaml")
 BUILTIN_SOURCE: Final = "builtin/default.yaml"
 # What a value of each type is called in problems (rule files are written by people).
@@ -241,8 +242,11 @@ class _Checker:
         for signal in sorted(signal_references(when)):
             if not known(scope, signal):
                 self.problem(line, name, f"unknown signal {signal!r} for a {scope} rule")
-        for message in field_problems(scope, when):
+        fields = field_problems(scope, when)
+        for message in fields:
             self.problem(line, name, message)
+        if not fields and (typed := self.env.type_problem(scope, when)) is not None:
+            self.problem(line, name, typed)
         return when
 
     def escalation(self, raw: object, line: int, name: str) -> Escalation | None:
@@ -358,6 +362,11 @@ def parse_rules(text: str, source: str, env: RuleEnvironment | None = None) -> R
         line = _top_line(node, "rules")
         raise RulesFileError([RuleProblem(source, line, "", "'rules' must be a list")])
     checker = _Checker(source, env or RuleEnvironment())
+    for key in sorted(set(data) - TOP_KEYS, key=str):
+        line = _top_line(node, key) if isinstance(key, str) else 1
+        checker.problem(
+            line, "", f"unknown top-level key {short_repr(key)}; a rule file has version and rules"
+        )
     lines = _rule_lines(node)
     rules: list[Rule] = []
     seen: dict[str, int] = {}

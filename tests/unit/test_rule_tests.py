@@ -159,3 +159,29 @@ class TestCli:
             line.startswith(f"{bad}:7: rule hot_gpu: unknown field 'colour'") for line in err
         )
         assert any(line.startswith(f"{bad}:5: rule hot_gpu: bad condition") for line in err)
+
+    def test_rules_check_refuses_non_bool_conditions_and_unknown_keys(self, tmp_path, capsys):
+        """`rules check` once said "no problems" for a number as a condition, text plus a
+        number, and a top-level key it never reads; now each is a line and the exit is 1."""
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(
+            "version: 1\n"
+            "rulez: []\n"
+            "rules:\n"
+            "  - {name: many_gpus, scope: node, when: 'node.gpus'}\n"
+            "  - {name: odd_name, scope: node, when: 'node.name + 1 > 0'}\n"
+        )
+        assert main(["rules", "check", str(bad)]) == 1
+        out, err = capsys.readouterr()
+        assert "no problems" not in out
+        lines = err.splitlines()
+        assert f"{bad}:2: unknown top-level key 'rulez'; a rule file has version and rules" in lines
+        assert (
+            f"{bad}:4: rule many_gpus: when must give true or false; this condition gives a number"
+            in lines
+        )
+        assert any(
+            line.startswith(f"{bad}:5: rule odd_name: bad condition: ")
+            and "applied to '(string, int)'" in line
+            for line in lines
+        )

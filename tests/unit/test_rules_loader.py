@@ -11,6 +11,7 @@ from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.cel_env import SCOPE_VARIABLES, VARIABLE_FIELDS
+from rules.cel_types import VARIABLE_TYPES, Kind
 from rules.loader import RulesFileError, load_rules, parse_rules
 from rules.model import Scope, Severity
 from rules.xid_catalog import load_catalog
@@ -225,6 +226,61 @@ class TestEscalation:
         assert all(p.startswith("r.yaml:11: rule hot_gpu: ") for p in found), found
 
 
+class TestConditionTypes:
+    @pytest.mark.parametrize(
+        ("scope", "when", "expected"),
+        [
+            ("node", "node.gpus", "when must give true or false; this condition gives a number"),
+            ("node", "node.signals.agent_nvml_hung", "gives a number"),
+            ("job", "job.summary", "when must give true or false; this condition gives text"),
+            ("job", "job.suspects", "gives a list (list<string>)"),
+            ("gpu", 'events("xid", "1h")', "gives a number"),
+            ("gpu", 'xids("1h")', "gives a list"),
+            ("node", "node.reachable ? node.gpus : 0", "gives a number"),
+            ("node", "node.name + 1", "bad condition: ERROR: <input>:1:11: found no matching "),
+            ("node", "node.name + 1 > 0", "applied to '(string, int)'"),
+            ("ib_port", "port.rate > 100", "applied to '(string, int)'"),
+            ("gpu", "rank.straggler + 1 > 0", "applied to '(bool, int)'"),
+        ],
+    )
+    def test_condition_that_cannot_give_a_bool_is_refused(self, scope, when, expected):
+        """CEL compiles these against untyped maps, and at run time each would only count as
+        not holding: the check names the type the condition gives, or CEL's type error."""
+        found = problems(one_rule(scope, when))
+        assert any(p.startswith("r.yaml:5: rule r: ") and expected in p for p in found), found
+
+    @pytest.mark.parametrize(
+        ("scope", "when"),
+        [
+            ("gpu", "has(gpu.signals.remap_pending) && gpu.signals.remap_pending == 1"),
+            ("gpu", "has(rank.straggler) && rank.straggler"),
+            ("gpu", "rank.straggler"),
+            ("gpu", 'gpu.model != null && gpu.model != ""'),
+            ("gpu", 'size(rank) > 0 && gpu.model.startsWith("H")'),
+            ("gpu", "{1: 2.5, 2: 5.0}[gpu.signals.pcie_link_gen] > 3.0"),
+            ("gpu", 'xids("1h").exists(x, x.xid in [119, 120])'),
+            ("ib_port", 'port.state != "ACTIVE" || port.signals.ib_state == "x"'),
+            ("job", 'job.mfu > 0.5 && job.gpus > 8 && job.drop_cause == "fabric"'),
+            ("job", '"node-01" in job.suspects'),
+            ("node", "node.gpus_lost > 0 ? node.reachable : false"),
+            ("fleet", "fleet.drain_breaker_open || fleet.nodes_reachable < fleet.nodes"),
+        ],
+    )
+    def test_conditions_that_give_a_bool_pass(self, scope, when):
+        """Int and double compared, null, signals holding text, maps as a whole: all pass."""
+        (rule,) = parse_rules(one_rule(scope, when), "r.yaml").rules
+        assert rule.when == when
+
+    @pytest.mark.parametrize("key", ["rulez", "defaults", "groups"])
+    def test_unknown_top_level_key_is_refused(self, key):
+        """A top-level key the loader does not read (a typo of rules, say) is a problem at its
+        line, not silently ignored."""
+        text = f"version: 1\n{key}: []\nrules: []\n"
+        assert problems(text) == [
+            f"r.yaml:2: unknown top-level key {key!r}; a rule file has version and rules"
+        ]
+
+
 class TestConditionFields:
     @pytest.mark.parametrize(
         ("scope", "when", "expected"),
@@ -299,9 +355,32 @@ class TestConditionFields:
         targets = [(scope, data) for _n, _k, scope, _r, data in evaluator._targets(sweep)]
         targets += [(Scope.JOB, {"job": m, "fleet": sweep.fleet}) for m in jobs.publish()]
         assert {scope for scope, _ in targets} == set(Scope) - {Scope.FLEET}
+        kinds: dict[tuple[str, str], set[str]] = {}
         for scope, data in targets:
             assert set(SCOPE_VARIABLES[scope]) == set(data)
             for var, fields in data.items():
                 seen.setdefault(var, set()).update(fields)
+                for name, value in fields.items():
+                    kinds.setdefault((var, name), set()).add(kind_of(value))
         assert set(NO_DRAINS) <= seen["fleet"]
         assert {var: set(fields) for var, fields in VARIABLE_FIELDS.items()} == seen
+        declared = {
+            (var, name): {kind}
+            for var, fields in VARIABLE_TYPES.items()
+            for name, kind in fields.items()
+        }
+        assert kinds == declared
+
+
+def kind_of(value: object) -> Kind:
+    """The kind rules.cel_types declares for a value of the collector's maps."""
+    if isinstance(value, bool):
+        return Kind.BOOL
+    if isinstance(value, int | float):
+        return Kind.NUMBER
+    if isinstance(value, str):
+        return Kind.TEXT
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return Kind.NAMES
+    assert isinstance(value, dict), value
+    return Kind.SIGNALS
