@@ -5,6 +5,7 @@ Exception tree::
     CollectorError
     ├── ConfigError      (collector configuration is invalid; names the key)
     ├── JournalError     (the journal cannot be opened, migrated or written)
+    │   └── RowRefusedError  (the database refused one row; the rest of its commit went in)
     └── SlurmError       (scontrol missing, timed out or failed; collector/actions/slurm.py)
 """
 
@@ -21,3 +22,7 @@ class ConfigError(CollectorError):
 
 class JournalError(CollectorError):
     """The journal cannot be used."""
+
+
+class RowRefusedError(JournalError):
+    """The database refused one row of a group commit; the other rows were committed."""

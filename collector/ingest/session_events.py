@@ -4,6 +4,7 @@ Events of a boot are numbered from 1 without gaps. Within a stream they must com
 skipped or repeated number ends the stream); the first after a Hello may repeat numbers already
 journaled (a replay after a reconnect), and those are acked again and dropped. Each new event is
 journaled and acked once committed (the ack is cumulative: everything up to its number is safe).
+An event the database refuses (``journal_refused``) ends its own stream only.
 
 A flood of alike events is held and journaled as one row (:mod:`collector.ingest.coalesce`); the
 ack then stops before the held run until its row is committed. An event stamped by a clock that
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from collector.exceptions import RowRefusedError
 from collector.ingest.coalesce import HeldRun, RepeatWindows, Stamp
 from collector.store.sqlite import EventRow
 from fleetwatch.clock import unix_ms
@@ -199,7 +201,13 @@ class StreamEvents:
         """
         write = asyncio.ensure_future(self._write(row, event, events=events, count=count))
         self._track_write(self._node, write)
-        await asyncio.shield(write)
+        try:
+            await asyncio.shield(write)
+        except RowRefusedError as exc:
+            # The database refused this row alone (its neighbours in the commit went in): the
+            # stream ends here, nothing after it is acked.
+            msg = f"event seq {row.seq} could not be journaled: {exc}"
+            raise WireError("journal_refused", msg) from exc
 
     async def _write(self, row: EventRow, event: pb.Event, *, events: int, count: int) -> None:
         row_id = await self._journal.append(row)

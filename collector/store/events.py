@@ -60,6 +60,13 @@ EVENT_COLUMNS: Final = (
 )
 
 
+INSERT_EVENT: Final = (
+    f"INSERT INTO events ({EVENT_COLUMNS}) "  # noqa: S608 - constant
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (node, boot_id, seq) DO NOTHING RETURNING id"
+)
+
+
 def _row_values(row: EventRow) -> tuple[object, ...]:
     return (
         row.node,
@@ -186,14 +193,29 @@ class EventStore:
 
     def insert_events(self, rows: Sequence[EventRow]) -> list[int]:
         """Insert rows in one transaction; return each row's new id, or 0 for a duplicate."""
-        sql = (
-            f"INSERT INTO events ({EVENT_COLUMNS}) "  # noqa: S608 - constant
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) "
-            "ON CONFLICT (node, boot_id, seq) DO NOTHING RETURNING id"
-        )
         with self.db.transaction():
-            results = self.db.rows_many(sql, [_row_values(row) for row in rows])
+            results = self.db.rows_many(INSERT_EVENT, [_row_values(row) for row in rows])
         return [int(got[0][0]) if got else 0 for got in results]
+
+    def insert_each(self, rows: Sequence[EventRow]) -> list[int | Exception]:
+        """Insert rows in one transaction, each under a savepoint of its own.
+
+        A row the database refuses is undone alone (its error stands in its place) and the
+        others commit: the group commit's second try after :meth:`insert_events` failed, so
+        that one bad row costs only its own stream. Raises when the transaction as a whole
+        fails (a lost connection, a full disk): then no row is known to be journaled.
+        """
+        out: list[int | Exception] = []
+        with self.db.transaction():
+            for row in rows:
+                try:
+                    with self.db.savepoint():
+                        got = self.db.rows(INSERT_EVENT, _row_values(row))
+                except Exception as exc:  # noqa: BLE001 - this row's error, handed to its waiter
+                    out.append(exc)
+                else:
+                    out.append(int(got[0][0]) if got else 0)
+        return out
 
     def high_seq(self, node: str, boot_id: str) -> int:
         """Return the highest journaled sequence number of a node's boot (0 when none)."""

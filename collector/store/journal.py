@@ -3,6 +3,11 @@
 Sessions ``await append(row)``; rows that arrive while a commit is running wait and go together
 in the next transaction, so one fsync covers many agents' events. ``append`` returns only after
 the commit, which is what lets the session ack.
+
+One row must not fail its neighbours: when a group commit fails, its rows are tried again in one
+transaction, each under a savepoint (:meth:`EventStore.insert_each`). A row the database refuses
+fails alone (:class:`RowRefusedError`, and its session refuses the stream that sent it); the
+others commit. Only a commit that fails as a whole again (the database is down) fails them all.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import structlog
 
+from collector.exceptions import RowRefusedError
 from collector.store.postgres import PostgresReader, PostgresStore
 from collector.store.sqlite import JournalReader, SqliteStore
 
@@ -43,6 +49,10 @@ def open_store(cfg: JournalConfig, environ: Mapping[str, str]) -> tuple[EventSto
     return store, PostgresReader(cfg.dsn, password=password)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
 class Journal:
     """Async facade over an :class:`EventStore`; every store call runs on one thread."""
 
@@ -59,7 +69,12 @@ class Journal:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def append(self, row: EventRow) -> int:
-        """Journal one event; return its id once committed, or 0 if it was already there."""
+        """Journal one event; return its id once committed, or 0 if it was already there.
+
+        Raises:
+            RowRefusedError: the database refused this row (the rest of its commit went in);
+            another exception: the commit failed as a whole.
+        """
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -72,18 +87,52 @@ class Journal:
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             rows = [row for row, _ in batch]
+            results: list[int | Exception]
             try:
-                ids = await self._run(partial(self.store.insert_events, rows))
-            except Exception as exc:  # noqa: BLE001 - handed to every waiter, not swallowed
-                log.error("journal_commit_failed", rows=len(rows), error=str(exc))
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                results = list(await self._run(partial(self.store.insert_events, rows)))
+            except Exception as exc:  # noqa: BLE001 - tried again row by row, then handed on
+                log.warning("journal_commit_failed", rows=len(rows), error=str(exc))
+                results = await self._row_by_row(rows)
+            else:
+                self.commits += 1
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def _row_by_row(self, rows: list[EventRow]) -> list[int | Exception]:
+        """Try a failed group commit again, each row on its own.
+
+        Only a row the database refuses fails (:class:`RowRefusedError`); its neighbours
+        commit. When the commit fails as a whole again (the database is down), every row gets
+        that error.
+        """
+        try:
+            results = await self._run(partial(self.store.insert_each, rows))
+        except Exception as exc:  # noqa: BLE001 - handed to every waiter, not swallowed
+            log.error("journal_commit_failed", rows=len(rows), error=str(exc))
+            return [exc] * len(rows)
+        self.commits += 1
+        out: list[int | Exception] = []
+        for row, result in zip(rows, results, strict=True):
+            if not isinstance(result, Exception):
+                out.append(result)
                 continue
-            self.commits += 1
-            for (_, future), row_id in zip(batch, ids, strict=True):
-                if not future.done():
-                    future.set_result(row_id)
+            error = f"{type(result).__name__}: {_first_line(result)}"
+            log.error(
+                "journal_row_refused",
+                node=row.node,
+                boot_id=row.boot_id,
+                seq=row.seq,
+                error=error,
+            )
+            refused = RowRefusedError(f"the journal refused the row ({error})")
+            refused.__cause__ = result
+            out.append(refused)
+        return out
 
     async def do(self, fn: Callable[[EventStore], T]) -> T:
         """Run ``fn(store)`` on the writer thread (for the incident, action and silence tables)."""

@@ -14,11 +14,11 @@ scoped advisory lock on PostgreSQL; on SQLite, where one collector owns the file
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
-    import sqlite3
     from collections.abc import Callable, Iterator, Sequence
 
     import psycopg
@@ -49,6 +49,10 @@ class SqlConn(Protocol):
 
     def transaction(self) -> contextlib.AbstractContextManager[None]:
         """Everything inside commits together, or not at all."""
+        ...
+
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        """Inside a transaction: if what runs within raises, only it is undone."""
         ...
 
     def fleet_lock(self) -> None:
@@ -102,6 +106,25 @@ class SqliteConn:
             raise
         self._depth = 0
         self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """``SAVEPOINT`` ... ``RELEASE``, or ``ROLLBACK TO`` it when the body raises.
+
+        Refused when no transaction is open: SQLite ends one by itself after some errors (a full
+        disk, an I/O error), and what runs next must not commit on its own.
+        """
+        if not self.conn.in_transaction:
+            msg = "no transaction is open (SQLite rolled it back after an error)"
+            raise sqlite3.OperationalError(msg)
+        self.conn.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK TO part")
+            self.conn.execute("RELEASE part")
+            raise
+        self.conn.execute("RELEASE part")
 
     def fleet_lock(self) -> None:
         """Nothing to add: the open write transaction already excludes every other writer."""
@@ -162,6 +185,12 @@ class PgConn:
         with self._lock:
             conn = self._live()
         with conn.transaction():
+            yield
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Inside a transaction, psycopg's nested transaction is a savepoint."""
+        with self.transaction():
             yield
 
     def fleet_lock(self) -> None:

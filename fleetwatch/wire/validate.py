@@ -39,6 +39,12 @@ MAX_SAMPLES: Final = 50_000
 MAX_TEXT: Final = 256
 MAX_DETAIL: Final = 4096
 MAX_XID: Final = 65_535
+# An event's numbers are journaled in signed 64-bit columns (SQLite INTEGER, PostgreSQL bigint)
+# and read back as JSON by the HTTP API: a sequence number stays below 2^53, where both are exact
+# (a node numbering a million events a second would need 285 years to get there). Its other
+# integers fit by their wire types (xid, target index: 32 bits; its time: int64, and a time that
+# cannot be right is replaced by the time of receipt before it is journaled).
+MAX_SEQ: Final = 2**53 - 1
 # A node declares a few hundred targets; a stream remembers at most this many as checked.
 MAX_CHECKED_TARGETS: Final = 4096
 
@@ -300,6 +306,11 @@ def validate_event(event: pb.Event, inventory: Inventory) -> None:
     """Check an Event from an agent."""
     r = "invalid_event"
     _require(event.seq >= 1, r, "event seq must start at 1")
+    _require(
+        event.seq <= MAX_SEQ,
+        r,
+        f"event seq {event.seq} out of range: sequence numbers go from 1 to {MAX_SEQ} (2^53-1)",
+    )
     _require(
         event.kind in AGENT_EVENT_KINDS,
         r,

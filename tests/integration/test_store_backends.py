@@ -7,6 +7,7 @@ the database under it.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from typing import TYPE_CHECKING
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING
 import psycopg
 import pytest
 
-from collector.exceptions import JournalError
+from collector.exceptions import JournalError, RowRefusedError
 from collector.store.events import EventReader, EventRow, EventStore, NodeRow
 from collector.store.incidents import ActionRow, FleetActions, IncidentRow, SilenceRow
+from collector.store.journal import Journal
 from collector.store.postgres import SCHEMA_VERSION, PostgresReader, PostgresStore
 from collector.store.sqlite import JournalReader, SqliteStore
 
@@ -95,6 +97,59 @@ class TestEvents:
         two = open_store("c2") if one.shared else one
         assert two.high_seq("n1", "b1") == 2
         assert two.insert_events([event(1), event(2), event(3)])[:2] == [0, 0]
+
+
+class TestGroupCommit:
+    async def test_a_row_the_database_refuses_fails_alone(self, backend: Open):
+        """One group commit of five rows, one with a number no 64-bit column holds: that row's
+        waiter gets RowRefusedError naming the database's complaint; the other four commit in
+        the same batch (a duplicate among them still reads as one), nothing is written twice."""
+        open_store, open_reader = backend
+        store = open_store("c1")
+        store.insert_events([event(1)])
+        journal = Journal(store)
+        try:
+            results = await asyncio.gather(
+                journal.append(event(2)),
+                journal.append(event(2**63, node="n2")),
+                journal.append(event(1)),  # already there
+                journal.append(event(3)),
+                journal.append(event(None, boot="")),
+                return_exceptions=True,
+            )
+            refused = results[1]
+            assert isinstance(refused, RowRefusedError)
+            assert "the journal refused the row" in str(refused)
+            assert isinstance(refused.__cause__, (OverflowError, psycopg.DataError))
+            assert results[2] == 0
+            assert all(isinstance(r, int) and r > 0 for r in (results[0], results[3], results[4]))
+            assert journal.commits == 1  # the batch went in as one, after its row-by-row retry
+            assert store.high_seq("n1", "b1") == 3
+            assert store.high_seq("n2", "b1") == 0
+            reader = open_reader()
+            assert sorted((r.node, r.seq or 0) for r in reader.events()) == [
+                ("n1", 0),
+                ("n1", 1),
+                ("n1", 2),
+                ("n1", 3),
+            ]
+            reader.close()
+            assert await journal.append(event(4)) > 0  # the writer goes on
+        finally:
+            await journal.close()
+
+    async def test_a_commit_that_fails_as_a_whole_fails_every_row(self, tmp_path: Path):
+        """When the database itself fails (here its connection is closed), no row is refused
+        on its own: every waiter gets the database's error, none is told it was the culprit."""
+        store = SqliteStore(tmp_path / "journal.db")
+        journal = Journal(store)
+        store.db.close()
+        results = await asyncio.gather(
+            journal.append(event(1)), journal.append(event(2**63)), return_exceptions=True
+        )
+        assert all(isinstance(r, sqlite3.ProgrammingError) for r in results)
+        assert not any(isinstance(r, RowRefusedError) for r in results)
+        await journal.close()
 
 
 class TestNodes:

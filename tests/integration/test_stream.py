@@ -292,6 +292,87 @@ class TestBadInput:
         assert [r.seq for r in collector.reader.events(node="rogue")] == [1, 2]
 
 
+ROGUE_UUID = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
+REJECTED = "fleetwatch_collector_messages_rejected_total"
+
+
+def rogue_hello(node: str = "rogue") -> bytes:
+    gpu = pb.Gpu(index=0, uuid=ROGUE_UUID, pci_bus_id="0000:18:00.0")
+    hello = pb.Hello(node=node, boot_id="b-1", protocol_version=1, gpus=[gpu])
+    return pb.AgentMessage(hello=hello).SerializeToString()
+
+
+def rogue_event(seq: int) -> bytes:
+    target = pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=ROGUE_UUID)
+    event = pb.Event(seq=seq, time_unix_ms=1, kind=pb.EVENT_KIND_XID, target=target, xid=13)
+    return pb.AgentMessage(event=event).SerializeToString()
+
+
+async def acked_stream(port: int, messages: list[bytes], last_seq: int) -> list[int]:
+    """Send ``messages``, read until the ack for ``last_seq``, close cleanly; return the acks."""
+    acks: list[int] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
+            settings.STREAM_METHOD,
+        )()
+        for message in messages:
+            await call.write(message)
+        while not acks or acks[-1] < last_seq:
+            raw = await call.read()
+            assert isinstance(raw, bytes)
+            reply = pb.CollectorMessage.FromString(raw)
+            if reply.WhichOneof("body") == "ack":
+                acks.append(reply.ack.seq)
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+    return acks
+
+
+class TestBadNumbers:
+    async def test_an_unstorable_seq_is_refused_and_counted_while_others_stream(
+        self, collector, cluster
+    ):
+        """A valid node whose event 1 is journaled opens a new stream with Event(seq=2**63), a
+        number no 64-bit column holds, while the other nodes stream Xids: it is refused at the
+        door with a status naming the number and counted, its event 1 stays; every other
+        node's events are journaled and acked, and none of their streams was ended."""
+        port = collector.grpc_port
+        assert await acked_stream(port, [rogue_hello(), rogue_event(1)], 1) == [1]
+        nodes = cluster.nodes
+        for i, name in enumerate(NODES):
+            nodes[name].xid(i % 8, 13)
+        rogue = asyncio.ensure_future(raw_stream(port, [rogue_hello(), rogue_event(2**63)]))
+        for i, name in enumerate(NODES):
+            nodes[name].xid(i % 8, 31)
+        err = await rogue
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "seq 9223372036854775808 out of range" in (err.details() or "")
+        for i, name in enumerate(NODES):
+            nodes[name].xid(i % 8, 43)
+
+        def journaled() -> dict[str, list[int]]:
+            rows = collector.reader.events(kind="xid", limit=10_000)
+            out: dict[str, list[int]] = {}
+            for r in rows:
+                out.setdefault(r.node, []).append(r.xid)
+            return out
+
+        await wait_until(
+            lambda: all(len(journaled().get(n, [])) == 3 for n in NODES), what="24 Xids"
+        )
+        await wait_until(lambda: cluster.unacked() == 0, what="every event acked")
+        view = journaled()
+        assert all(view[n] == [13, 31, 43] for n in NODES)
+        assert view["rogue"] == [13]
+        assert [r.seq for r in collector.reader.events(node="rogue")] == [1]
+        m = scrape(collector)
+        assert (
+            m["fleetwatch_collector_messages_rejected_total", (("reason", "invalid_event"),)] == 1
+        )
+        assert collector.stats.streams_total == len(NODES) + 2  # no good node reconnected
+        assert sum(n.connected for n in collector.fleet.snapshot().values()) == len(NODES)
+
+
 class TestHealth:
     async def test_health_service_reports_serving(self, collector):
         """The standard gRPC health service answers SERVING for the Fleet service."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -246,6 +247,32 @@ class TestHostileValues:
         await c.stream(*(pb.AgentMessage(report=pb.Report(time_unix_ms=t)) for t in times))
         assert dict(c.stats.bad_times) == {"report_time_backwards": 1}
         assert c.stats.reports == 5
+
+
+class TestJournalRefusal:
+    async def test_an_event_the_database_refuses_ends_its_own_stream_with_a_clear_status(
+        self, make, tmp_path: Path
+    ):
+        """A row the journal's database refuses (here a trigger in the real SQLite file, as a
+        constraint would) ends the stream that sent it with a status naming the event, counted;
+        what came before it stays journaled and acked."""
+        c = make()
+        with sqlite3.connect(tmp_path / "journal.db") as db:
+            db.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON events "
+                "WHEN NEW.detail LIKE '%poison%' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+            )
+        poison = xid(2, xid_=31)
+        poison.event.detail = "poison"
+        context = await c.stream(xid(1), poison, xid(3, xid_=43))
+        assert context.aborted is not None
+        code, details = context.aborted
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "event seq 2 could not be journaled" in details
+        assert "poisoned row" in details
+        assert context.acks() == [1]
+        assert c.seqs() == [1]
+        assert c.stats.rejected["journal_refused"] == 1
 
 
 class TestSettle:

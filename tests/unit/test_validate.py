@@ -6,7 +6,14 @@ from collector.ingest.session import parse_message
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.wire.settings import MAX_MESSAGE_BYTES
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import WireError, validate_event, validate_hello, validate_report
+from fleetwatch.wire.validate import (
+    MAX_SEQ,
+    MAX_XID,
+    WireError,
+    validate_event,
+    validate_hello,
+    validate_report,
+)
 
 UUID = "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
 
@@ -87,6 +94,9 @@ class TestEventAndReport:
         ("changes", "message"),
         [
             ({"seq": 0}, "seq must start at 1"),
+            ({"seq": MAX_SEQ + 1}, "seq 9007199254740992 out of range"),
+            ({"seq": 2**63}, "seq 9223372036854775808 out of range"),
+            ({"seq": 2**64 - 1}, "out of range: sequence numbers go from 1 to"),
             ({"kind": pb.EVENT_KIND_NODE_UNREACHABLE}, "may not be sent by an agent"),
             ({"kind": 0}, "may not be sent"),
             ({"time_unix_ms": 0}, "time_unix_ms"),
@@ -109,8 +119,19 @@ class TestEventAndReport:
     )
     def test_bad_event_names_the_problem(self, changes, message):
         """Events must be numbered, of an agent kind, and aimed at declared hardware."""
-        with pytest.raises(WireError, match=message):
+        with pytest.raises(WireError, match=message) as info:
             validate_event(event(**changes), validate_hello(hello()))
+        assert info.value.reason == "invalid_event"
+
+    def test_every_integer_an_event_journals_fits_a_signed_64_bit_column(self):
+        """The largest of each integer an event may carry is accepted, and is one that SQLite's
+        INTEGER and PostgreSQL's bigint hold (and JSON readers of the API read exactly)."""
+        inventory = validate_hello(hello())
+        largest = event(seq=MAX_SEQ, time_unix_ms=2**63 - 1, xid=MAX_XID)
+        validate_event(largest, inventory)
+        for value in (largest.seq, largest.time_unix_ms, largest.xid, largest.target.index):
+            assert -(2**63) <= value < 2**63
+        assert largest.seq <= 2**53 - 1
 
     @pytest.mark.parametrize(
         ("sample", "message"),
