@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from collector.exceptions import ConfigError
-from fleetwatch.config_file import short_repr
+from fleetwatch.config_file import short_repr, shown_path
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An environment variable's name; 128 characters is more than any real one needs, and keeps a
+# hostile config's name from being echoed whole in messages.
+ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def check_secret_keys(file: object, env: object, *, file_key: str, env_key: str) -> None:
@@ -64,9 +66,9 @@ def read_secret(
     try:
         secret = file.read_bytes().strip()
     except OSError as exc:
-        msg = f"collector config: {file_key} {file}: {exc.strerror}"
+        msg = f"collector config: {file_key} {shown_path(file)}: {exc.strerror}"
         raise ConfigError(msg) from exc
     if not secret:
-        msg = f"collector config: {file_key} {file} is empty"
+        msg = f"collector config: {file_key} {shown_path(file)} is empty"
         raise ConfigError(msg)
     return secret

@@ -9,9 +9,15 @@ import reprlib
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 SHORT_REPR_LIMIT = 80
+MAX_SHOWN_KEYS = 10  # keys a message lists before "and N more"
+_KEY_CHARS = 40  # a key longer than this is cut in messages
+_PATH_CHARS = 160  # a path longer than this is cut in messages
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_NUMBER = 1e12  # the largest number a config key takes (31,000 years in seconds)
 _INT_DIGITS = 40  # an integer longer than this shows as its digit count
@@ -58,6 +64,46 @@ def short_repr(value: object, limit: int = SHORT_REPR_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shown_key(key: object) -> str:
+    """A table's key as a message shows it, cut to 40 characters (``kkkk...``).
+
+    As written when printable; quoted (a Python repr) when empty or not printable.
+    """
+    if not isinstance(key, str):
+        return short_repr(key, _KEY_CHARS)
+    text = key if key and key.isprintable() else repr(key)
+    return text if len(text) <= _KEY_CHARS else text[: _KEY_CHARS - 3] + "..."
+
+
+def shown_keys(keys: Iterable[object]) -> str:
+    """``a, b, c``: the first :data:`MAX_SHOWN_KEYS` keys, each cut, then ``and N more``.
+
+    A file may hold a key of megabytes, or thousands of keys; a message names them briefly.
+    """
+    items = list(keys)
+    text = ", ".join(shown_key(key) for key in items[:MAX_SHOWN_KEYS])
+    extra = len(items) - MAX_SHOWN_KEYS
+    return f"{text} and {extra} more" if extra > 0 else text
+
+
+def shown_path(path: object) -> str:
+    """A path as a message shows it: as it is when short and printable, else cut."""
+    text = str(path)
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= _PATH_CHARS else text[: _PATH_CHARS - 3] + "..."
+
+
+def utf8_line(exc: UnicodeDecodeError) -> int:
+    """The line (from 1) of the first byte that is not UTF-8."""
+    return bytes(exc.object).count(b"\n", 0, exc.start) + 1
+
+
+def not_utf8(path: object, what: str, exc: UnicodeDecodeError) -> str:
+    """``PATH: WHAT is not UTF-8 text: REASON at byte N (line L)``, for a file that is not."""
+    where = f"at byte {exc.start} (line {utf8_line(exc)})"
+    return f"{shown_path(path)}: {what} is not UTF-8 text: {exc.reason} {where}"
+
+
 def check_text(
     value: object, key: str, what: str, error: type[Exception], *, empty: bool = False
 ) -> str:
@@ -95,25 +141,25 @@ def merge_config(
     """
     values: dict[str, Any] = {}
     if path is not None:
+        where = shown_path(path)
         try:
             raw = tomllib.loads(path.read_text("utf-8"))
         except OSError as exc:
-            msg = f"{path}: cannot read {section} config: {exc.strerror}"
+            msg = f"{where}: cannot read {section} config: {exc.strerror}"
             raise error(msg) from exc
         except UnicodeDecodeError as exc:
-            msg = f"{path}: {section} config is not UTF-8 text: {exc.reason} at byte {exc.start}"
-            raise error(msg) from exc
+            raise error(not_utf8(path, f"{section} config", exc)) from exc
         except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
-            msg = f"{path}: invalid TOML: {str(exc)[:200]}"
+            msg = f"{where}: invalid TOML: {str(exc)[:200]}"
             raise error(msg) from exc
         table = raw.get(section, raw)
         if not isinstance(table, dict):
-            msg = f"{path}: [{section}] must be a table"
+            msg = f"{where}: [{section}] must be a table"
             raise error(msg)
         # Keys above the first table belong to no table; other tables may be another daemon's.
         stray = sorted(k for k, v in raw.items() if not isinstance(v, dict) and table is not raw)
         if stray:
-            msg = f"{path}: key(s) {', '.join(stray)} outside the [{section}] table"
+            msg = f"{where}: key(s) {shown_keys(stray)} outside the [{section}] table"
             raise error(msg)
         values.update(table)
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -121,7 +167,7 @@ def merge_config(
     unknown = sorted(set(values) - known)
     if unknown:
         msg = (
-            f"{section} config: unknown key(s) {', '.join(unknown)}; "
+            f"{section} config: unknown key(s) {shown_keys(unknown)}; "
             f"known: {', '.join(sorted(known))}"
         )
         raise error(msg)
@@ -173,8 +219,7 @@ def read_data_file(
     try:
         return path.read_text("utf-8"), str(path)
     except OSError as exc:
-        msg = f"{path}: cannot read the {what}: {exc.strerror}"
+        msg = f"{shown_path(path)}: cannot read the {what}: {exc.strerror}"
         raise error(msg) from exc
     except UnicodeDecodeError as exc:
-        msg = f"{path}: the {what} is not UTF-8 text: {exc.reason} at byte {exc.start}"
-        raise error(msg) from exc
+        raise error(not_utf8(path, f"the {what}", exc)) from exc

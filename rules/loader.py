@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import yaml
 
-from fleetwatch.config_file import short_repr
+from fleetwatch.config_file import short_repr, shown_path, utf8_line
 from rules.cel_env import ConditionError, RuleEnvironment, field_problems, signal_references
 from rules.durations import parse_duration
 from rules.exceptions import RulesError
@@ -409,7 +409,11 @@ def load_rules(
         try:
             text = path.read_text("utf-8")
         except OSError as exc:
-            problems.append(RuleProblem(str(path), 0, "", f"cannot read: {exc.strerror}"))
+            problems.append(RuleProblem(shown_path(path), 0, "", f"cannot read: {exc.strerror}"))
+            continue
+        except UnicodeDecodeError as exc:
+            line, why = utf8_line(exc), f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+            problems.append(RuleProblem(shown_path(path), line, "", why))
             continue
         try:
             rules.extend(parse_rules(text, str(path), env).rules)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
 from collector.actions.dispatcher import ActionOutcome, Drainer, Notifier
 from collector.actions.slurm import SlurmNodes
+from fleetwatch.config_file import shown_key
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -51,7 +52,7 @@ def build_actuators(
         hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
         drainers.append(WebhookDrainer(hook))
     channels = {
-        name: hook.sender(clock, f"actions.notify.{name}", env_vars)
+        name: hook.sender(clock, f"actions.notify.{shown_key(name)}", env_vars)
         for name, hook in cfg.notify.items()
     }
     return Actuators(tuple(drainers), WebhookNotifier(channels) if channels else None)

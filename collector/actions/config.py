@@ -34,7 +34,7 @@ from collector.actions.safety import SafetyConfig
 from collector.actions.webhook import WebhookSender
 from collector.exceptions import ConfigError
 from collector.secret_files import ENV_NAME, read_secret
-from fleetwatch.config_file import check_number, short_repr
+from fleetwatch.config_file import check_number, short_repr, shown_key, shown_keys
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -142,7 +142,7 @@ def _webhook(raw: object, key: str) -> WebhookConfig:
         raise ConfigError(msg)
     unknown = sorted(set(raw) - set(WEBHOOK_KEYS))
     if unknown or "url" not in raw:
-        what = f"has no key(s) {', '.join(unknown)}" if unknown else "needs a url"
+        what = f"has no key(s) {shown_keys(unknown)}" if unknown else "needs a url"
         msg = f"collector config: {key} {what}; it {takes}"
         raise ConfigError(msg)
     for name in ("url", "secret_file", "secret_env"):
@@ -187,7 +187,7 @@ def parse_actions(raw: object) -> ActionsConfig:
     drain_raw = table.pop("drain_webhook", None)
     notify_raw = table.pop("notify", {})
     if table:
-        msg = f"collector config: actions has no key(s) {', '.join(sorted(table))}"
+        msg = f"collector config: actions has no key(s) {shown_keys(sorted(table))}"
         raise ConfigError(msg)
     _check_safety(safety_values)
     safety = SafetyConfig(**safety_values)
@@ -215,7 +215,7 @@ def parse_actions(raw: object) -> ActionsConfig:
         slurm=slurm,
         drain_webhook=_webhook(drain_raw, "actions.drain_webhook") if drain_raw else None,
         notify={
-            str(name): _webhook(value, f"actions.notify.{name}")
+            str(name): _webhook(value, f"actions.notify.{shown_key(name)}")
             for name, value in notify_raw.items()
         },
     )

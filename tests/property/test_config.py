@@ -194,6 +194,9 @@ class TestCollectorConfig:
                 assert_clear(exc)
 
     @given(actions_tables())
+    @example({"notify": {"x" * 5000: 5}})  # a channel's name was echoed whole
+    @example({"x" * 5000: 5})  # so was an unknown key
+    @example({"drain_webhook": {"url": "http://d", "x" * 5000: 1}})
     def test_actions_table(self, table):
         """The actions table alone: ActionsConfig or ConfigError naming actions."""
         tried(TARGET)

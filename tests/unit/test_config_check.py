@@ -28,6 +28,7 @@ def full_collector(tmp_path: Path, **webhook: str) -> Path:
     rules.write_text((REPO / "rules" / "default.yaml").read_text())
     secret = tmp_path / "drain.secret"
     secret.write_text("s3cret-drain\n")
+    secret.chmod(0o600)  # as docs/deploy.md asks: not open to others
     drain = webhook or {"secret_file": str(secret)}
     drain_lines = "\n".join(f'{k} = "{v}"' for k, v in drain.items())
     path = tmp_path / "collector.toml"
@@ -81,10 +82,9 @@ class TestExamples:
         (etc / "rules" / "site.yaml").write_text("version: 1\nrules: []\n")
         catalog = REPO / "rules" / "builtin" / "xid_catalog.yaml"
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
-        for name in ("drain", "notify"):
-            (etc / f"{name}.secret").write_text(f"{name}-secret\n")
-        (etc / "api.token").write_text("api-token\n")
-        (etc / "journal-password").write_text("journal-password\n")
+        for name in ("drain.secret", "notify.secret", "api.token", "journal-password"):
+            (etc / name).write_text(f"{name}-value\n")
+            (etc / name).chmod(0o600)
         make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
@@ -117,6 +117,7 @@ class TestExamples:
         monkeypatch.delenv("FLEETWATCH_NOTIFY_SECRET", raising=False)
         env = tmp_path / "collector.env"
         env.write_text("# secrets\n\nFLEETWATCH_NOTIFY_SECRET='s3cret-notify'\n")
+        env.chmod(0o600)
         code, out, err = run(capsys, "--env-file", str(env), str(full_collector(tmp_path)))
         assert (code, err) == (0, "")
         assert "s3cret" not in out
@@ -336,3 +337,227 @@ class TestDaemonAgrees:
         assert drain is not None
         with pytest.raises(ConfigError, match=r"drain_webhook.secret_file .*empty.secret is empty"):
             drain.secret("actions.drain_webhook", {})
+
+
+BIG = "k" * 1_000_000  # a key or value of a megabyte (the finding had 10 MB)
+
+
+class TestHostileFiles:
+    @pytest.mark.parametrize(
+        "text",
+        [
+            f"[collector]\n{BIG} = 1\n",
+            f'[collector]\n"{BIG}" = 1\n',
+            f"[agent]\n{BIG} = 1\n",
+            f"{BIG} = 1\n[collector]\n",
+            f"[collector.actions]\n{BIG} = 1\n",
+            f'[collector.actions.notify."{BIG}"]\nurl = 5\n',
+            f"[collector.actions.drain_webhook]\nurl = 'http://d.example'\n{BIG} = 1\n",
+            f"[collector.actions.drain_webhook]\nurl = 'http://d.example'\nsecret_env = '{BIG}'\n",
+            f"[collector]\napi_token_env = '{BIG}'\n",
+            f"[collector]\napi_token_file = '/{BIG}'\n",
+            f"[collector]\nrules = ['/{BIG}']\n",
+            f"[collector]\nxid_catalog = '/{BIG}'\n",
+        ],
+        ids=[
+            "key",
+            "quoted-key",
+            "agent-key",
+            "stray-key",
+            "actions-key",
+            "channel-name",
+            "webhook-key",
+            "secret-env",
+            "token-env",
+            "token-file",
+            "rule-file",
+            "xid-catalog",
+        ],
+    )
+    def test_a_huge_key_or_value_is_shown_cut(self, capsys, tmp_path: Path, text):
+        """A megabyte-long key, name or path is named in a few dozen characters, not echoed."""
+        path = tmp_path / "huge.toml"
+        path.write_text(text)
+        kind = "--agent" if "[agent]" in text else "--collector"
+        code, out, err = run(capsys, kind, str(path))
+        assert (code, out) == (2, "")
+        assert "k" * 200 not in err
+        assert all(len(line) < 600 for line in err.splitlines()), [len(x) for x in err.splitlines()]
+
+    def test_every_line_is_bounded_whatever_the_message(self, capsys, tmp_path: Path):
+        """A part whose own message is not cut (the jobs table names its unknown keys whole)
+        still prints one line of at most MAX_LINE characters."""
+        path = tmp_path / "huge.toml"
+        path.write_text(f"[collector.jobs]\n{BIG} = 1\n")
+        code, _, err = run(capsys, "--collector", str(path))
+        assert code == 2
+        assert 0 < max(len(line) for line in err.splitlines()) <= cli_config.MAX_LINE
+
+    @pytest.mark.parametrize(
+        ("how", "expected"),
+        [
+            ("by-table", "{bad}: the config file is not UTF-8 text: invalid continuation byte"),
+            ("as-collector", "{bad}: collector config is not UTF-8 text: invalid continuation"),
+            ("env-file", "{bad}: the environment file is not UTF-8 text: invalid continuation"),
+            ("rule-file", "rules: {bad}:2: not UTF-8 text: invalid continuation byte at byte 16"),
+        ],
+    )
+    def test_a_file_that_is_not_utf8_is_named(self, capsys, tmp_path: Path, how, expected):
+        """A Latin-1 file is named, with the byte and line, wherever it is read (the config,
+        env and rule files were an unnamed "'utf-8' codec can't decode" before)."""
+        bad = tmp_path / "bad.bin"
+        first = b"version: 1\n" if how == "rule-file" else b"[collector]\n"
+        bad.write_bytes(first + "# café\n".encode("latin-1"))
+        config = tmp_path / "collector.toml"
+        config.write_text(f"[collector]\nlisten = '127.0.0.1:0'\nrules = ['{bad}']\n")
+        args = {
+            "by-table": [str(bad)],
+            "as-collector": ["--collector", str(bad)],
+            "env-file": ["--env-file", str(bad), str(config)],
+            "rule-file": [str(config)],
+        }[how]
+        code, _, err = run(capsys, *args)
+        assert code == 2
+        assert expected.format(bad=bad) in err
+        if how != "rule-file":
+            assert "(line 2)" in err
+        assert "codec" not in err
+
+
+class TestEveryProblem:
+    def test_each_table_reports_its_problem(self, capsys, tmp_path: Path):
+        """One mistake in each of seven tables: seven lines, where the loader stops at the
+        first. The rules, Xid catalog and TLS checks still run on what loaded."""
+        path = tmp_path / "collector.toml"
+        path.write_text(
+            "[collector]\n"
+            "listen = '127.0.0.1:0'\n"
+            "missed_heartbeats = 2.5\n"
+            "rules = ['/nonexistent/site.yaml']\n"
+            "[collector.actions]\n"
+            "max_drained_nodez = 2\n"
+            "[collector.actions.drain_webhook]\n"
+            "url = 'https://d.example/x'\n"
+            "timeout = '5'\n"
+            "[collector.actions.notify.first]\n"
+            "secret_env = 'A'\n"
+            "[collector.actions.notify.second]\n"
+            "url = 'https://p.example/x'\n"
+            "secret_env = 'NOT-A-NAME'\n"
+            "[collector.jobs]\n"
+            "straggler_margin = 'wide'\n"
+            "[collector.ingest]\n"
+            "events_per_hour = 5\n"
+        )
+        code, _, err = run(capsys, str(path))
+        assert code == 2
+        wanted = [
+            "missed_heartbeats must be an integer",
+            "actions has no key(s) max_drained_nodez",
+            "actions.drain_webhook.timeout must be a number > 0, got '5'",
+            "actions.notify.first needs a url",
+            "actions.notify.second.secret_env must name an environment variable",
+            "straggler_margin",
+            "collector.ingest: unknown keys events_per_hour",
+        ]
+        lines = err.splitlines()
+        for text in wanted:
+            assert sum(text in line for line in lines) == 1, (text, lines)
+        assert len(lines) == len(wanted)
+
+    def test_parts_that_load_are_checked_further(self, capsys, tmp_path: Path):
+        """A broken jobs table does not hide a missing rule file or secret file."""
+        path = tmp_path / "collector.toml"
+        path.write_text(
+            "[collector]\n"
+            "listen = '127.0.0.1:0'\n"
+            "rules = ['/nonexistent/site.yaml']\n"
+            "[collector.actions.drain_webhook]\n"
+            "url = 'https://d.example/x'\n"
+            "secret_file = '/nonexistent/drain.secret'\n"
+            "[collector.jobs]\n"
+            "max_jobs = -1\n"
+        )
+        code, _, err = run(capsys, str(path))
+        assert code == 2
+        assert "max_jobs" in err
+        assert "rules: /nonexistent/site.yaml:0: cannot read" in err
+        assert "secret_file /nonexistent/drain.secret: No such file or directory" in err
+
+
+class TestSecretFileModes:
+    def write(self, tmp_path: Path, mode: int) -> tuple[Path, Path]:
+        token = tmp_path / "api.token"
+        token.write_text("t0ken\n")
+        token.chmod(mode)
+        path = tmp_path / "collector.toml"
+        path.write_text(
+            "[collector]\nlisten = '127.0.0.1:0'\nhttp = '127.0.0.1:0'\n"
+            f"api_token_file = '{token}'\n"
+        )
+        return path, token
+
+    @pytest.mark.parametrize(
+        ("mode", "warning"),
+        [
+            (0o644, "is open to others (mode 0644); make it 0640 with group fleetwatch"),
+            (0o604, "is open to others (mode 0604)"),
+            (0o602, "is open to others (mode 0602)"),
+            (0o620, "is open to group root (mode 0620)"),
+            (0o640, "is open to group root (mode 0640)"),
+        ],
+    )
+    def test_an_open_secret_file_is_a_warning(self, capsys, tmp_path: Path, mode, warning):
+        """A token file others can read or write, or a group other than the service's, is
+        warned about on stderr; the file still passes (exit 0)."""
+        path, token = self.write(tmp_path, mode)
+        code, out, err = run(capsys, str(path))
+        assert code == 0
+        assert "collector config OK" in out
+        [line] = err.splitlines()
+        assert line.startswith(f"{path}: warning: api_token_file {token} {warning}")
+
+    @pytest.mark.parametrize("mode", [0o600, 0o400, 0o640])
+    def test_owner_only_or_service_group_passes_quietly(
+        self, capsys, tmp_path: Path, monkeypatch, mode
+    ):
+        """0600, 0400, and 0640 when the group is the service's (root here), say nothing."""
+        monkeypatch.setattr(cli_config, "SERVICE_GROUP", "root")
+        path, _ = self.write(tmp_path, mode)
+        code, _, err = run(capsys, str(path))
+        assert (code, err) == (0, "")
+
+    def test_webhook_and_journal_password_files_too(self, capsys, tmp_path: Path, monkeypatch):
+        """Every secret file is looked at: the webhooks' and the journal password's."""
+        monkeypatch.setenv("FLEETWATCH_NOTIFY_SECRET", "s3cret-notify")
+        path = full_collector(tmp_path)
+        (tmp_path / "drain.secret").chmod(0o644)
+        password = tmp_path / "journal-password"
+        password.write_text("pw\n")
+        password.chmod(0o644)
+        path.write_text(
+            path.read_text().replace(
+                "[collector]\n",
+                "[collector]\njournal_dsn = 'host=db.example dbname=fleetwatch'\n"
+                f"journal_password_file = '{password}'\n",
+                1,
+            )
+        )
+        code, _, err = run(capsys, str(path))
+        assert code == 0
+        assert f"journal_password_file {password} is open to others" in err
+        assert f"actions.drain_webhook.secret_file {tmp_path / 'drain.secret'} is open" in err
+
+    def test_env_file_must_be_owner_only(self, capsys, tmp_path: Path, monkeypatch):
+        """The unit's environment file is read by systemd as root: 0640 is already too open."""
+        monkeypatch.setattr(cli_config, "SERVICE_GROUP", "root")
+        env = tmp_path / "collector.env"
+        env.write_text("A=1\n")
+        env.chmod(0o640)
+        path, _ = self.write(tmp_path, 0o600)
+        code, _, err = run(capsys, "--env-file", str(env), str(path))
+        assert code == 0
+        assert err == (
+            f"{env}: warning: the environment file is open to group root (mode 0640); "
+            "make it 0600\n"
+        )
