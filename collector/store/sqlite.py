@@ -10,6 +10,7 @@ shared with the PostgreSQL journal (:mod:`collector.store.events`,
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -83,6 +84,7 @@ class SqliteStore(EventStore):
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _create_owner_only(path)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
@@ -111,6 +113,19 @@ class SqliteStore(EventStore):
             f"{_V4_ADD_COLUMN if add_collector else ''} {_V4_TABLES} "
             f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;",
         )
+
+
+def _create_owner_only(path: Path) -> None:
+    """Create the journal file with mode 0600 unless it exists; SQLite then fills it in.
+
+    SQLite creates a missing file 0644 (less the umask). The units' ``UMask=0077`` covers a
+    collector started by systemd, but one started by hand or in a container would leave node
+    names, incidents and drain reasons readable by every local user. SQLite gives the ``-wal``
+    and ``-shm`` files it creates the mode of the database file, so they are 0600 as well. An
+    existing journal keeps the mode it has.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
