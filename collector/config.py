@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collector.actions.config import ActionsConfig, parse_actions
+from collector.api.browsers import check_allowed_hosts
 from collector.exceptions import ConfigError
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestLimits
 from collector.ingest.tls import ServerTls
@@ -48,6 +49,10 @@ class CollectorConfig:
 
     listen: str = "0.0.0.0:7070"
     http: str = "0.0.0.0:9470"
+    # Names besides IP addresses, localhost, the name in ``http`` and the host's own names that
+    # HTTP clients may reach the collector by (a proxy's name, DNS aliases): a request naming
+    # another in ``Host`` is refused, which stops DNS rebinding (docs/deploy.md). "*": any.
+    http_allowed_hosts: tuple[str, ...] = ()
     journal: Path = Path("/var/lib/fleetwatch/journal.db")  # the SQLite journal
     # A PostgreSQL connection string (libpq key=value or postgresql:// URI, no password in it):
     # when set, the journal is that database, which several collectors may share
@@ -83,6 +88,12 @@ class CollectorConfig:
         """Reject values that cannot work, naming the key."""
         split_host_port(self.listen, "listen")
         split_host_port(self.http, "http")
+        try:  # a TOML list becomes a tuple (the config is frozen and hashable)
+            hosts = check_allowed_hosts(self.http_allowed_hosts)
+        except ValueError as exc:
+            msg = f"collector config: {exc}"
+            raise ConfigError(msg) from exc
+        object.__setattr__(self, "http_allowed_hosts", hosts)
         check_number(self.heartbeat_interval, "heartbeat_interval", ConfigError)
         check_number(
             self.missed_heartbeats,

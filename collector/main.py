@@ -204,6 +204,7 @@ class CollectorService:
             clock=clock,
             jobs=self.jobs,
             node_flags=self.node_flags,
+            allowed_hosts=cfg.http_allowed_hosts,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,

@@ -6,7 +6,9 @@ loopback clients only, and only while the API itself listens on a loopback addre
 loopback, nobody may change anything until a token is configured. Reads are never guarded.
 
 Every refusal is counted by reason (``fleetwatch_api_requests_refused_total``) and logged with
-the client's address, never with what it sent as a token.
+the client's address, never with what it sent as a token. :class:`Refusals` does the counting
+and logging for the API's other refusals too (:mod:`collector.api.browsers`,
+:mod:`collector.api.connections`), so one counter holds every reason.
 """
 
 from __future__ import annotations
@@ -27,24 +29,69 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector.http")
 
-# Every reason a change can be refused for; each is exposed, at 0 until it happens.
-REASONS: Final = ("missing_token", "bad_token", "no_token_configured", "not_loopback")
+# Every reason a request can be refused for; each is exposed, at 0 until it happens.
+REASONS: Final = (
+    # a change without the right token, or from where none may come (401, 403)
+    "missing_token",
+    "bad_token",
+    "no_token_configured",
+    "not_loopback",
+    # what a web page could make a browser send (collector.api.browsers): 403, 403, 415
+    "bad_host",
+    "cross_origin",
+    "not_json",
+    # a request that cannot be read (400, 411, 413, and the server's own 4xx)
+    "bad_request",
+    # connections (collector.api.connections): too slow to send their request, closed for a
+    # newcomer while still sending it, or refused at the cap (503)
+    "read_timeout",
+    "evicted",
+    "too_many_connections",
+    # the event loop did not take a change or a drain read up in time (503)
+    "loop_busy",
+)
 _SCHEME: Final = "bearer "
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a change was refused: the status to answer with, the counted reason, the message."""
+    """Why a request was refused: the status to answer with, the counted reason, the message."""
 
     status: HTTPStatus
     reason: str
     message: str
 
 
+class Refusals:
+    """Counts refused requests by reason and logs each one; thread-safe."""
+
+    __slots__ = ("_counter", "_lock")
+
+    def __init__(self, counter: Counter[str]) -> None:
+        """``counter`` is the collector's own (read by the scrape thread)."""
+        self._counter = counter
+        self._lock = threading.Lock()
+
+    def record(
+        self, refusal: Refusal, *, client: str, method: str, path: str, **detail: object
+    ) -> None:
+        """Count ``refusal`` and log it as ``api_request_refused`` with what identifies it."""
+        with self._lock:
+            self._counter[refusal.reason] += 1
+        log.warning(
+            "api_request_refused",
+            reason=refusal.reason,
+            client=client,
+            method=method,
+            path=path[:200],
+            **detail,
+        )
+
+
 class ChangeGuard:
     """Decides whether one state-changing request may proceed; thread-safe."""
 
-    __slots__ = ("_check", "_lock", "_refused", "_token")
+    __slots__ = ("_check", "_token", "refusals")
 
     def __init__(self, *, token: bytes | None, listen_host: str, refused: Counter[str]) -> None:
         """Choose the check once: by token, loopback only, or none allowed.
@@ -56,8 +103,7 @@ class ChangeGuard:
             msg = "an API token must not be empty"
             raise ValueError(msg)
         self._token = token
-        self._refused = refused
-        self._lock = threading.Lock()
+        self.refusals = Refusals(refused)
         self._check: Callable[[str, str | None], Refusal | None]
         if token is not None:
             self._check = self._by_token
@@ -77,15 +123,7 @@ class ChangeGuard:
         """None when the request may proceed; else the refusal, counted and logged."""
         refusal = self._check(client, authorization)
         if refusal is not None:
-            with self._lock:
-                self._refused[refusal.reason] += 1
-            log.warning(
-                "api_request_refused",
-                reason=refusal.reason,
-                client=client,
-                method=method,
-                path=path[:200],
-            )
+            self.refusals.record(refusal, client=client, method=method, path=path)
         return refusal
 
     def _by_token(self, _client: str, authorization: str | None) -> Refusal | None:

@@ -9,7 +9,9 @@
     GET    /api/v1/drains                      nodes fleetwatch holds drained, drains waiting
     POST   /api/v1/drains/<node>/release       {"reason": "..."}: the node is back in service
 
-Who may make changes is decided before :func:`change` runs (:mod:`collector.api.auth`).
+Who may make changes, and whether a request is one a web page could have made, is decided
+before :func:`change` runs (:mod:`collector.api.auth`, :mod:`collector.api.browsers`); the
+server reads the body.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import unquote
 
 from collector.store.incidents import SilenceRow
+from fleetwatch.config_file import short_repr
 from rules.durations import parse_duration
 
 if TYPE_CHECKING:
-    from http.server import BaseHTTPRequestHandler
-
     from collector.store.events import EventReader
 
 MAX_BODY: Final = 64 * 1024
+MAX_ID: Final = 2**63 - 1  # journal ids are 64-bit integers (SQLite, PostgreSQL bigint)
 
 
 class ApiError(ValueError):
@@ -40,8 +42,24 @@ class ApiError(ValueError):
         self.status = status
 
 
+class LoopBusyError(RuntimeError):
+    """The collector's event loop did not take a request up, or finish it, in time.
+
+    ``started`` says whether it began: a change that began may still take effect.
+    """
+
+    def __init__(self, what: str, *, waited_s: float, started: bool) -> None:
+        """Say what waited and whether what it asked for may still happen."""
+        if started:
+            detail = "began but did not finish; it may still take effect, so look before retrying"
+        else:
+            detail = "was not taken up (the event loop is busy); nothing was done, retry shortly"
+        super().__init__(f"{what}: the request {detail} (waited {waited_s:g} s)")
+        self.started = started
+
+
 class DrainKeeper(Protocol):
-    """Lists and releases fleetwatch's drains (thread-safe)."""
+    """Lists and releases fleetwatch's drains (thread-safe; LoopBusyError when it cannot)."""
 
     def drains(self) -> dict[str, Any]:
         """What is drained and what waits."""
@@ -53,7 +71,10 @@ class DrainKeeper(Protocol):
 
 
 class SilenceWriter(Protocol):
-    """Adds and removes silences through the collector's journal writer (thread-safe)."""
+    """Adds and removes silences through the collector's journal writer (thread-safe).
+
+    Both raise LoopBusyError when the collector's event loop does not answer in time.
+    """
 
     def add(self, row: SilenceRow) -> int:
         """Store a silence; return its id."""
@@ -93,9 +114,55 @@ def get(path: str, query: dict[str, list[str]], journal: EventReader) -> object:
     raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
 
 
-def change(
-    req: BaseHTTPRequestHandler,
+def body_length(values: list[str], *, transfer_encoding: str | None = None) -> int:
+    """The body's length from its ``Content-Length`` header(s); ApiError when it is unusable."""
+    if transfer_encoding is not None:
+        msg = "send the body with a Content-Length, not a Transfer-Encoding"
+        raise ApiError(HTTPStatus.LENGTH_REQUIRED, msg)
+    if len({v.strip() for v in values}) > 1:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "the request has conflicting Content-Length headers")
+    text = values[0].strip() if values else "0"
+    if not (text.isascii() and text.isdecimal()):
+        msg = f"Content-Length {short_repr(text, 40)} is not a number of bytes"
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+    if len(text) > len(str(MAX_BODY)) or int(text) > MAX_BODY:
+        msg = f"the request body is larger than {MAX_BODY} bytes"
+        raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, msg)
+    return int(text)
+
+
+def check_body(body: bytes, length: int) -> None:
+    """ApiError when the body read is shorter than its ``Content-Length`` said."""
+    if len(body) < length:
+        msg = f"the request body ended after {len(body)} of its {length} bytes"
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+
+
+def json_object(body: bytes, what: str) -> dict[str, Any]:
+    """``body`` as a JSON object (empty: ``{}``); ApiError says why it is not one."""
+    try:
+        data: Any = json.loads(body or b"{}")
+    except RecursionError as exc:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "body is not JSON: nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, or bytes that are no UTF-8, -16 or -32
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {str(exc)[:200]}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"{what} is a JSON object")
+    return data
+
+
+def _silence_id(text: str) -> int:
+    digits = text.isascii() and text.isdecimal() and len(text) <= len(str(MAX_ID))
+    if not digits or not 1 <= int(text) <= MAX_ID:
+        msg = f"a silence id is an integer from 1 to {MAX_ID}, not {short_repr(text, 40)}"
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+    return int(text)
+
+
+def change(  # noqa: PLR0913 - the request (method, path, body) and what it may change
+    method: str,
     path: str,
+    body: bytes,
     *,
     writer: SilenceWriter | None,
     now: float,
@@ -104,20 +171,12 @@ def change(
     """Answer a POST or DELETE on silences, or a release of a drain."""
     if writer is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this API is read-only")
-    method = req.command
-    length = int(req.headers.get("Content-Length") or 0)
-    if length > MAX_BODY:
-        raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
-    body = req.rfile.read(length) if length > 0 else b""
     if method == "POST" and path.startswith("/api/v1/drains/") and path.endswith("/release"):
         return _release(path, body, drains)
     if method == "POST" and path == "/api/v1/silences":
         return HTTPStatus.CREATED, {"id": writer.add(silence_from_json(body, now))}
     if method == "DELETE" and path.startswith("/api/v1/silences/"):
-        try:
-            silence_id = int(path.removeprefix("/api/v1/silences/"))
-        except ValueError as exc:
-            raise ApiError(HTTPStatus.BAD_REQUEST, "a silence id is an integer") from exc
+        silence_id = _silence_id(path.removeprefix("/api/v1/silences/"))
         if not writer.remove(silence_id):
             raise ApiError(HTTPStatus.NOT_FOUND, f"no silence {silence_id}")
         return HTTPStatus.OK, {"removed": silence_id}
@@ -128,11 +187,8 @@ def _release(path: str, body: bytes, drains: DrainKeeper | None) -> tuple[HTTPSt
     if drains is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "no actions are configured")
     node = unquote(path.removeprefix("/api/v1/drains/").removesuffix("/release"))
-    try:
-        data: Any = json.loads(body or b"{}")
-    except json.JSONDecodeError as exc:
-        raise ApiError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from exc
-    if not isinstance(data, dict) or set(data) - {"reason"}:
+    data = json_object(body, "a release")
+    if set(data) - {"reason"}:
         raise ApiError(HTTPStatus.BAD_REQUEST, "a release takes only a reason")
     if not drains.release(node, str(data.get("reason", ""))[:500]):
         raise ApiError(HTTPStatus.NOT_FOUND, f"fleetwatch holds no drain of {node!r}")
@@ -143,11 +199,8 @@ def silence_from_json(body: bytes, now: float) -> SilenceRow:
     """Check a silence request; ApiError says what is wrong."""
     if len(body) > MAX_BODY:
         raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
-    try:
-        data: Any = json.loads(body or b"{}")
-    except json.JSONDecodeError as exc:
-        raise ApiError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from exc
-    if not isinstance(data, dict) or set(data) - {
+    data = json_object(body, "a silence")
+    if set(data) - {
         "node",
         "rule",
         "duration",

@@ -9,16 +9,21 @@ journaled events, paged by journal id
 GET /api/v1/jobs                  training jobs with their throughput, MFU, stragglers, drops
 GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio
 
-POST and DELETE (silences, drain releases: :mod:`collector.api.incidents`) pass the
-:class:`~collector.api.auth.ChangeGuard` first: a bearer token, or loopback when none is set.
+Every request but ``/healthz`` must name the collector in ``Host`` (no DNS rebinding). POST and
+DELETE (silences, drain releases: :mod:`collector.api.incidents`) must come from no web page of
+another origin and be ``application/json`` (:mod:`collector.api.browsers`), then pass the
+:class:`~collector.api.auth.ChangeGuard`: a bearer token, or loopback when none is set.
+Connections are capped and must send their request in time (:mod:`collector.api.connections`).
+A change or drain read the event loop does not take up in time is ``503`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -26,11 +31,14 @@ import structlog
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.api import incidents as incidents_api
+from collector.api.auth import Refusal
+from collector.api.browsers import HostNames, content_type_refusal
+from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from prometheus_client.registry import CollectorRegistry
 
@@ -46,6 +54,17 @@ log = structlog.get_logger("collector.http")
 
 MAX_LIMIT: Final = 1000
 _KINDS: Final = frozenset(k.value for k in EventKind)
+# Seconds a client told the event loop is busy is asked to wait before trying again.
+BUSY_RETRY_AFTER_S: Final = 5
+# ApiError statuses that mean the request itself is wrong (counted as bad_request).
+_BAD_REQUEST: Final = frozenset(
+    {HTTPStatus.BAD_REQUEST, HTTPStatus.LENGTH_REQUIRED, HTTPStatus.REQUEST_ENTITY_TOO_LARGE}
+)
+
+
+def local_host_names() -> tuple[str, ...]:
+    """This host's own names, which the API accepts in ``Host`` without configuration."""
+    return socket.gethostname(), socket.getfqdn()
 
 
 class BadRequestError(ValueError):
@@ -153,7 +172,7 @@ def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, h
 class ApiServer:
     """Serves HTTP on a daemon thread: reads; writes only silences and drain releases."""
 
-    def __init__(  # noqa: PLR0913 - what the API reads and the two things it writes
+    def __init__(  # noqa: PLR0913 - what the API reads, the two things it writes, its limits
         self,
         *,
         host: str,
@@ -167,11 +186,16 @@ class ApiServer:
         clock: Clock | None = None,
         jobs: JobBook | None = None,
         node_flags: Callable[[], NodeFlags] = NodeFlags,
+        allowed_hosts: Iterable[str] = (),
+        local_names: Iterable[str] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
         ``guard`` decides who may make changes; ``node_flags`` says which nodes are drained,
-        draining or have a firing incident.
+        draining or have a firing incident. ``allowed_hosts`` (``http_allowed_hosts``) and
+        ``local_names`` (None: :func:`local_host_names`) are the names besides ``host`` that
+        ``Host`` may give; ``limits`` bound connections (None: the defaults).
         """
         self._guard = guard
         self._jobs = jobs
@@ -182,29 +206,45 @@ class ApiServer:
         self._silences = silences
         self._drains = drains
         self._clock = clock
+        self._hosts = HostNames.build(
+            listen_host=host,
+            allowed=allowed_hosts,
+            local_names=local_host_names() if local_names is None else local_names,
+        )
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                api.handle(self)
+        class Handler(BoundedHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+                api.serve(self, api.handle)
 
-            def do_POST(self) -> None:
-                api.handle_change(self)
+            def do_POST(self) -> None:  # noqa: N802
+                api.serve(self, api.handle_change)
 
-            def do_DELETE(self) -> None:
-                api.handle_change(self)
+            def do_DELETE(self) -> None:  # noqa: N802
+                api.serve(self, api.handle_change)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                """Quiet: requests are not worth a log line each."""
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer(
+            (host, port), Handler, limits=limits or ConnectionLimits(), refusals=guard.refusals
+        )
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful when asked for port 0)."""
         return int(self._server.server_address[1])
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """How many connections, and how long each may take; new connections use a new value."""
+        return self._server.limits
+
+    @limits.setter
+    def limits(self, limits: ConnectionLimits) -> None:
+        self._server.limits = limits
+
+    def connections(self) -> tuple[int, int]:
+        """Connections open now: (still sending their request, being answered)."""
+        return self._server.counts()
 
     def start(self) -> None:
         """Serve in the background."""
@@ -220,10 +260,65 @@ class ApiServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def handle(self, req: BaseHTTPRequestHandler) -> None:
+    @staticmethod
+    def serve(req: BoundedHandler, route: Callable[[BoundedHandler], None]) -> None:
+        """Run ``route``; a client that hung up meanwhile is one quiet log line."""
+        try:
+            route(req)
+        except ConnectionError as exc:  # BrokenPipe, ConnectionReset, ConnectionAborted
+            log.info(
+                "http_client_gone",
+                client=str(req.client_address[0]),
+                method=req.command,
+                path=urlsplit(req.path).path[:200],
+                error=type(exc).__name__,
+            )
+
+    def _refuse(
+        self,
+        req: BoundedHandler,
+        refusal: Refusal,
+        headers: dict[str, str] | None = None,
+        **detail: object,
+    ) -> None:
+        """Count and log ``refusal``, and answer it as a JSON error."""
+        self._guard.refusals.record(
+            refusal,
+            client=str(req.client_address[0]),
+            method=req.command,
+            path=urlsplit(req.path).path,
+            why=refusal.message,
+            **detail,
+        )
+        self._json(req, refusal.status, {"error": refusal.message}, headers)
+
+    def _refuse_error(self, req: BoundedHandler, exc: Exception) -> None:
+        """Answer an error raised while serving a request (re-raise a lost client)."""
+        if isinstance(exc, BadRequestError):
+            self._refuse(req, Refusal(HTTPStatus.BAD_REQUEST, "bad_request", str(exc)))
+        elif isinstance(exc, incidents_api.ApiError) and exc.status in _BAD_REQUEST:
+            self._refuse(req, Refusal(exc.status, "bad_request", str(exc)))
+        elif isinstance(exc, incidents_api.ApiError):
+            self._json(req, exc.status, {"error": str(exc)})
+        elif isinstance(exc, incidents_api.LoopBusyError):
+            refusal = Refusal(HTTPStatus.SERVICE_UNAVAILABLE, "loop_busy", str(exc))
+            retry = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
+            self._refuse(req, refusal, retry, started=exc.started)
+        else:
+            log.error("http_request_failed", path=urlsplit(req.path).path[:200], exc_info=exc)
+            self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})
+
+    def handle(self, req: BoundedHandler) -> None:
         """Route one GET request."""
+        if not req.begin_answer():
+            return
         url = urlsplit(req.path)
         path = url.path.rstrip("/") or "/"
+        if path != "/healthz":  # liveness probes may use any name; "ok" tells a page nothing
+            refusal = self._hosts.host_refusal(req.headers.get("Host"))
+            if refusal is not None:
+                self._refuse(req, refusal, host=str(req.headers.get("Host"))[:100])
+                return
         try:
             if path == "/metrics":
                 self._send(req, HTTPStatus.OK, generate_latest(self._registry), CONTENT_TYPE_LATEST)
@@ -232,13 +327,10 @@ class ApiServer:
             else:
                 status, body = self._get_json(path, parse_qs(url.query))
                 self._json(req, status, body)
-        except BadRequestError as exc:
-            self._json(req, HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-        except incidents_api.ApiError as exc:
-            self._json(req, exc.status, {"error": str(exc)})
-        except Exception as exc:
-            log.exception("http_request_failed", path=path)
-            self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error is answered; a bug as a 500
+            self._refuse_error(req, exc)
 
     def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
         if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
@@ -277,9 +369,55 @@ class ApiServer:
             return HTTPStatus.NOT_FOUND, {"error": "no actions are configured"}
         return HTTPStatus.OK, self._drains.drains()
 
-    def handle_change(self, req: BaseHTTPRequestHandler) -> None:
-        """Route a POST or DELETE (silences, drain releases) once the guard lets it through."""
+    def handle_change(self, req: BoundedHandler) -> None:
+        """Route a POST or DELETE (silences, drain releases) once every check lets it through.
+
+        In order: ``Host`` (no rebinding), ``Origin`` (no page of another origin), the guard
+        (token, or loopback), ``Content-Type`` (JSON); then the body is read and acted on.
+        """
         path = urlsplit(req.path).path.rstrip("/")
+        try:
+            length = incidents_api.body_length(
+                req.headers.get_all("Content-Length") or [],
+                transfer_encoding=req.headers.get("Transfer-Encoding"),
+            )
+        except incidents_api.ApiError as exc:
+            self._refuse_error(req, exc)
+            return
+        if not self._admit_change(req, path, length):
+            with contextlib.suppress(OSError, TimeoutError):  # closing on it would reset
+                req.read_body(length)
+            return
+        try:
+            body = req.read_body(length) if length else b""
+            if not req.begin_answer():
+                return
+            incidents_api.check_body(body, length)
+            status, answer = incidents_api.change(
+                req.command,
+                path,
+                body,
+                writer=self._silences,
+                now=self._clock.now() if self._clock is not None else 0.0,
+                drains=self._drains,
+            )
+            self._json(req, status, answer)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error is answered; a bug as a 500
+            self._refuse_error(req, exc)
+
+    def _admit_change(self, req: BoundedHandler, path: str, length: int) -> bool:
+        """Run the checks a change must pass; answer the first refusal and return False."""
+        host, origin = req.headers.get("Host"), req.headers.get("Origin")
+        refusal = self._hosts.host_refusal(host)
+        if refusal is not None:
+            self._refuse(req, refusal, host=str(host)[:100])
+            return False
+        refusal = self._hosts.origin_refusal(origin, host)
+        if refusal is not None:
+            self._refuse(req, refusal, origin=str(origin)[:100])
+            return False
         refusal = self._guard.check(
             client=str(req.client_address[0]),
             authorization=req.headers.get("Authorization"),
@@ -291,21 +429,12 @@ class ApiServer:
                 {"WWW-Authenticate": "Bearer"} if refusal.status == HTTPStatus.UNAUTHORIZED else {}
             )
             self._json(req, refusal.status, {"error": refusal.message}, extra)
-            return
-        try:
-            status, answer = incidents_api.change(
-                req,
-                path,
-                writer=self._silences,
-                now=self._clock.now() if self._clock is not None else 0.0,
-                drains=self._drains,
-            )
-            self._json(req, status, answer)
-        except incidents_api.ApiError as exc:
-            self._json(req, exc.status, {"error": str(exc)})
-        except Exception as exc:
-            log.exception("http_request_failed", path=path)
-            self._json(req, HTTPStatus.INTERNAL_SERVER_ERROR, {"error": type(exc).__name__})
+            return False
+        refusal = content_type_refusal(req.command, req.headers.get("Content-Type"), length)
+        if refusal is not None:
+            self._refuse(req, refusal)
+            return False
+        return True
 
     def _events(self, query: dict[str, list[str]]) -> dict[str, Any]:
         kind = query.get("kind", [None])[-1]
@@ -330,7 +459,7 @@ class ApiServer:
 
     def _json(
         self,
-        req: BaseHTTPRequestHandler,
+        req: BoundedHandler,
         status: HTTPStatus,
         body: object,
         headers: dict[str, str] | None = None,
@@ -340,7 +469,7 @@ class ApiServer:
 
     @staticmethod
     def _send(
-        req: BaseHTTPRequestHandler,
+        req: BoundedHandler,
         status: HTTPStatus,
         data: bytes,
         ctype: str,

@@ -8,10 +8,12 @@ again, and silences are loaded before the first evaluation.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import structlog
 
+from collector.api.incidents import LoopBusyError
 from collector.store.incidents import IncidentRow, SilenceRow
 from fleetwatch.clock import wait_for_event
 from rules.engine import Incident, Phase
@@ -259,10 +261,41 @@ class IncidentService:
                 self._act(row.id, self.sink.resolve(row, rule))
 
 
+class _Handoff:
+    """Whether a coroutine handed to the loop began, or its caller gave up on it first."""
+
+    __slots__ = ("_lock", "_state")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "waiting"
+
+    def begin(self) -> bool:
+        """On the loop: True when the caller still waits (the work may begin)."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "begun"
+            return self._state == "begun"
+
+    def give_up(self) -> bool:
+        """On the caller's thread: True when the work had not begun (and now never will)."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "abandoned"
+            return self._state == "abandoned"
+
+
 class _LoopBridge:
-    """Runs coroutines on the collector's event loop for the HTTP server's threads."""
+    """Runs coroutines on the collector's event loop for the HTTP server's threads.
+
+    A thread waits at most :attr:`wait_s` for the loop: a loop busy for longer (a long tick, a
+    GC pause, a slow disk) makes the call raise LoopBusyError, which the API answers with 503,
+    well before its clients give up (the CLI waits 10 s). Work the loop had not begun by then
+    never runs, so a refused change is not made later behind the client's back.
+    """
 
     what = "this bridge"
+    wait_s: float = 4.0
 
     def __init__(self) -> None:
         """Bind to the running loop with :meth:`bind` before use."""
@@ -277,7 +310,25 @@ class _LoopBridge:
             coro.close()
             msg = f"{self.what} is not bound to a running collector"
             raise RuntimeError(msg)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+        handoff = _Handoff()
+
+        async def run() -> T | None:
+            if not handoff.begin():
+                coro.close()  # the caller gave up before the loop came to it
+                return None
+            return await coro
+
+        try:
+            future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        except RuntimeError:  # the loop is closed: the collector is stopping
+            coro.close()
+            raise LoopBusyError(self.what, waited_s=0.0, started=False) from None
+        try:
+            result = future.result(timeout=self.wait_s)
+        except TimeoutError:
+            started = not handoff.give_up()
+            raise LoopBusyError(self.what, waited_s=self.wait_s, started=started) from None
+        return result  # type: ignore[return-value]  # None only when given up, and then not here
 
 
 class SilenceBook(_LoopBridge):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig
+from collector.api.connections import ConnectionLimits
 from collector.config import CollectorConfig
 from fleetwatch.cli_config import DEFAULT_FILES
 
@@ -148,6 +149,13 @@ class TestUnitsMatchTheCode:
         assert collector["CapabilityBoundingSet"] == [""]
         assert collector["PrivateDevices"] == ["yes"]
         assert "AF_NETLINK" not in collector["RestrictAddressFamilies"][0].split()
+
+    def test_the_collector_may_open_a_file_per_node_and_connection(self):
+        """LimitNOFILE covers two gRPC streams per node (a reconnecting fleet's old ones still
+        closing) at the 4,096 nodes one collector was measured to carry, the HTTP API's
+        connection cap and headroom; systemd's default soft limit (1024) does not."""
+        [limit] = settings("collector")["LimitNOFILE"]
+        assert int(limit) >= 2 * 4096 + ConnectionLimits().max_connections + 256
 
 
 class TestSysusers:
