@@ -762,8 +762,13 @@ _COLLECTOR = _specs(
             "",
             ("reason",),
             (
-                "HTTP API changes refused, by reason: missing_token, bad_token (401); "
-                "no_token_configured, not_loopback (403)."
+                "HTTP API requests refused, by reason: a change without the right token "
+                "(missing_token, bad_token: 401; no_token_configured, not_loopback: 403); what a "
+                "web page could send (bad_host: Host not the collector's, cross_origin: 403; "
+                "not_json: 415); bad_request (400, 411, 413, a malformed request); connections "
+                "closed too slow to send their request (read_timeout), closed for a newcomer at "
+                "the cap (evicted) or refused at the cap (too_many_connections: 503); loop_busy "
+                "(503: the event loop did not take the request up in time)."
             ),
         ),
     ],
