@@ -228,7 +228,7 @@ class ConditionTypes:
     """Compiles conditions against the typed variables of each scope; see the module's doc."""
 
     def __init__(self, scope_variables: Mapping[Scope, Sequence[str]]) -> None:
-        """Build one environment per scope and number typing (about 20 ms in all)."""
+        """Build one environment per scope and way of typing numbers (a few ms in all)."""
         functions = _check_functions()
         self._envs: dict[str, dict[Scope, cel.Env]] = {}
         for numbers in _NUMBERS:
