@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agent.backoff import Backoff
     from agent.changes import LiveSamples
     from agent.intervals import Intervals
-    from agent.job_socket import JobQueue
+    from agent.job_socket import JobQueue, JobSocket
     from agent.link import CollectorLink
     from agent.outbox import Outbox
     from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
@@ -206,9 +206,9 @@ class Agent:
         samples[node, "agent_spool_write_errors"] = 0 if spool is None else spool.write_errors
         samples[node, "agent_spool_damaged"] = 0 if spool is None else spool.damaged
         samples[node, "agent_telemetry_dropped"] = 0 if self.jobs is None else self.jobs.dropped
-        if self.jobs is not None:
-            samples[node, "agent_job_reports"] = self.jobs.received
-            samples[node, "agent_job_reports_lost"] = self.jobs.lost
+        if self.jobs is not None:  # received, lost, and refused by reason
+            for signal, count in self.jobs.samples().items():
+                samples[node, signal] = count
         self.live.update(result.samples)
         if result.events:
             self.live.changed.set()  # the sender sends what the outbox holds when woken
@@ -219,7 +219,7 @@ class Agent:
             self.jobs.shed(self.outbox.budget.telemetry)
         samples.update(limits.samples(self.intervals.poll))
 
-    async def _open_job_socket(self) -> asyncio.DatagramTransport | None:
+    async def _open_job_socket(self) -> JobSocket | None:
         """Listen for step reports; a socket that cannot be bound is logged, not fatal."""
         if self.jobs is None or self._job_socket is None:
             return None

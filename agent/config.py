@@ -10,6 +10,7 @@ from typing import Any
 from agent.budget import DEFAULT_MAX_BYTES
 from agent.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
 from agent.exceptions import ConfigError
+from agent.job_claims import MAX_JOBS_PER_UID as DEFAULT_JOBS_PER_UID
 from agent.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
 from fleetwatch.config_file import (
     check_log_level,
@@ -59,6 +60,9 @@ class AgentConfig:
     # Training ranks send step reports here (fleetwatch.jobclient); None: take none.
     job_socket: Path | None = Path("/run/fleetwatch/jobs.sock")
     job_socket_mode: int = 0o666  # every local user's job may report
+    # Job ids one uid may report for at once on this node outside Slurm jobs and pods (the node
+    # takes 4 times this from all of them); docs/jobs.md.
+    jobs_per_uid: int = DEFAULT_JOBS_PER_UID
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
@@ -72,6 +76,9 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
+        check_number(
+            self.jobs_per_uid, "jobs_per_uid", ConfigError, minimum=1, inclusive=True, integer=True
+        )
         for key in (
             "poll_interval",
             "heartbeat_interval",

@@ -17,9 +17,11 @@ from agent.collector_list import start_index
 from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import SourceError
 from agent.intervals import Intervals
+from agent.job_claims import SenderCheck
 from agent.job_socket import JobQueue
 from agent.link import CollectorLink
 from agent.outbox import Outbox
+from agent.peer_identity import PeerResolver
 from agent.sampler import Sampler
 from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
@@ -156,7 +158,10 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     live = LiveSamples()
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
     commands = CommandRunner(sampler, hardware.gpu_reset)
-    jobs = JobQueue(budget=budget) if cfg.job_socket is not None else None
+    jobs = None
+    if cfg.job_socket is not None:  # senders are looked up in the real /proc (their cgroups)
+        senders = SenderCheck(PeerResolver(cfg.proc_root), clock, jobs_per_uid=cfg.jobs_per_uid)
+        jobs = JobQueue(budget=budget, senders=senders)
     if jobs is not None:
         budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
     link = CollectorLink(

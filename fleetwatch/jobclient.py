@@ -4,7 +4,7 @@ Call :func:`report_step` once per step from every rank of a training job::
 
     from fleetwatch.jobclient import report_step
 
-    report_step("llama-72b-run7", rank, step, step_time=dt, tokens=tokens_this_rank,
+    report_step(None, rank, step, step_time=dt, tokens=tokens_this_rank,
                 compute_time=compute_dt, world_size=world_size, params=72e9)
 
 It sends one small datagram to the agent's Unix socket and returns at once. It never blocks the
@@ -14,6 +14,10 @@ nothing but its own visibility.
 
 What to pass:
 
+- ``job``: the job's id. None (or "") takes the scheduler's: ``$SLURM_JOB_ID``, else
+  ``$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``; its default ``none`` is not an id). Under
+  Slurm the agent accepts only the Slurm job id, which it reads from the rank's cgroup; it fills
+  it in when the report names no job.
 - ``tokens``: this rank's share of the step's global batch (global tokens / world size), so that
   the sum over ranks is the job's tokens per step.
 - ``compute_time``: the part of ``step_time`` spent computing, without waiting in collectives.
@@ -45,7 +49,8 @@ import threading
 import time
 
 DEFAULT_SOCKET = "/run/fleetwatch/jobs.sock"
-MAX_DATAGRAM = 2048
+MAX_DATAGRAM = 2048  # the agent refuses longer datagrams
+_NOT_AN_ID = frozenset({"", "none"})  # torchrun's default --rdzv-id
 
 _lock = threading.Lock()
 _sockets: dict[int, socket.socket] = {}  # by pid: a forked child opens its own
@@ -89,6 +94,14 @@ def _default_gpu() -> int | str | None:
     return int(local)
 
 
+def _default_job() -> str | None:
+    for name in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(name, "").strip()
+        if value.lower() not in _NOT_AN_ID:
+            return value
+    return None
+
+
 def _number(value: float | None) -> float | None:
     if value is None:
         return None
@@ -97,7 +110,7 @@ def _number(value: float | None) -> float | None:
 
 
 def report_step(  # noqa: PLR0913 - one call carries the whole report, all but four optional
-    job: str,
+    job: str | None,
     rank: int,
     step: int,
     step_time: float,
@@ -115,7 +128,6 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
     try:
         report: dict[str, object] = {
             "v": 1,
-            "job": str(job),
             "rank": int(rank),
             "step": int(step),
             "step_time": _number(step_time),
@@ -123,6 +135,7 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
             "time": time.time(),
         }
         optional: dict[str, object] = {
+            "job": str(job) if job else _default_job(),
             "compute_time": _number(compute_time),
             "gpu": gpu if gpu is not None else _default_gpu(),
             "world_size": int(world_size) if world_size is not None else None,

@@ -149,6 +149,20 @@ _NODES = _specs(
             ),
         ),
         (
+            "fleetwatch_agent_job_reports_refused_total",
+            "counter",
+            "",
+            (*NODE, "reason"),
+            (
+                "Step reports the node's agent refused, by reason: what the datagram says "
+                "(too_large, not_json, version, missing_field, bad_type, bad_value, "
+                "unknown_gpu) or who sent it (no_credentials, sender_gone, job_mismatch: not "
+                "the sender's Slurm job; job_owned: another owner holds the job id on the "
+                "node; uid_jobs_full, pod_jobs_full, node_jobs_full: the node's bounds on "
+                "job ids). Only reasons seen on the node appear."
+            ),
+        ),
+        (
             "fleetwatch_agent_spool_bytes",
             "gauge",
             "bytes",
@@ -614,6 +628,18 @@ _JOBS = _specs(
             "A straggling rank's compute time over the job's median, minus 1 (stragglers only).",
         ),
         ("fleetwatch_job_reports_total", "counter", "", (), "Step reports taken into jobs."),
+        (
+            "fleetwatch_job_reports_refused_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "Step reports the collector refused, by reason: max_jobs (the job table is "
+                "full), uid_jobs (the sender's uid holds its share of it), owner_mismatch "
+                "(another Slurm job or uid reports the job), rank_held (another node holds "
+                "the rank)."
+            ),
+        ),
     ],
 )
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
+from agent.job_report import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
 from agent.poll_ib import RATE_HW_COUNTERS
 from collector.api.auth import REASONS
 from collector.export.catalog import BY_NAME, NODE_STATES, families
@@ -168,17 +169,24 @@ class _Families:
         f["fleetwatch_node_info"].add_metric([n, node.agent_version, node.driver_version], 1)
         for kind, count in sorted(node.events.items()):
             f["fleetwatch_node_events_total"].add_metric([n, kind], count)
-        signals = node.signals  # the scrape's own snapshot: no copy needed
+        self.add_agent(n, node.signals)  # the scrape's own snapshot: no copy needed
+        for gpu in sorted(node.gpus.values(), key=lambda g: g.index):
+            self.add_gpu([n, str(gpu.index)], gpu)
+        for port in node.ports.values():
+            self.add_port([n, port.device, str(port.port)], port)
+
+    def add_agent(self, n: str, signals: Mapping[str, SampleValue]) -> None:
+        """The node agent's own health, as its signals tell it."""
+        f = self.f
         for metric, signal in AGENT_SIGNALS:
             if (value := _number(signals, signal)) is not None:
                 f[metric].add_metric([n], value)
         for source in AGENT_SOURCES:
             if (value := _number(signals, f"agent_source_errors_{source}")) is not None:
                 f["fleetwatch_agent_source_errors_total"].add_metric([n, source], value)
-        for gpu in sorted(node.gpus.values(), key=lambda g: g.index):
-            self.add_gpu([n, str(gpu.index)], gpu)
-        for port in node.ports.values():
-            self.add_port([n, port.device, str(port.port)], port)
+        for reason in REFUSAL_REASONS:
+            if (value := _number(signals, REFUSED_SIGNAL_PREFIX + reason)) is not None:
+                f["fleetwatch_agent_job_reports_refused_total"].add_metric([n, reason], value)
 
     def add_gpu(self, labels: list[str], gpu: GpuState) -> None:
         f = self.f

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.registry import Collector
 
 from collector.export.catalog import BY_NAME, families
+from collector.jobs.book import REFUSALS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -72,4 +73,7 @@ class JobsCollector(Collector):
                         labels, rank["compute_ratio"] - 1
                     )
         f["fleetwatch_job_reports_total"].add_metric([], self._jobs.reports)
+        refused = self._jobs.refusals()
+        for reason in REFUSALS:
+            f["fleetwatch_job_reports_refused_total"].add_metric([reason], refused[reason])
         yield from f.values()

@@ -9,6 +9,7 @@ under the lock.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -49,6 +50,22 @@ EVIDENCE_LEAD_S: Final = 60.0  # a fault shows in the hardware a little before t
 RECENT_STEPS: Final = 20  # throughput and step time are figured over this many finished steps
 PRIOR_PER_S: Final = PRIOR_FAILURES_PER_NODE_DAY / 86400.0
 NO_RANK: Final[dict[str, Any]] = {}
+# Why a step report is refused: the job table is full; the sender's uid holds its share of it;
+# another owner (Slurm job or uid) reports the job; another node holds the rank.
+REFUSALS: Final = ("max_jobs", "uid_jobs", "owner_mismatch", "rank_held")
+LOG_EVERY: Final = 1000
+SLURM_OWNER: Final = "Slurm job "
+
+
+def owner_of(step: pb.JobStep) -> str:
+    """Who sent a step, as its agent learned from the kernel ("" from an agent too old to say)."""
+    if step.scheduler_job.startswith("slurm:"):
+        return SLURM_OWNER + step.scheduler_job.removeprefix("slurm:")
+    if not step.HasField("sender_uid"):
+        return ""
+    if step.scheduler_job:
+        return f"pods of uid {step.sender_uid}"
+    return f"uid {step.sender_uid}"
 
 
 @dataclass(slots=True)
@@ -81,7 +98,8 @@ class JobBook:
         self._published: list[dict[str, Any]] = []
         self._published_ranks: dict[str, list[dict[str, Any]]] = {}
         self.reports = 0
-        self.reports_refused = 0  # new jobs beyond max_jobs
+        self.refused: Counter[str] = Counter()  # by reason (REFUSALS)
+        self._uid_jobs: Counter[int] = Counter()
         self.agent_lost: dict[str, int] = {}  # reports each node's agent dropped
         # Told when a job finished steps, with the GPUs whose rank started or stopped
         # straggling (the rules evaluator looks at the job and those GPUs again).
@@ -97,13 +115,9 @@ class JobBook:
             self.agent_lost[node] = report.dropped
             self._failures.setdefault(node, _NodeFailures(now))
             for step in report.steps:
-                job = self.jobs.get(step.job_id)
+                job = self._job_for(node, step, now, unix)
                 if job is None:
-                    if len(self.jobs) >= self.config.max_jobs:
-                        self.reports_refused += 1
-                        continue
-                    job = self.jobs[step.job_id] = JobState(step.job_id, self.config, now, unix)
-                    log.info("job_seen", job=step.job_id, node=node, rank=step.rank)
+                    continue
                 self.reports += 1
                 self._placement.setdefault((node, step.gpu_uuid), set()).add(
                     (step.job_id, step.rank),
@@ -113,6 +127,72 @@ class JobBook:
             told = [(job.job_id, self._straggling_changed(job)) for job in changed.values()]
         for job_id, gpus in told:
             self.on_change(job_id, gpus)
+
+    @property
+    def reports_refused(self) -> int:
+        """Step reports refused for any reason."""
+        return sum(self.refused.values())
+
+    def refusals(self) -> Counter[str]:
+        """Refused step reports by reason, copied under the lock (any thread)."""
+        with self._lock:
+            return self.refused.copy()
+
+    def _job_for(self, node: str, step: pb.JobStep, now: float, unix: float) -> JobState | None:
+        """The job this step may go into, or None when it is refused (counted and logged)."""
+        owner = owner_of(step)
+        job = self.jobs.get(step.job_id)
+        if job is not None and owner and job.owner and owner != job.owner:
+            if not owner.startswith(SLURM_OWNER) or job.owner.startswith(SLURM_OWNER):
+                self._refuse("owner_mismatch", node, step, owner=owner, holder=job.owner)
+                return None
+            # The scheduler's word beats a uid that reported the job id first: start afresh.
+            log.warning("job_owner_replaced", job=step.job_id, owner=owner, previous=job.owner)
+            self._forget(step.job_id)
+            job = None
+        if job is None:
+            uid = step.sender_uid if step.HasField("sender_uid") else None
+            if len(self.jobs) >= self.config.max_jobs:
+                self._refuse("max_jobs", node, step, owner=owner)
+                return None
+            if uid is not None and self._uid_jobs[uid] >= self.config.jobs_per_uid:
+                self._refuse("uid_jobs", node, step, owner=owner)
+                return None
+            job = self.jobs[step.job_id] = JobState(step.job_id, self.config, now, unix)
+            log.info("job_seen", job=step.job_id, node=node, rank=step.rank, owner=owner)
+        if owner and not job.owner:  # the first report from an agent that can tell
+            job.owner = owner
+            if step.HasField("sender_uid"):
+                job.uid = step.sender_uid
+                self._uid_jobs[step.sender_uid] += 1
+        holder = job.holder_elsewhere(node, step, now, self.config.idle_after_s)
+        if holder:
+            self._refuse("rank_held", node, step, owner=owner, holder=holder)
+            return None
+        return job
+
+    def _refuse(self, reason: str, node: str, step: pb.JobStep, **why: str) -> None:
+        self.refused[reason] += 1
+        count = self.refused[reason]
+        if count == 1 or count % LOG_EVERY == 0:
+            log.warning(
+                "job_report_refused",
+                reason=reason,
+                node=node,
+                job=step.job_id,
+                rank=step.rank,
+                count=count,
+                **why,
+            )
+
+    def _forget(self, job_id: str) -> None:
+        job = self.jobs.pop(job_id)
+        if job.uid is not None:
+            self._uid_jobs[job.uid] -= 1
+            if self._uid_jobs[job.uid] <= 0:
+                del self._uid_jobs[job.uid]
+        self._diagnoses.pop(job_id, None)
+        self._flagged.pop(job_id, None)
 
     def _straggling_changed(self, job: JobState) -> list[tuple[str, str]]:
         """(node, GPU) of the ranks that started or stopped straggling since last asked."""
@@ -136,9 +216,7 @@ class JobBook:
                 for j, job in self.jobs.items()
                 if now - job.last_seen > self.config.forget_after_s
             ]:
-                del self.jobs[job_id]
-                self._diagnoses.pop(job_id, None)
-                self._flagged.pop(job_id, None)
+                self._forget(job_id)
                 log.info("job_forgotten", job=job_id)
             self._placement = {
                 key: kept

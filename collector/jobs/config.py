@@ -17,6 +17,7 @@ _POSITIVE = (
     "checkpoint_overdue_factor",
     "idle_after_s",
     "forget_after_s",
+    "uid_job_share",
 )
 _COUNTS = (
     "straggler_window_steps",
@@ -50,6 +51,8 @@ class JobsConfig:
     forget_after_s: float = 3600.0
     max_jobs: int = 1000
     max_ranks: int = 100_000
+    # One uid's jobs may hold at most this share of max_jobs (Slurm jobs count for their uid).
+    uid_job_share: float = 0.1
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -68,6 +71,14 @@ class JobsConfig:
             if getattr(self, key) >= 1:
                 msg = f"collector.jobs: {key} is a share and must be below 1"
                 raise ConfigError(msg)
+        if self.uid_job_share > 1:
+            msg = "collector.jobs: uid_job_share is a share of max_jobs and must be at most 1"
+            raise ConfigError(msg)
+
+    @property
+    def jobs_per_uid(self) -> int:
+        """How many jobs one uid's reports may hold at once."""
+        return max(1, int(self.max_jobs * self.uid_job_share))
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> JobsConfig:

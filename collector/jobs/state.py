@@ -39,6 +39,7 @@ class RankState:
     step_time_s: float = 0.0
     compute_time_s: float | None = None
     last_seen: float = 0.0  # monotonic
+    last_report_ms: int = 0  # the rank's own time of its last report (Unix ms)
 
 
 @dataclass(slots=True)
@@ -72,6 +73,10 @@ class JobState:
     def __init__(self, job_id: str, config: JobsConfig, now: float, now_unix: float) -> None:
         """A job first heard of at ``now`` (monotonic) / ``now_unix``."""
         self.job_id = job_id
+        # Who reports it, from what the agents learned from the kernel ("Slurm job 1234",
+        # "uid 1000", "pods of uid 1000"; "" while only agents too old to tell have reported).
+        self.owner = ""
+        self.uid: int | None = None
         self.first_seen = now
         self.first_seen_unix = now_unix
         self.last_seen = now
@@ -117,6 +122,22 @@ class JobState:
         """The nodes the job's ranks run on."""
         return {r.node for r in self.ranks.values()}
 
+    def holder_elsewhere(self, node: str, report: pb.JobStep, now: float, live_s: float) -> str:
+        """The node that holds this report's rank if it may not move to ``node``, else "".
+
+        A rank does not move nodes while its holder reported it within ``live_s``, unless the
+        job restarted: a new world size, or a reporting process that started after the
+        holder's last report (the agent takes the start from the kernel).
+        """
+        rank = self.ranks.get(report.rank)
+        if rank is None or rank.node == node or now - rank.last_seen > live_s:
+            return ""
+        if report.world_size and self.world_size and report.world_size != self.world_size:
+            return ""
+        if rank.last_report_ms and report.sender_start_unix_ms > rank.last_report_ms:
+            return ""
+        return rank.node
+
     def take(self, node: str, report: pb.JobStep, now: float) -> list[FinishedStep]:
         """Add one rank's step report; return the steps it finished (oldest first)."""
         self.last_seen = now
@@ -137,6 +158,7 @@ class JobState:
         if report.step + RESTART_LAG < self._floor:
             self._restart()  # the job went back to a checkpoint
         rank.step, rank.step_time_s, rank.last_seen = report.step, report.step_time_s, now
+        rank.last_report_ms = report.time_unix_ms
         compute = report.compute_time_s if report.HasField("compute_time_s") else None
         rank.compute_time_s = compute
         if report.step <= self._floor:

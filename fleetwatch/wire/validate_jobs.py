@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from fleetwatch.wire.validate import Inventory
 
 JOB_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,127}")
+# A rank's datagram to the agent's job socket (docs/jobs.md); longer ones are refused whole.
+MAX_DATAGRAM_BYTES: Final = 2048
+# Who sent a step, as the agent found it in the sender's cgroup: a Slurm job or a pod's UID.
+SCHEDULER_JOB: Final = re.compile(
+    r"slurm:[0-9]{1,20}|k8s:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)
 MAX_STEPS_PER_REPORT: Final = 10_000
 MAX_RANKS: Final = 1_000_000
 MAX_STEP: Final = 2**53
@@ -69,6 +75,16 @@ def validate_job_step(step: pb.JobStep, inventory: Inventory | None = None) -> N
         _bounded(step.flops_per_token, 0.0, MAX_FLOPS_PER_TOKEN),
         where,
         f"flops_per_token {step.flops_per_token} out of range",
+    )
+    _check(
+        not step.scheduler_job or SCHEDULER_JOB.fullmatch(step.scheduler_job) is not None,
+        where,
+        f"scheduler_job {step.scheduler_job[:80]!r} must be slurm:<job id> or k8s:<pod uid>",
+    )
+    _check(
+        0 <= step.sender_start_unix_ms < MAX_STEP,
+        where,
+        f"sender_start_unix_ms {step.sender_start_unix_ms} out of range",
     )
     start, end = step.checkpoint_start_unix_ms, step.checkpoint_end_unix_ms
     _check(

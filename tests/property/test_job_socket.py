@@ -8,7 +8,8 @@ import json
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.job_socket import JobQueue, JobReportError, parse_report, unsent_count
+from agent.job_report import JobReportError, parse_report, unsent_count
+from agent.job_socket import JobQueue
 from agent.sampler import NodeInventory
 from agent.sources.nvml import GpuIdentity
 from fleetwatch.wire.validate_jobs import validate_job_step

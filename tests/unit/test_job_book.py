@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from collector.exceptions import ConfigError
+from collector.export.jobs import JobsCollector
 from collector.incidents.evaluator import Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
@@ -604,6 +605,159 @@ def test_a_forgotten_job_frees_its_place():
     assert w.book.reports_refused == 0
 
 
+# ---- who may report: owners, ranks that hold their node, each uid's share ----------------------
+
+
+def send(w: World, node: str, rank: int, step: int, *, job: str = "j", **fields: Any) -> None:
+    """One step of ``rank`` as ``node``'s agent forwards it (with what it learned of the sender)."""
+    values: dict[str, Any] = {
+        "job_id": job,
+        "rank": rank,
+        "step": step,
+        "time_unix_ms": int(w.clock.now() * 1000),
+        "step_time_s": 1.0,
+        "compute_time_s": 0.8,
+        "tokens": 1000.0,
+        "gpu_uuid": uuid(node, rank % w.gpus),
+        "world_size": w.ranks,
+    }
+    values.update(fields)
+    w.book.ingest(node, pb.JobReport(steps=[pb.JobStep(**values)]))
+
+
+def run_as(w: World, steps: range, uid: int, **fields: Any) -> None:
+    """Every rank reports each step from its own node, sent by processes of ``uid``."""
+    for step in steps:
+        for rank in range(w.ranks):
+            send(w, w.place(rank)[0], rank, step, sender_uid=uid, **fields)
+        w.clock.advance(1.0)
+
+
+def test_another_uid_cannot_report_for_a_job_and_is_counted():
+    """The impersonation of issue 18: uid 2002's reports for ranks of uid 2001's job, with half
+    the step time, from a node the job does not run on, are refused; nothing moves, nobody
+    straggles, and the attacker alone cannot keep the job active after it stopped."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=4)
+    run_as(w, range(30), uid=2001)
+    for step in range(30, 60):
+        for rank in range(4):  # node-b's ranks, claimed from node-a at twice the speed
+            send(w, "node-a", rank, step, sender_uid=2002, compute_time_s=0.4, step_time_s=0.5)
+        for rank in range(8):
+            send(w, w.place(rank)[0], rank, step, sender_uid=2001)
+        w.clock.advance(1.0)
+    job = w.book.jobs["j"]
+    assert w.book.refused == {"owner_mismatch": 30 * 4}
+    assert {r: job.ranks[r].node for r in range(4)} == dict.fromkeys(range(4), "node-a")
+    assert w.job()["stragglers"] == 0
+    assert job.owner == "uid 2001"
+    assert w.book.refusals() == {"owner_mismatch": 120}
+    for step in range(60, 60 + 700):  # the owner stopped; the attacker goes on
+        send(w, "node-b", 4, step, sender_uid=2002)
+        w.clock.advance(1.0)
+    assert w.job()["active"] is False
+
+
+def test_a_rank_does_not_move_to_another_node_mid_job():
+    """A report for a rank another node holds is refused (rank_held), even from the same uid."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    run_as(w, range(5), uid=2001)
+    send(w, "node-b", 0, 5, sender_uid=2001)
+    assert w.book.refused == {"rank_held": 1}
+    assert w.book.jobs["j"].ranks[0].node == "node-a"
+    assert w.book.rank_on("node-a", uuid("node-a", 0))["rank"] == 0
+
+
+def test_a_restart_with_a_new_world_size_may_move_ranks():
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    run_as(w, range(5), uid=2001)
+    send(w, "node-b", 0, 0, sender_uid=2001, world_size=2)
+    assert w.book.refused == {}
+    assert w.book.jobs["j"].ranks[0].node == "node-b"
+
+
+def test_a_rank_process_started_after_the_holders_last_report_may_move():
+    """The agent stamps each step with its sender's start (from the kernel): a rank process that
+    started after the holder last reported is the job restarted elsewhere; one that ran all the
+    while is not."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    run_as(w, range(5), uid=2001)
+    last = w.book.jobs["j"].ranks[0].last_report_ms
+    send(w, "node-b", 0, 5, sender_uid=2001, sender_start_unix_ms=last - 60_000)
+    assert w.book.refused == {"rank_held": 1}
+    w.clock.advance(30.0)
+    send(w, "node-b", 0, 0, sender_uid=2001, sender_start_unix_ms=last + 20_000)
+    assert w.book.jobs["j"].ranks[0].node == "node-b"
+    assert w.book.refused == {"rank_held": 1}
+
+
+def test_a_rank_whose_holder_went_quiet_may_move():
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    run_as(w, range(5), uid=2001)
+    for rank in (1, 2, 3):
+        send(w, w.place(rank)[0], rank, 5, sender_uid=2001)
+    w.clock.advance(w.book.config.idle_after_s + 1)
+    send(w, "node-b", 0, 6, sender_uid=2001)
+    assert w.book.jobs["j"].ranks[0].node == "node-b"
+    assert w.book.refused == {}
+
+
+def test_a_slurm_job_takes_its_id_back_from_a_uid_that_reported_it_first():
+    """A uid outside the Slurm job reported job id 1234 first; the job's own reports (the agent
+    read Slurm job 1234 in their cgroup) start it afresh, and the uid is refused from then on."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=2)
+    run_as(w, range(3), uid=2002, job_id="1234")
+    slurm = {"sender_uid": 2001, "scheduler_job": "slurm:1234"}
+    began = w.clock.monotonic()
+    run_as(w, range(3), uid=2001, job_id="1234", scheduler_job="slurm:1234")
+    job = w.book.jobs["1234"]
+    assert job.owner == "Slurm job 1234"
+    assert job.first_seen == began  # afresh: nothing of the uid's reports is kept
+    send(w, "node-a", 0, 3, job="1234", sender_uid=2002)
+    send(w, "node-a", 0, 3, job="1234", sender_uid=2001)  # the user, outside the job
+    assert w.book.refused == {"owner_mismatch": 2}
+    send(w, "node-a", 0, 3, job="1234", **slurm)
+    assert w.book.refused == {"owner_mismatch": 2}
+
+
+def test_one_uid_holds_at_most_its_share_of_max_jobs():
+    """uid_job_share of max_jobs (2 of 20 here): the flood's third job is refused; another uid's
+    job still gets in; a report from an agent too old to say who sent it is not held to it."""
+    w = make_world(config=JobsConfig(max_jobs=20, uid_job_share=0.1))
+    for i in range(1100):
+        send(w, "node-a", 0, 1, job=f"fake-{i}", sender_uid=2002)
+    assert sorted(w.book.jobs) == ["fake-0", "fake-1"]
+    assert w.book.refused == {"uid_jobs": 1098}
+    send(w, "node-a", 1, 1, job="real", sender_uid=2001)
+    send(w, "node-a", 1, 1, job="old-agent")
+    assert sorted(w.book.jobs) == ["fake-0", "fake-1", "old-agent", "real"]
+
+
+def test_a_forgotten_job_gives_its_uid_its_share_back():
+    w = make_world(config=JobsConfig(max_jobs=10, uid_job_share=0.1))
+    send(w, "node-a", 0, 1, job="first", sender_uid=2002)
+    send(w, "node-a", 0, 1, job="second", sender_uid=2002)
+    assert w.book.refused == {"uid_jobs": 1}
+    w.clock.advance(w.book.config.forget_after_s + 1)
+    w.book.expire()
+    send(w, "node-a", 0, 1, job="second", sender_uid=2002)
+    assert sorted(w.book.jobs) == ["second"]
+
+
+def test_refusals_are_exported_by_reason():
+    w = make_world(config=JobsConfig(max_jobs=1))
+    send(w, "node-a", 0, 1, job="a", sender_uid=2001)
+    send(w, "node-a", 0, 1, job="b", sender_uid=2001)
+    send(w, "node-b", 0, 2, job="a", sender_uid=2001)
+    families = {f.name: f for f in JobsCollector(w.book).collect()}
+    refused = families["fleetwatch_job_reports_refused"]
+    assert {s.labels["reason"]: s.value for s in refused.samples if s.name.endswith("_total")} == {
+        "max_jobs": 1.0,
+        "uid_jobs": 0.0,
+        "owner_mismatch": 0.0,
+        "rank_held": 1.0,
+    }
+
+
 @pytest.mark.parametrize(
     ("values", "key"),
     [
@@ -615,6 +769,8 @@ def test_a_forgotten_job_frees_its_place():
         ({"idle_after_s": True}, "idle_after_s"),
         ({"max_jobs": 2.5}, "max_jobs"),
         ({"max_ranks": "10"}, "max_ranks"),
+        ({"uid_job_share": 0}, "uid_job_share"),
+        ({"uid_job_share": 1.5}, "uid_job_share"),
     ],
 )
 def test_jobs_config_refuses_bad_values_naming_the_key(values, key):

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.job_socket import (
-    JobQueue,
-    JobReportError,
-    bind_job_socket,
-    parse_report,
-    serve_job_socket,
-)
+from agent.job_report import JobReportError, parse_report
+from agent.job_socket import JobQueue, bind_job_socket, serve_job_socket
 from agent.sampler import NodeInventory
 from agent.sources.nvml import GpuIdentity
 from fleetwatch import jobclient
@@ -70,7 +65,13 @@ def reason_of(data: bytes) -> str:
 def _clean_client(monkeypatch):
     """Each test starts with nothing unsent and no rank environment."""
     jobclient._unsent[0] = 0
-    for name in ("LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "FLEETWATCH_JOB_SOCKET"):
+    for name in (
+        "LOCAL_RANK",
+        "CUDA_VISIBLE_DEVICES",
+        "FLEETWATCH_JOB_SOCKET",
+        "SLURM_JOB_ID",
+        "TORCHELASTIC_RUN_ID",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -282,7 +283,7 @@ def test_reject_counts_by_reason_and_lost_sums_everything():
     for reason in ("not_json", "not_json", "unknown_gpu"):
         queue.reject(JobReportError(reason, "x"))
     queue.unsent = 5
-    assert queue.invalid == {"not_json": 2, "unknown_gpu": 1}
+    assert queue.refused == {"not_json": 2, "unknown_gpu": 1}
     assert queue.lost == 5 + 1 + 3
 
 
@@ -384,7 +385,7 @@ async def test_reports_arrive_parsed_and_garbage_is_counted(tmp_path):
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             sender.sendto(b"\x00garbage", str(path))
             sender.sendto(encode(dict(GOOD, gpu=9)), str(path))
-        await wait_until(lambda: queue.received == 2 and sum(queue.invalid.values()) == 2, 5)
+        await wait_until(lambda: queue.received == 2 and sum(queue.refused.values()) == 2, 5)
         first, second = queue.take()
         assert (first.job_id, first.rank, first.step, first.world_size) == ("job-a", 0, 10, 2)
         assert first.gpu_uuid == UUIDS[1]
@@ -392,7 +393,7 @@ async def test_reports_arrive_parsed_and_garbage_is_counted(tmp_path):
         assert second.gpu_uuid == UUIDS[3]
         assert second.compute_time_s == 1.1
         assert second.tokens == 2048.0
-        assert queue.invalid == {"not_json": 1, "unknown_gpu": 1}
+        assert queue.refused == {"not_json": 1, "unknown_gpu": 1}
         assert len(woken) == 2
     finally:
         transport.close()
@@ -422,7 +423,7 @@ async def test_the_inventory_is_asked_per_datagram(tmp_path):
     transport = await serve_job_socket(path, 0o660, queue, lambda: inventories[-1])
     try:
         assert report_step("job-c", 0, 1, 1.0, gpu=4, socket_path=str(path))
-        await wait_until(lambda: queue.invalid["unknown_gpu"] == 1, 5)
+        await wait_until(lambda: queue.refused["unknown_gpu"] == 1, 5)
         inventories.append(INVENTORY)
         assert report_step("job-c", 0, 2, 1.0, gpu=4, socket_path=str(path))
         await wait_until(lambda: queue.received == 1, 5)
@@ -441,7 +442,7 @@ async def test_an_out_of_range_datagram_is_counted_invalid(tmp_path):
             sender.sendto(with_(rank=2**40), str(path))
             sender.sendto(encode(GOOD), str(path))
         await wait_until(lambda: queue.received == 1, 5)
-        assert queue.invalid == {"bad_value": 1}
+        assert queue.refused == {"bad_value": 1}
     finally:
         transport.close()
 

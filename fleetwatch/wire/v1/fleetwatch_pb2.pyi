@@ -199,7 +199,7 @@ class JobReport(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class JobStep(_message.Message):
-    __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms")
+    __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms", "sender_uid", "scheduler_job", "sender_start_unix_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,9 @@ class JobStep(_message.Message):
     FLOPS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_START_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_END_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_UID_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
+    SENDER_START_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     step: int
@@ -226,7 +229,10 @@ class JobStep(_message.Message):
     flops_per_token: float
     checkpoint_start_unix_ms: int
     checkpoint_end_unix_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ...) -> None: ...
+    sender_uid: int
+    scheduler_job: str
+    sender_start_unix_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ..., sender_uid: _Optional[int] = ..., scheduler_job: _Optional[str] = ..., sender_start_unix_ms: _Optional[int] = ...) -> None: ...
 
 class CollectorMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command", "config")
