@@ -318,9 +318,11 @@ class _LoopBridge:
                 return None
             return await coro
 
+        wrapper = run()
         try:
-            future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+            future = asyncio.run_coroutine_threadsafe(wrapper, self._loop)
         except RuntimeError:  # the loop is closed: the collector is stopping
+            wrapper.close()
             coro.close()
             raise LoopBusyError(self.what, waited_s=0.0, started=False) from None
         try:
