@@ -3,7 +3,8 @@
 Targets (one property module each, in ``tests/property/``): the protobuf ingest (``wire``), the
 kernel log (``kmsg``), the sysfs readers (``sysfs``), the job socket's datagrams
 (``job_socket``), the config loaders (``config``), rule files (``rules``), the Xid catalog
-(``xid_catalog``) and scenario files (``scenario``). Each property says: a valid result or the
+(``xid_catalog``), scenario files (``scenario``) and what an HTTP client sends the API (headers,
+silence ids, bodies: ``api_input``). Each property says: a valid result or the
 documented error with a short message that names what was wrong, nothing else, bounded storage.
 
 Run from the repository root: ``.venv/bin/python bench/fuzz.py [--seconds S] [--examples N]``.
@@ -41,6 +42,7 @@ MODULES = (
     "test_config",
     "test_rules",
     "test_scenario",
+    "test_api_input",
 )
 
 
