@@ -293,7 +293,7 @@ class ApiServer:
         self._json(req, refusal.status, {"error": refusal.message}, headers)
 
     def _refuse_error(self, req: BoundedHandler, exc: Exception) -> None:
-        """Answer an error raised while serving a request (re-raise a lost client)."""
+        """Answer an error raised while serving a request: a 4xx, a 503 or, for a bug, a 500."""
         if isinstance(exc, BadRequestError):
             self._refuse(req, Refusal(HTTPStatus.BAD_REQUEST, "bad_request", str(exc)))
         elif isinstance(exc, incidents_api.ApiError) and exc.status in _BAD_REQUEST:
