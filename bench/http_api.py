@@ -31,6 +31,7 @@ import http.client
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -249,6 +250,7 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=200)
     parser.add_argument("--hold", type=float, default=12.0)
     parser.add_argument("--nofile", type=int, default=256)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, journals)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="fleetwatch-http-bench-"))
     collectors = [
@@ -273,6 +275,10 @@ def main() -> None:
     finally:
         for c in collectors:
             c.stop()
+        if args.keep:
+            log(f"work folder kept: {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(result, sort_keys=True))
 
 
