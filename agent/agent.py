@@ -1,10 +1,20 @@
-"""The agent at run time: poll the sources on a timer and keep the link to the collector up."""
+"""The agent at run time: poll the sources on a timer and keep the link to the collector up.
+
+Nothing that may block runs on the event loop: NVML is awaited on the NVML guard's worker
+thread, the spool's writes and fsyncs (and the kernel log cursor's) run on the outbox's disk
+thread, and discovery and shutdown, which make blocking NVML calls, run on a thread of their own.
+So the loop goes on reading the kernel log, udev and the job socket and sending heartbeats
+through a hung driver or a disk that takes seconds per fsync. Three tasks share the loop beside
+the link: the timed polls, the event reads a source wakes, and the flusher that makes taken
+events durable (:meth:`Agent.flush`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections import Counter
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -118,12 +128,20 @@ class Agent:
             self.dropped_events["previous_boot"] = outbox.spool.previous_boot_events
         self.polls = 0
         self.event_polls = 0
+        outbox.on_release = live.changed.set  # events on disk: the sender sends them when woken
+        self._flush_wanted = asyncio.Event()
+        self._kmsg_taken = 0  # the last kernel log record whose events are in the outbox
+        self._kmsg_committed = 0  # the last one handed to the disk thread for the cursor file
 
     async def start(self) -> None:
-        """Discover the hardware, retrying with backoff while NVML cannot start."""
+        """Discover the hardware, retrying with backoff while NVML cannot start.
+
+        Discovery makes blocking NVML calls (each under the guard's deadline): it runs on a
+        thread of its own, so the loop (the systemd watchdog) goes on meanwhile.
+        """
         while True:
             try:
-                self.sampler.discover()
+                await asyncio.to_thread(self.sampler.discover)
                 hello = build_hello(self.node, self.boot_id, self.sampler.inventory, self.clock)
                 self._inventory = validate_hello(hello)
             except SourceError as exc:
@@ -168,50 +186,85 @@ class Agent:
                     count=count,
                 )
 
-    def poll_once(self) -> None:
-        """Run one poll: events to the outbox, samples to the link."""
-        self._take(self.sampler.poll())
+    async def poll_once(self) -> None:
+        """Run one poll: its events on disk and released to the link, samples to the link.
+
+        The event sources are read and their events numbered before NVML is awaited, so the
+        numbers follow the kernel log's order whatever a wake-up reads meanwhile; the flusher
+        sends them on while NVML is still being waited for.
+        """
+        events = self.sampler.poll_events()
+        self._take(events)
+        result = await self.sampler.poll_devices()
+        self._take(result)
+        result.samples.update(events.samples)  # the few of the event sources into the many
+        self._publish(result.samples, events=bool(events.events or result.events))
+        await self.flush()
         self.polls += 1
 
-    def timed_poll(self) -> float:
+    async def timed_poll(self) -> float:
         """Run one poll; return the seconds to wait for the next (stretched if polls cost much)."""
         limits = self.limits
         if limits is None:
-            self.poll_once()
+            await self.poll_once()
             return self.intervals.poll
         began = limits.cpu_now()
-        self.poll_once()
+        await self.poll_once()
         return limits.next_interval(limits.cpu_now() - began, self.intervals.poll)
 
     def poll_events(self) -> None:
-        """Read only the event sources (a source woke us): events go out at once."""
-        self._take(self.sampler.poll_events())
+        """Read only the event sources (a source woke us): their events are numbered now.
+
+        Nothing here waits; the flusher (:meth:`flush`) puts them on disk and releases them.
+        """
+        result = self.sampler.poll_events()
+        self._take(result)
+        self._publish(result.samples, events=bool(result.events))
         self.event_polls += 1
 
+    async def flush(self) -> bool:
+        """Make the events taken so far durable (and so released to the link); True if they are.
+
+        The fsync is awaited on the outbox's disk thread. Only then may the kernel log cursor
+        pass their records: its file is written on the disk thread too, after that fsync.
+        """
+        kmsg = self._kmsg_taken
+        durable = await self.outbox.sync()
+        if durable and kmsg > self._kmsg_committed:
+            self._kmsg_committed = kmsg
+            self.outbox.on_disk_thread(partial(self.sampler.commit_kmsg, kmsg))
+        return durable
+
     def _take(self, result: PollResult) -> None:
+        """Number the events into the outbox; the flusher makes them durable."""
         for event in result.events:
             self._accept(event)
             log.info("event", kind=event.kind, target=event.target.label(), xid=event.xid)
-        self.outbox.sync()  # one fsync for the poll's events, before the link sends them
-        if result.kmsg_seq is not None and self.outbox.durable:
-            self.sampler.commit_kmsg(result.kmsg_seq)  # only now may the cursor pass them
+        if result.kmsg_seq is not None:
+            self._kmsg_taken = max(self._kmsg_taken, result.kmsg_seq)
+        spool_behind = self.outbox.spool is not None and not self.outbox.durable
+        if result.events or result.kmsg_seq is not None or spool_behind:
+            self._flush_wanted.set()  # spool_behind: retry what the disk refused
+
+    def _publish(self, samples: dict[SampleKey, SampleValue], *, events: bool) -> None:
+        """Add the agent's own samples to a poll's and hand them all to the link."""
         if self.limits is not None:  # first: what it sheds shows in the samples below
-            self._watch_self(self.limits, result.samples)
+            self._watch_self(self.limits, samples)
         node = Target.node()
-        outbox, spool, samples = self.outbox, self.outbox.spool, result.samples
+        outbox, spool = self.outbox, self.outbox.spool_state
         samples[node, "agent_outbox_pending"] = len(outbox)
         samples[node, "agent_events_dropped"] = sum(self.dropped_events.values())
         samples[node, "agent_samples_refused"] = self.live.refused
         samples[node, "agent_spool_bytes"] = outbox.budget.held
-        samples[node, "agent_spool_write_errors"] = 0 if spool is None else spool.write_errors
-        samples[node, "agent_spool_damaged"] = 0 if spool is None else spool.damaged
+        samples[node, "agent_spool_write_errors"] = spool.write_errors
+        samples[node, "agent_spool_damaged"] = spool.damaged
         samples[node, "agent_telemetry_dropped"] = 0 if self.jobs is None else self.jobs.dropped
         if self.jobs is not None:  # received, lost, and refused by reason
             for signal, count in self.jobs.samples().items():
                 samples[node, signal] = count
-        self.live.update(result.samples)
-        if result.events:
-            self.live.changed.set()  # the sender sends what the outbox holds when woken
+        self.live.update(samples)
+        if events:
+            self.live.changed.set()  # the sender sends what the outbox releases when woken
 
     def _watch_self(self, limits: SelfLimits, samples: dict[SampleKey, SampleValue]) -> None:
         """Over the memory ceiling, drop every held step report (events are never dropped)."""
@@ -256,7 +309,7 @@ class Agent:
         await self.start()
         wakeup = Wakeup(asyncio.get_running_loop())
         self.sampler.watch(wakeup)
-        wait = self.timed_poll()
+        wait = await self.timed_poll()
         if self._notifier is not None:
             inv = self.sampler.inventory
             self._notifier.ready(
@@ -265,24 +318,45 @@ class Agent:
             )
         job_transport = await self._open_job_socket()
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.node}")
-        next_poll = self.clock.monotonic() + wait
+        loops = {
+            asyncio.create_task(self._poll_on_interval(wait), name=f"polls-{self.node}"),
+            asyncio.create_task(self._read_when_woken(wakeup), name=f"events-{self.node}"),
+            asyncio.create_task(self._flush_when_asked(), name=f"flush-{self.node}"),
+        }
         try:
-            while True:
-                woke = await wakeup.wait(next_poll - self.clock.monotonic(), self.clock)
-                if woke:
-                    self.poll_events()
-                    wakeup.rearm()
-                if self.clock.monotonic() >= next_poll:
-                    wait = self.timed_poll()
-                    next_poll = self.clock.monotonic() + wait
-                elif woke:
-                    await self.clock.sleep(MIN_EVENT_GAP_S)  # merge a burst into one read
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # they end only by an exception: raise it
         finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
             wakeup.close()
             if job_transport is not None:
                 job_transport.close()
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
-            self.sampler.close()
-            self.outbox.close()
+            await asyncio.to_thread(self.sampler.close)  # may wait a deadline on a hung NVML
+            await self.outbox.close()
+
+    async def _poll_on_interval(self, wait: float) -> None:
+        while True:
+            await self.clock.sleep(wait)
+            wait = await self.timed_poll()
+
+    async def _read_when_woken(self, wakeup: Wakeup) -> None:
+        """Read the event sources as soon as one wakes us; never waits on NVML or the disk."""
+        while True:
+            if not await wakeup.wait(self.intervals.poll, self.clock):
+                continue
+            self.poll_events()
+            wakeup.rearm()
+            await self.clock.sleep(MIN_EVENT_GAP_S)  # merge a burst into one read
+
+    async def _flush_when_asked(self) -> None:
+        """Flush after each take; takes while a flush waits on the disk share the next one."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            await self.flush()

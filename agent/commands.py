@@ -164,7 +164,7 @@ class CommandRunner:
             return False, f"a reset of GPU {gpu.index} is already running", True
         if not command.force:
             try:
-                pids = self._sampler.compute_processes(gpu)
+                pids = await self._sampler.compute_processes(gpu)
             except SourceError as exc:
                 return False, f"cannot tell whether GPU {gpu.index} is idle: {exc}", True
             if pids:

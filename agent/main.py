@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from agent.tls import channel_credentials
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     import grpc
@@ -63,6 +65,8 @@ class Hardware:
     boot_id: str
     kmsg_cursor: KmsgCursor | None = None
     gpu_reset: GpuReset | None = None
+    # How the spool under state_dir makes its writes durable (a benchmark injects a slow disk).
+    fsync: Callable[[int], None] = os.fsync
 
 
 def read_boot_id(proc_root: Path) -> str:
@@ -153,7 +157,9 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         counter_interval_s=cfg.counter_interval,
     )
     budget = ByteBudget(cfg.spool_max_bytes)
-    spool = None if cfg.state_dir is None else Spool(cfg.state_dir / "spool", hardware.boot_id)
+    spool = None
+    if cfg.state_dir is not None:
+        spool = Spool(cfg.state_dir / "spool", hardware.boot_id, fsync=hardware.fsync)
     outbox = Outbox(hardware.boot_id, spool=spool, budget=budget)
     live = LiveSamples()
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)

@@ -3,27 +3,47 @@
 Sequence numbers are per boot, start at 1 and have no gaps. An ack is cumulative: it carries the
 highest sequence number the collector has committed, so everything up to it can go.
 
-With a :class:`~agent.spool.Spool` the events are on disk too (written when numbered, fsynced by
-:meth:`Outbox.sync` once per poll), and a new process of the same boot starts with what the
-earlier one left: the unacknowledged events with their original numbers, sent again and
-deduplicated by the collector. Without one they live in memory only.
+With a :class:`~agent.spool.Spool` the events are on disk too, and a new process of the same
+boot starts with what the earlier one left: the unacknowledged events with their original
+numbers, sent again and deduplicated by the collector. Without one they live in memory only.
+
+The disk is never touched on the event loop. The spool belongs to one thread of the outbox's own
+(the *disk thread*), which runs the disk work in the order it was handed over: the appends of the
+events numbered since the last hand-off, then an ack's clean-up or the fsync of :meth:`Outbox.sync`,
+which the event loop awaits and never waits on (one hand-off there and back per batch of events:
+about 0.1 ms of CPU, ``bench/spool_fsync.py``). A disk that takes seconds per fsync costs the agent
+that latency on its events, not its loop. Ordering comes from the one thread: an event is *released*
+to the link (:meth:`Outbox.after`) only once a sync handed over after its append has finished, so an
+event is on disk before it is sent; where the disk refused it, it is released all the same, kept in
+memory and written by a later sync (the failure is counted). Callers that sync at the same time
+share one fsync.
 
 A fresh agent process may not know every number an earlier process of the same boot used (no
 spool, a damaged one, or events the disk refused). The first Welcome tells it: the collector's
 highest journaled number for this boot. The events this process numbered itself before that
 Welcome, and restored events whose numbers no Welcome ever confirmed (they were never sent), are
 renumbered above it if they overlap, so they are not taken for duplicates; restored events with
-confirmed numbers keep them. After the first Welcome numbers never move again.
+confirmed numbers keep them. After the first Welcome numbers never move again. Until the disk
+holds the confirmed (or renumbered) events, nothing is released.
 
 Everything held shares one byte bound (:class:`~agent.budget.ByteBudget`) with the telemetry
-waiting for the link: an event that needs room sheds the oldest telemetry first, and is refused
+waiting for the link: the events count for their records' bytes until acknowledged; an event
+that needs room sheds the oldest telemetry first, and is refused
 (:class:`~agent.exceptions.OutboxFullError`) only when events alone fill the bound.
+
+With a spool, use the outbox from its event loop (the disk work is handed over from there).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 from collections import deque
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -32,6 +52,8 @@ from agent.exceptions import OutboxFullError
 from agent.spool import record_size
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.findings import PendingEvent
     from agent.spool import Spool
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -39,20 +61,60 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agent.outbox")
 
 
+@dataclass(frozen=True, slots=True)
+class SpoolState:
+    """What the spool said after the disk thread's latest piece of work."""
+
+    held_bytes: int = 0  # segment files plus events waiting in memory for the disk
+    backlog: int = 0  # events not (known to be) on disk
+    write_errors: int = 0
+    damaged: int = 0
+
+
+def _state_of(spool: Spool) -> SpoolState:
+    return SpoolState(spool.held_bytes, spool.backlog, spool.write_errors, spool.damaged)
+
+
+@dataclass(slots=True)
+class _Sync:
+    """The sync in flight: it covers every event numbered before it was handed over."""
+
+    ticket: int
+    through: int  # events numbered by then (counted as in Outbox._added)
+    done: asyncio.Future[bool]
+
+
+def _copy(event: pb.Event) -> pb.Event:
+    """A copy for the disk thread: the loop may renumber its own while the copy is written."""
+    copy = type(event)()
+    copy.CopyFrom(event)
+    return copy
+
+
 class Outbox:
     """Numbered, unacknowledged events of one boot, oldest first."""
 
     __slots__ = (
         "_acked",
+        "_added",
+        "_barrier",
         "_confirmed",
+        "_durable_through",
+        "_executor",
         "_fixed_through",
-        "_mem_bytes",
+        "_flight",
         "_next_seq",
         "_pending",
+        "_pending_bytes",
+        "_released",
+        "_tickets",
+        "_unwritten",
         "boot_id",
         "budget",
+        "on_release",
         "restored",
         "spool",
+        "spool_state",
     )
 
     def __init__(
@@ -62,7 +124,7 @@ class Outbox:
         spool: Spool | None = None,
         budget: ByteBudget | None = None,
     ) -> None:
-        """Start with what ``spool`` (opened here) restores, or empty at sequence number 1."""
+        """Start with what ``spool`` restores (read here, on the caller's thread), or empty."""
         self.boot_id = boot_id
         self.spool = spool
         self.budget = budget or ByteBudget()
@@ -71,8 +133,8 @@ class Outbox:
         self._acked = 0
         self._confirmed = False
         self._fixed_through = 0  # restored numbers a Welcome confirmed: never renumbered
-        self._mem_bytes = 0
         self.restored = 0
+        self.spool_state = SpoolState()
         if spool is not None:
             recovered = spool.open()
             self._pending.extend(recovered.events)
@@ -80,6 +142,18 @@ class Outbox:
             self._acked = recovered.acked
             self._fixed_through = recovered.fixed_through
             self.restored = len(recovered.events)
+            self.spool_state = _state_of(spool)
+        self._pending_bytes = sum(record_size(event) for event in self._pending)
+        # Events are counted as they are held (restored ones first); an event is released to
+        # the link once a sync handed over after it has finished. Restored ones are on disk.
+        self._added = self._released = len(self._pending)
+        self._durable_through = self._added
+        self._tickets = 0  # disk work handed over so far
+        self._barrier = 0  # work before this ticket releases nothing (a Welcome's rewrite)
+        self._flight: _Sync | None = None
+        self._unwritten: list[pb.Event] = []  # numbered, to be appended with the next hand-off
+        self._executor: ThreadPoolExecutor | None = None
+        self.on_release: Callable[[], None] = lambda: None  # the agent wakes the link's sender
         self._account()
 
     def __len__(self) -> int:
@@ -97,41 +171,143 @@ class Outbox:
         return self._next_seq - 1
 
     def _account(self) -> None:
-        if self.spool is not None:
-            self.budget.events = self.spool.held_bytes
+        self.budget.events = self._pending_bytes
+
+    # ---- the disk thread -----------------------------------------------------------------------
+
+    def _disk(
+        self,
+        fn: Callable[..., object],
+        *args: object,
+        release: bool = False,
+    ) -> asyncio.Future[Any]:
+        """Hand ``fn(*args)`` to the disk thread, after everything handed over before it.
+
+        The events numbered since the last hand-off are appended first, in the same hand-off.
+        The returned future (which nobody need await) has ``fn``'s result once the outbox has
+        taken note of the spool's state; ``release``: the events numbered so far may go out then.
+        """
+        spool = self.spool
+        assert spool is not None  # noqa: S101 - callers check
+        loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-disk")
+        self._tickets += 1
+        ticket, through = self._tickets, self._added
+        unwritten, self._unwritten = self._unwritten, []
+
+        def work() -> tuple[object, SpoolState]:
+            for event in unwritten:
+                spool.append(event)
+            return fn(*args), _state_of(spool)
+
+        done: asyncio.Future[Any] = loop.create_future()
+        ran = loop.run_in_executor(self._executor, work)
+        ran.add_done_callback(partial(self._finished, ticket, through, release, done))
+        return done
+
+    def _finished(
+        self,
+        ticket: int,
+        through: int,
+        release: bool,  # noqa: FBT001 - bound by partial
+        done: asyncio.Future[Any],
+        ran: asyncio.Future[tuple[object, SpoolState]],
+    ) -> None:
+        """On the loop, after a piece of disk work: note the spool's state, release events."""
+        error = None if ran.cancelled() else ran.exception()
+        value: object = False
+        if ran.cancelled():
+            error = asyncio.CancelledError()
+        elif error is not None:
+            log.error("spool_work_failed", error=repr(error), exc_info=error)
         else:
-            self.budget.events = self._mem_bytes
+            value, self.spool_state = ran.result()
+            if self.spool_state.backlog == 0:
+                self._durable_through = max(self._durable_through, through)
+        if release and ticket >= self._barrier and through > self._released:
+            self._released = through  # failed or not: what the disk refused is sent from memory
+            self.on_release()
+        if self._flight is not None and self._flight.ticket == ticket:
+            self._flight = None
+        if done.cancelled():
+            return
+        if error is None:
+            done.set_result(value)
+        else:
+            done.set_exception(error)
+            done.exception()  # retrieved: it was logged above, whoever awaits it or not
+
+    def on_disk_thread(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the disk thread after the disk work handed over so far (not waited for).
+
+        The agent moves the kernel log cursor this way: after the fsync of the events it
+        covers, and off the event loop (it is an fsync of its own). Without a spool, at once.
+        """
+        if self.spool is None:
+            fn()
+        else:
+            self._disk(fn)
+
+    # ---- events ------------------------------------------------------------------------------
 
     def add(self, event: PendingEvent) -> pb.Event:
-        """Number an event and keep it until acked (OutboxFullError: events fill the bound)."""
+        """Number an event and keep it until acked (OutboxFullError: events fill the bound).
+
+        With a spool the event is written on the disk thread with the next hand-off (the next
+        :meth:`sync` at the latest), which makes it durable and releases it to the link. Without
+        one it is released at once.
+        """
         msg = event.to_pb(self._next_seq)
         size = record_size(msg)
         self._make_room(size)
         self._next_seq += 1
         self._pending.append(msg)
+        self._pending_bytes += size
+        self._added += 1
         if self.spool is not None:
-            self.spool.append(msg)
+            self._unwritten.append(_copy(msg))
         else:
-            self._mem_bytes += size
+            self._released = self._added
         self._account()
         return msg
 
     def _make_room(self, size: int) -> None:
         budget = self.budget
-        if self.spool is not None and budget.events + size > budget.max_bytes:
-            self.spool.compact()  # acknowledged bytes still on disk go first
-            self._account()
-        if budget.events + size > budget.max_bytes:
-            msg = f"events hold {budget.events} of {budget.max_bytes} bytes"
+        if self._pending_bytes + size > budget.max_bytes:
+            msg = f"events hold {self._pending_bytes} of {budget.max_bytes} bytes"
             raise OutboxFullError(msg)
         if budget.room() < size:
             budget.shed(size - budget.room())
 
-    def sync(self) -> None:
-        """Make the events added so far durable (one fsync), or retry what the disk refused."""
-        if self.spool is not None:
-            self.spool.sync()
-            self._account()
+    @property
+    def durable(self) -> bool:
+        """Whether every event numbered so far is on disk (always False without a spool)."""
+        return self.spool is not None and self._durable_through >= self._added
+
+    async def sync(self) -> bool:
+        """Make the events numbered so far durable and release them; True if all are on disk.
+
+        The fsync runs on the disk thread; the loop goes on meanwhile. Events the disk refused
+        are released all the same (sent from memory) and retried by the next sync; False says
+        so (always False without a spool). Callers waiting at the same time share one fsync:
+        a caller whose events came after the sync in flight waits for it and then for one more
+        (so does one that came after a Welcome's rewrite was handed over).
+        """
+        if self.spool is None:
+            return False
+        if self.durable and self._released >= self._added:
+            return True
+        target = self._added
+        while True:
+            flight = self._flight
+            if flight is None:
+                done = self._disk(self.spool.sync, release=True)
+                flight = self._flight = _Sync(self._tickets, self._added, done)
+            if flight.through >= target and flight.ticket >= self._barrier:
+                return bool(await asyncio.shield(flight.done))
+            with contextlib.suppress(Exception):  # raised to that sync's own callers
+                await asyncio.shield(flight.done)
 
     def ack(self, seq: int) -> int:
         """Drop every event up to ``seq``; return how many were dropped."""
@@ -141,17 +317,22 @@ class Outbox:
         dropped = 0
         while self._pending and self._pending[0].seq <= seq:
             event = self._pending.popleft()
-            if self.spool is None:
-                self._mem_bytes -= record_size(event)
+            self._pending_bytes -= record_size(event)
             dropped += 1
-        self._acked = max(self._acked, seq)
-        if self.spool is not None:
-            self.spool.ack(self._acked)
+        if seq > self._acked:
+            self._acked = seq
+            if self.spool is not None:
+                self._disk(self.spool.ack, seq)
         self._account()
         return dropped
 
     def welcome(self, journaled_seq: int) -> None:
-        """Apply the collector's Welcome: renumber once if needed, then treat it as an ack."""
+        """Apply the collector's Welcome: renumber once if needed, then treat it as an ack.
+
+        With a spool, the first Welcome's numbers are written on the disk thread, and nothing
+        is released to the link until they are on disk: a later process must never renumber
+        what was sent.
+        """
         if self._confirmed:
             self.ack(journaled_seq)
             return
@@ -164,26 +345,33 @@ class Outbox:
                 event.seq += shift
             self._next_seq += shift
             log.info("outbox_renumbered", boot_id=self.boot_id, shift=shift, events=len(fresh))
+        if self.spool is not None:
+            self._released = min(self._released, self._added - len(self._pending))
         self.ack(journaled_seq)
         if self.spool is not None:
             # The numbers on disk must be the ones the collector will see, before it sees them,
-            # and marked as seen: a later process must never renumber what was sent.
-            if shift > 0:
-                self.spool.rewrite(list(self._pending), self._next_seq)
-            else:
-                self.spool.confirm(list(self._pending), self._next_seq)
-            self._account()
+            # and marked as seen.
+            events = [_copy(event) for event in self._pending]
+            write = self.spool.rewrite if shift > 0 else self.spool.confirm
+            self._disk(write, events, self._next_seq, release=True)
+            self._barrier = self._tickets  # syncs handed over before it release nothing more
 
-    def close(self) -> None:
-        """Sync what was added and release the spool's file."""
-        if self.spool is not None:
-            self.spool.sync()
-            self.spool.close()
+    async def settled(self) -> None:
+        """Wait until the disk thread has done the work handed to it so far."""
+        if self.spool is not None and (self._executor is not None or self._unwritten):
+            await self._disk(lambda: None)
 
-    @property
-    def durable(self) -> bool:
-        """Whether every event added so far is on disk (always False without a spool)."""
-        return self.spool is not None and self.spool.backlog == 0
+    async def close(self) -> None:
+        """Sync what was added, release the spool's file and end the disk thread."""
+        if self.spool is None:
+            return
+        try:
+            await self._disk(self.spool.sync, release=True)
+            await self._disk(self.spool.close)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
 
     def kmsg_seq(self) -> int:
         """The highest kernel log record any held event was made from (0: none).
@@ -195,5 +383,11 @@ class Outbox:
         return max((event.kmsg_seq for event in self._pending), default=0)
 
     def after(self, seq: int) -> list[pb.Event]:
-        """Return the pending events with a sequence number above ``seq``, in order."""
-        return [event for event in self._pending if event.seq > seq]
+        """The released events with a sequence number above ``seq``, in order: what may be sent."""
+        held_back = min(len(self._pending), self._added - self._released)
+        sendable = itertools.islice(self._pending, len(self._pending) - held_back)
+        return [event for event in sendable if event.seq > seq]
+
+    def held(self) -> list[pb.Event]:
+        """Every event held, released or not, in order."""
+        return list(self._pending)

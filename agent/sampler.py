@@ -6,14 +6,19 @@ poller each. A failed read is counted per source and costs only the values it wo
 it never stops the poll. A GPU is reported lost once per loss, whichever source saw it first
 (the kernel's Xid 79 line, NVML's GPU-lost error or event, or udev removing its PCI function).
 
-Every GPU of a poll is read in one hand-off to the NVML guard's worker thread
-(:mod:`agent.nvml_guard`). When NVML hangs, the poll goes on after the deadline with the GPUs
-read so far; later polls leave NVML out at once until the stuck call returns, while the kernel
-log, udev and sysfs are read as usual. ``agent_nvml_hung`` says so.
+A poll has two parts. :meth:`Sampler.poll_events` reads the event sources (kernel log, NVML's
+event queue, udev) at once, without a hand-off, so a wake-up is served in microseconds.
+:meth:`Sampler.poll_devices` reads the GPUs, the sysfs counters and the agent's own health; it
+is awaited, because every GPU of a poll is read in one hand-off to the NVML guard's worker
+thread (:mod:`agent.nvml_guard`) and the event loop goes on meanwhile. When NVML hangs, the
+devices part goes on after the deadline with the GPUs read so far; later polls leave NVML out at
+once until the stuck call returns, while the kernel log, udev and sysfs are read as usual.
+``agent_nvml_hung`` says so.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -119,7 +124,8 @@ class Sampler:
         """Start NVML and list GPUs and IB ports. A GPU that cannot be identified is skipped.
 
         NVML that hangs fails discovery as a whole (NvmlHungError): a GPU must not be left out
-        of the inventory because the driver was slow to answer.
+        of the inventory because the driver was slow to answer. Each NVML call blocks its
+        caller for up to the deadline: the agent runs this on a thread of its own.
         """
         driver, nvml_version = self._nvml.start()
         gpus: list[GpuIdentity] = []
@@ -160,14 +166,19 @@ class Sampler:
         if not started:
             self._nvml_events = None
 
-    def compute_processes(self, gpu: GpuIdentity) -> list[int]:
-        """Pids using ``gpu`` (SourceError, GpuLostError included, when NVML cannot say)."""
-        return self._nvml.compute_processes(gpu)
+    async def compute_processes(self, gpu: GpuIdentity) -> list[int]:
+        """Pids using ``gpu`` (SourceError, GpuLostError included, when NVML cannot say).
+
+        Awaited on the NVML worker thread, under its deadline.
+        """
+        what = f"compute processes of GPU {gpu.index}"
+        return await self._nvml.guard.call(what, partial(self._nvml.compute_processes, gpu))
 
     def close(self) -> None:
         """Stop the NVML event thread, if one runs, and close kept sysfs files.
 
-        Never waits on a hung NVML for longer than the guard's deadline.
+        Never waits on a hung NVML for longer than the guard's deadline, but may wait that
+        long: the agent runs this on a thread of its own.
         """
         if self._nvml_events is not None:
             self._nvml_events.cancel()  # the thread ends even if NVML hangs now and returns later
@@ -188,7 +199,11 @@ class Sampler:
             self._udev.watch(waker)
 
     def commit_kmsg(self, seq: int) -> None:
-        """The events of kernel log records up to ``seq`` are durable: move the cursor there."""
+        """The events of kernel log records up to ``seq`` are durable: move the cursor there.
+
+        The cursor file is replaced with an fsync: the agent runs this on the outbox's disk
+        thread (:meth:`agent.outbox.Outbox.on_disk_thread`), after the events' own fsync.
+        """
         if self._kernel_log is not None:
             self._kernel_log.commit(seq)
 
@@ -198,7 +213,11 @@ class Sampler:
             self._kernel_log.resume_after(seq)
 
     def poll_events(self) -> PollResult:
-        """Read only the event sources: what a wake-up from :meth:`watch` asks for."""
+        """Read only the event sources: what a wake-up from :meth:`watch` asks for.
+
+        Nothing here waits: the kernel log and udev are read without blocking, and NVML's Xid
+        events come from the queue its event thread fills.
+        """
         result = PollResult()
         self._read_events(result, unix_ms(self._clock))
         return result
@@ -211,13 +230,15 @@ class Sampler:
         if self._udev is not None:
             self._udev.poll(self._by_bus, self._gpu_lost, result, now_ms, errors)
 
-    def poll(self) -> PollResult:
-        """Read every source once."""
+    async def poll_devices(self) -> PollResult:
+        """Read the GPUs (awaited on the NVML worker), the sysfs counters and the agent's health.
+
+        The event loop is free while NVML works, for as long as the deadline allows.
+        """
         result = PollResult()
         now_ms = unix_ms(self._clock)
         errors = self.source_errors
-        self._read_events(result, now_ms)
-        for gpu, reading in self._read_gpus():
+        for gpu, reading in await self._read_gpus():
             self._take_gpu(gpu, reading, result, now_ms)
         # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.
         mono = self._clock.monotonic()
@@ -228,6 +249,19 @@ class Sampler:
                 self._pcie.poll(self.inventory.gpus, self._lost, result, errors)
         self._ib.poll(self.inventory.ib_ports, result, now_ms, errors, counters=due)
         self._self_samples(result)
+        return result
+
+    async def poll(self) -> PollResult:
+        """Read every source once: the event sources, then the devices, in one result.
+
+        The agent takes the two parts apart (it numbers a poll's events before it waits for
+        NVML); this is for callers that want one poll's whole picture.
+        """
+        events = self.poll_events()
+        result = await self.poll_devices()
+        result.events[:0] = events.events
+        result.samples.update(events.samples)
+        result.kmsg_seq = events.kmsg_seq
         return result
 
     def _self_samples(self, result: PollResult) -> None:
@@ -291,8 +325,8 @@ class Sampler:
                 ),
             )
 
-    def _read_gpus(self) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
-        """Every GPU's reading (or why there is none), in one hand-off to the NVML thread.
+    async def _read_gpus(self) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
+        """Every GPU's reading (or why there is none), in one awaited hand-off to the NVML thread.
 
         When NVML hangs, the GPUs read before the stuck call; none while it stays stuck.
         """
@@ -300,8 +334,9 @@ class Sampler:
         if not gpus:
             return []
         reads = _GpuReads()
+        read_all = partial(self._read_all, reads, frozenset(self._lost))
         try:
-            self._nvml.guarded("read GPUs", partial(self._read_all, reads, frozenset(self._lost)))
+            await self._nvml.guard.call("read GPUs", read_all)
         except NvmlHungError as exc:
             done = list(reads.done)
             reads.abandoned = True
@@ -314,6 +349,9 @@ class Sampler:
                     error=str(exc),
                 )
             return done
+        except asyncio.CancelledError:
+            reads.abandoned = True  # the worker stops after the GPU it is reading
+            raise
         return reads.done
 
     def _read_all(self, reads: _GpuReads, lost: frozenset[str]) -> None:

@@ -1,11 +1,13 @@
 """The outbox's spool: unacknowledged events on disk, so an agent restart loses none.
 
-Events are appended to the active segment file (``spool_format`` has the framing) and made
-durable by :meth:`Spool.sync`, which the agent calls once per poll: one ``fsync`` per batch of
-events, before the link sends them. A segment that reaches ``segment_bytes`` is closed and a new
-one started; a closed segment whose events are all acknowledged is deleted, and so is the active
-one once it is fully acknowledged and at least ``compact_bytes`` long. New files are written under
-a temporary name, synced and renamed, so a segment that exists is whole.
+Events are appended to the active segment file (``spool_format`` has the framing) and made durable
+by :meth:`Spool.sync`: one ``fsync`` per batch of events, before the link sends them. Every method
+may block on the disk; the outbox calls them on a thread of its own, one at a time and in order
+(:mod:`agent.outbox`), never on the event loop. ``write`` and ``fsync`` are injected (a full disk, a
+slow one, in tests and benchmarks). A segment that reaches ``segment_bytes`` is closed and a new one
+started; a closed segment whose events are all acknowledged is deleted, and so is the active one
+once it is fully acknowledged and at least ``compact_bytes`` long. New files are written under a
+temporary name, synced and renamed, so a segment that exists is whole.
 
 When the disk refuses a write (ENOSPC, EIO, a quota), nothing is lost: the events that are not
 known to be on disk wait in memory (the backlog, in order), the failure is counted and logged, the
@@ -372,7 +374,7 @@ class Spool:
         else:
             log.debug("spool_write_failed", **fields)
 
-    # ---- acknowledging and compacting --------------------------------------------------------
+    # ---- acknowledging ---------------------------------------------------------------------
 
     def ack(self, seq: int) -> None:
         """Everything up to ``seq`` is journaled: drop it from the backlog, delete old segments."""
@@ -387,18 +389,6 @@ class Spool:
             and active.last_seq <= seq
             and active.size >= self._compact_bytes
             and not self._unsynced
-        ):
-            self._rotate()
-        self._delete_acked()
-
-    def compact(self) -> None:
-        """Make room now: close a fully acknowledged active segment of any size and delete it."""
-        active = self._segments[-1] if self._segments and self._fd is not None else None
-        if (
-            active is not None
-            and active.first_seq <= active.last_seq <= self._acked
-            and self.sync()  # never close a segment with events not yet synced
-            and self._fd is not None
         ):
             self._rotate()
         self._delete_acked()

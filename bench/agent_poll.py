@@ -85,11 +85,11 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
     rng = random.Random(7)
     sent: list[int] = []
 
-    def cycle() -> float:
+    async def cycle() -> float:
         """One poll interval of agent work; returns its CPU time in ms."""
         move_hardware(node, tree, rng)  # not measured
         began = time.process_time()
-        agent.poll_once()
+        await agent.poll_once()
         changes = agent.live.take_changes()
         report = pb.Report(
             time_unix_ms=unix_ms(clock),
@@ -101,16 +101,18 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
         return cpu
 
     for _ in range(5):  # warm-up: first reports carry everything
-        cycle()
-    per_poll, full, fast = [], [], []
+        await cycle()
+    per_poll: list[float] = []
+    full: list[float] = []
+    fast: list[float] = []
     for _ in range(rounds):
-        cycles = [cycle() for _ in range(polls)]
+        cycles = [await cycle() for _ in range(polls)]
         per_poll.append(statistics.fmean(cycles))
     sampler = agent.sampler
     for interval, into in ((1e-9, full), (1e9, fast)):
         sampler._counter_interval = interval  # noqa: SLF001 - the benchmark picks the cadence
         for _ in range(rounds):
-            into.append(statistics.median(cycle() for _ in range(polls)))
+            into.append(statistics.median([await cycle() for _ in range(polls)]))
     rss_mb = psutil.Process().memory_info().rss / 2**20
     sampler.close()
     return {

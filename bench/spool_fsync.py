@@ -3,9 +3,10 @@
 Run from the repository root: ``.venv/bin/python bench/spool_fsync.py [--polls N] [--dir PATH]``.
 The last line of output is one JSON object (see the project's benchmark contract).
 
-One measured poll is what the agent's poll loop does with the events it found: ``Outbox.add``
-for each (numbering, encoding, the appended write) and then ``Outbox.sync`` (one ``fsync`` of
-the active segment, none when the poll found no event). Polls with 0, 1, 10 and 100 events are
+One measured poll is what the agent does with the events a poll found: ``Outbox.add`` for each
+(numbering, encoding, handing the appended write to the outbox's disk thread) and then awaiting
+``Outbox.sync`` (one ``fsync`` of the active segment on that thread; no hand-off when the poll
+found no event). Polls with 0, 1, 10 and 100 events are
 timed (wall clock and process CPU) against a peer that is the same code on the same filesystem
 with the spool's injected ``fsync`` replaced by nothing, interleaved poll by poll so both see the
 same disk. After each poll the collector's ack is applied, outside the measurement, as it would
@@ -23,6 +24,7 @@ JSON names it and its filesystem.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -90,18 +92,18 @@ def open_outbox(directory: Path, *, fsync: bool, max_bytes: int = DEFAULT_MAX_BY
     return Outbox(BOOT_ID, spool=spool, budget=ByteBudget(max_bytes))
 
 
-def one_poll(outbox: Outbox, batch: list[PendingEvent]) -> tuple[float, float]:
+async def one_poll(outbox: Outbox, batch: list[PendingEvent]) -> tuple[float, float]:
     """(wall s, CPU s) of adding ``batch`` and syncing; the ack follows, not measured."""
     wall, cpu = time.perf_counter(), time.process_time()
     for pending in batch:
         outbox.add(pending)
-    outbox.sync()
+    await outbox.sync()
     timings = time.perf_counter() - wall, time.process_time() - cpu
     outbox.ack(outbox.last_seq)
     return timings
 
 
-def polls(root: Path, size: int, count: int) -> dict[str, Any]:
+async def polls(root: Path, size: int, count: int) -> dict[str, Any]:
     """``count`` polls of ``size`` events with fsync and without, interleaved."""
     runs = {True: open_outbox(root / f"fsync-{size}", fsync=True)}
     runs[False] = open_outbox(root / f"nofsync-{size}", fsync=False)
@@ -111,11 +113,11 @@ def polls(root: Path, size: int, count: int) -> dict[str, Any]:
     for i, batch in enumerate(batches):
         order = (True, False) if i % 2 == 0 else (False, True)
         for synced in order:
-            w, c = one_poll(runs[synced], batch)
+            w, c = await one_poll(runs[synced], batch)
             wall[synced].append(w)
             cpu[synced].append(c)
     for outbox in runs.values():
-        outbox.close()
+        await outbox.close()
     fsync_ms = statistics.median(wall[True]) * 1000
     nofsync_ms = statistics.median(wall[False]) * 1000
     return {
@@ -129,7 +131,7 @@ def polls(root: Path, size: int, count: int) -> dict[str, Any]:
     }
 
 
-def fill(directory: Path, max_bytes: int) -> tuple[int, int]:
+async def fill(directory: Path, max_bytes: int) -> tuple[int, int]:
     """Fill a spool to the byte bound with unacknowledged events; return (events, bytes)."""
     outbox = open_outbox(directory, fsync=True, max_bytes=max_bytes)
     added, i = 0, 0
@@ -139,11 +141,11 @@ def fill(directory: Path, max_bytes: int) -> tuple[int, int]:
                 outbox.add(event(i))
                 i += 1
                 added += 1
-            outbox.sync()
+            await outbox.sync()
     except OutboxFullError:
-        outbox.sync()
-    held = outbox.budget.events
-    outbox.close()
+        await outbox.sync()
+    held = outbox.spool_state.held_bytes
+    await outbox.close()
     return added, held
 
 
@@ -157,7 +159,7 @@ def evict(directory: Path) -> None:
             os.close(fd)
 
 
-def replay(directory: Path, max_bytes: int, *, cold: bool) -> tuple[float, float, int]:
+async def replay(directory: Path, max_bytes: int, *, cold: bool) -> tuple[float, float, int]:
     """(wall s, CPU s, events restored) of opening the spool as a restarted agent does.
 
     Each open adds one empty segment (the new process's); nothing is acknowledged, so every
@@ -169,7 +171,7 @@ def replay(directory: Path, max_bytes: int, *, cold: bool) -> tuple[float, float
     outbox = open_outbox(directory, fsync=True, max_bytes=max_bytes)
     timings = time.perf_counter() - wall, time.process_time() - cpu
     restored = outbox.restored
-    outbox.close()
+    await outbox.close()
     return *timings, restored
 
 
@@ -181,6 +183,11 @@ def main() -> None:
     parser.add_argument("--spool-mib", type=int, default=DEFAULT_MAX_BYTES >> 20)
     args = parser.parse_args()
     configure_logging("warning", "console")  # the spool logs every segment at debug
+    asyncio.run(run(args))
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Every measurement, in order; print the JSON line."""
     started = time.perf_counter()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fleetwatch-spool-", dir=args.dir) as tmp:
@@ -190,7 +197,7 @@ def main() -> None:
         by_size: dict[str, dict[str, Any]] = {}
         for size in SIZES:
             log(f"{args.polls} polls of {size} events, with and without fsync ...")
-            by_size[str(size)] = polls(root, size, args.polls)
+            by_size[str(size)] = await polls(root, size, args.polls)
             log(f"  {by_size[str(size)]}")
         result["by_events_per_poll"] = by_size
         one = by_size["1"]
@@ -207,13 +214,13 @@ def main() -> None:
         )
         max_bytes = args.spool_mib << 20
         log(f"filling a {args.spool_mib} MiB spool ...")
-        events, held = fill(root / "full", max_bytes)
+        events, held = await fill(root / "full", max_bytes)
         result["replay_spool_bytes"] = held
         result["replay_events"] = events
         log(f"  {events} events, {held} bytes; replays, evicted from the page cache ...")
-        cold = [replay(root / "full", max_bytes, cold=True) for _ in range(args.replays)]
+        cold = [await replay(root / "full", max_bytes, cold=True) for _ in range(args.replays)]
         log("replays, warm page cache ...")
-        warm = [replay(root / "full", max_bytes, cold=False) for _ in range(args.replays)]
+        warm = [await replay(root / "full", max_bytes, cold=False) for _ in range(args.replays)]
         restored = {r for _, _, r in cold + warm}
         if restored != {events}:
             msg = f"replays restored {sorted(restored)} events, not {events}"

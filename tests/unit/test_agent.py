@@ -6,7 +6,7 @@ from agent.main import build_agent
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode
 from agent.sim.nvml_lib import SimNvmlLibrary
-from fleetwatch.testing import FakeClock
+from fleetwatch.testing import FakeClock, wait_until
 
 
 async def test_agent_retries_until_nvml_starts(tmp_path: Path):
@@ -18,14 +18,13 @@ async def test_agent_retries_until_nvml_starts(tmp_path: Path):
     hardware.nvml.driver_loaded = False
     agent = build_agent(AgentConfig(node="node-a", state_dir=None), hardware, clock)
     start = asyncio.create_task(agent.start())
-    for _ in range(20):
-        await asyncio.sleep(0)
+    # Discovery runs on a thread: a failed try shows as the backoff wait on the agent's clock.
+    await wait_until(lambda: clock.monotonic() > 0, what="a failed try and its backoff")
     assert not start.done()
     assert agent.sampler.inventory.driver_version == ""  # not discovered yet
     hardware.nvml.driver_loaded = True
     await asyncio.wait_for(start, 5)
     assert [gpu.index for gpu in agent.sampler.inventory.gpus] == [0, 1]
-    assert clock.monotonic() > 0  # it waited (on its clock) between attempts
 
 
 async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
@@ -35,9 +34,9 @@ async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
     cfg = AgentConfig(node="node-a", state_dir=tmp_path / "state")
     agent = build_agent(cfg, sim_hardware(node), clock)
     await agent.start()
-    agent.poll_once()
+    await agent.poll_once()
     node.xid(1, 13)
     node.nvlink_down(0, 1)
-    agent.poll_once()
+    await agent.poll_once()
     assert [(e.seq, e.xid) for e in agent.outbox.after(0)] == [(1, 13), (2, 0)]
     assert agent.live.changed.is_set()

@@ -198,10 +198,10 @@ class TestSamplerWithNvmlEvents:
         )
         sampler.discover()
         try:
-            sampler.poll()
+            await sampler.poll()
             node.xid(0, 31)
             await asyncio.sleep(0.2)
-            events = sampler.poll().events + sampler.poll().events
+            events = (await sampler.poll()).events + (await sampler.poll()).events
             assert [(e.kind, e.xid, e.target) for e in events] == [
                 (EventKind.XID, 31, Target.gpu(node.gpus[0].uuid)),
             ]
@@ -225,15 +225,15 @@ class TestSamplerWithNvmlEvents:
         try:
             node.xid(0, 94)
             events: list[tuple[EventKind, int]] = []
-            await wait_until(
-                lambda: gather(events, ((e.kind, e.xid) for e in sampler.poll().events)),
-                timeout=5,
-            )
+            for _ in range(100):  # until NVML's event thread has queued it, 5 s at most
+                if gather(events, ((e.kind, e.xid) for e in (await sampler.poll()).events)):
+                    break
+                await asyncio.sleep(0.05)
             assert events == [(EventKind.XID, 94)]
         finally:
             sampler.close()
 
-    def test_gpu_back_on_the_bus_is_reprobed(self, tmp_path: Path):
+    async def test_gpu_back_on_the_bus_is_reprobed(self, tmp_path: Path):
         """A lost GPU that returns is identified again and reports values again."""
         node = SimNode("node-d", tmp_path / "sys", FakeClock(), gpus=2, nvlinks=2, ib_ports=1)
         sampler = Sampler(
@@ -247,10 +247,10 @@ class TestSamplerWithNvmlEvents:
         sampler.discover()
         uuid = node.gpus[1].uuid
         node.xid(1, 79)
-        assert [e.kind for e in sampler.poll().events] == [EventKind.GPU_LOST]
-        assert (Target.gpu(uuid), "temperature_celsius") not in sampler.poll().samples
+        assert [e.kind for e in (await sampler.poll()).events] == [EventKind.GPU_LOST]
+        assert (Target.gpu(uuid), "temperature_celsius") not in (await sampler.poll()).samples
         node.gpus[1].lost = False
-        result = sampler.poll()
+        result = await sampler.poll()
         assert result.samples[Target.gpu(uuid), "gpu_present"] == 1
         assert result.samples[Target.gpu(uuid), "temperature_celsius"] == 41
         assert result.samples[Target.gpu(node.gpus[0].uuid), "gpu_present"] == 1

@@ -1,6 +1,8 @@
 """The NVML guard: a hung call costs one deadline, later calls fail fast, one thread at most."""
 
+import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,84 @@ class TestNvmlGuard:
         assert [e["event"] for e in back] == ["nvml_call_returned"]
         assert back[0]["call"] == "stuck call"
 
+    async def test_an_awaited_call_leaves_the_loop_free(self):
+        """Awaited, a call stuck in NVML holds only its caller: other tasks run meanwhile."""
+        guard = NvmlGuard(600)  # a deadline this test never reaches
+        gate = threading.Event()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(ticker())
+        try:
+            stuck = asyncio.create_task(guard.call("stuck call", lambda: gate.wait() and "back"))
+            await wait_until(lambda: ticks > 1000, what="other tasks to run meanwhile")
+            assert not stuck.done()
+            gate.set()
+            assert await stuck == "back"
+            assert guard.timed_out == 0
+        finally:
+            gate.set()
+            beside.cancel()
+            guard.close()
+
+    async def test_an_awaited_call_has_the_deadline_and_the_refusals(self):
+        """An awaited call that hangs raises at the deadline; later ones are refused at once
+        (not queued behind it); once it returns, calls run again."""
+        guard = NvmlGuard(DEADLINE_S)
+        gate = threading.Event()
+        try:
+            with pytest.raises(NvmlHungError) as first:
+                await guard.call("stuck call", gate.wait)
+            assert first.value.timed_out
+            with pytest.raises(NvmlHungError, match="not tried"):
+                await guard.call("later call", lambda: None)
+            gate.set()
+            await wait_until(lambda: not guard.hung, what="the stuck call to return")
+            assert await guard.call("after", lambda: "fine") == "fine"
+            assert (guard.timed_out, guard.refused) == (1, 1)
+        finally:
+            gate.set()
+            guard.close()
+
+    async def test_a_cancelled_call_ends_even_as_its_work_returns(self):
+        """A call cancelled just as NVML answers is cancelled, not carried on (a cancelled poll
+        went on polling, and the agent could not stop): whatever the loop did with the answer
+        before the cancellation, a cancel of an unfinished call is honoured."""
+        guard = NvmlGuard(600)
+        for steps in range(5):  # loop iterations between the answer and the cancellation
+            working, answer = threading.Event(), threading.Event()
+
+            def work(working: threading.Event = working, answer: threading.Event = answer) -> bool:
+                working.set()
+                return answer.wait()
+
+            call = asyncio.create_task(guard.call("answer", work))
+            await wait_until(working.is_set, what="the work to start")
+            answer.set()
+            time.sleep(0.05)  # holding the loop: the worker returns and queues its wake-up
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            if call.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            else:
+                assert await call
+        guard.close()
+
+    async def test_an_awaited_call_gives_its_value_or_its_error(self):
+        """What the work returns comes back; what it raises is raised to the awaiting task."""
+        guard = NvmlGuard(DEADLINE_S)
+        assert await guard.call("answer", lambda: 42) == 42
+        with pytest.raises(SourceError, match="boom"):
+            await guard.call("fails", lambda: (_ for _ in ()).throw(SourceError("nvml", "boom")))
+        assert not guard.hung
+        guard.close()
+
     def test_a_nested_call_runs_on_the_worker_itself(self):
         """Work handed to the guard may call guarded methods: they run inline, not deadlocked."""
         guard = NvmlGuard(DEADLINE_S)
@@ -111,18 +191,44 @@ def gpus_sampled(samples: dict[SampleKey, SampleValue], node: SimNode) -> list[i
 
 
 class TestSamplerWhenNvmlHangs:
+    async def test_the_kernel_log_is_read_while_the_gpu_read_waits(self, node: SimNode):
+        """The GPU read is awaited: with NVML hung and its deadline far off, a wake-up's read
+        of the kernel log gives the Xid at once, and the GPU read finishes once NVML answers."""
+        sampler = Sampler(
+            nvml=NvmlSource(node.nvml, call_timeout_s=600),  # a deadline this test never reaches
+            sysfs=SysfsReader(node.sysfs.root),
+            kmsg=node.kmsg,
+            udev=node.udev,
+            catalog=load_catalog(),
+            clock=node.clock,
+        )
+        sampler.discover()
+        node.nvml_hang(1)
+        try:
+            devices = asyncio.create_task(sampler.poll_devices())
+            await wait_until(lambda: node.nvml.blocked == 1, what="the GPU read to hang")
+            node.xid(3, 13)
+            events = sampler.poll_events().events
+            assert [(e.kind, e.xid) for e in events] == [(EventKind.XID, 13)]
+            assert not devices.done()
+            assert sampler._nvml.guard.timed_out == 0
+        finally:
+            node.nvml_hang_clear()
+        assert gpus_sampled((await devices).samples, node) == [0, 1, 2, 3]
+        sampler.close()
+
     async def test_the_poll_goes_on_without_nvml_and_nvml_comes_back(self, node: SimNode):
         """GPU 2 hangs: the poll returns with GPUs 0 and 1, the kernel log's Xid and the IB
         ports; the next poll leaves NVML out at once; after the release every GPU is back."""
         sampler = sampler_for(node)
         sampler.discover()
-        sampler.poll()
+        await sampler.poll()
         before = worker_threads()
         node.nvml_hang(2)
         try:
             node.xid(3, 13)  # the kernel log line (and an NVML event nobody waits for here)
             with capture_logs() as logs:
-                hung = sampler.poll()
+                hung = await sampler.poll()
             assert [(e.kind, e.xid) for e in hung.events] == [(EventKind.XID, 13)]
             assert gpus_sampled(hung.samples, node) == [0, 1]
             assert (Target.ib_port("mlx5_1", 1), "ib_state") in hung.samples
@@ -134,7 +240,7 @@ class TestSamplerWhenNvmlHangs:
 
             node.ib_port_down(0)
             with capture_logs() as quiet:
-                refused = sampler.poll()
+                refused = await sampler.poll()
             assert gpus_sampled(refused.samples, node) == []
             assert [e.kind for e in refused.events] == [EventKind.IB_PORT_DOWN]
             assert refused.samples[Target.node(), "agent_nvml_calls_timed_out"] == 1
@@ -143,15 +249,10 @@ class TestSamplerWhenNvmlHangs:
             assert node.nvml.blocked == 1
         finally:
             node.nvml_hang_clear()
-        polls: list[dict[SampleKey, SampleValue]] = []
-
-        def gpus_back() -> bool:
-            polls.append(sampler.poll().samples)
-            return gpus_sampled(polls[-1], node) != []
-
-        await wait_until(gpus_back, what="NVML back")
-        assert gpus_sampled(polls[-1], node) == [0, 1, 2, 3]
-        assert polls[-1][hung_key] == 0
+        await wait_until(lambda: not sampler._nvml.guard.hung, what="the stuck call to return")
+        back = (await sampler.poll()).samples
+        assert gpus_sampled(back, node) == [0, 1, 2, 3]
+        assert back[hung_key] == 0
         sampler.close()
 
     def test_discovery_that_hangs_fails_whole_and_is_tried_again(self, node: SimNode):

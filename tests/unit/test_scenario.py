@@ -159,7 +159,7 @@ class TestEachFaultKind:
         assert set(EXPECTED) | {FaultKind.NODE_CRASH} == set(FaultKind)
 
     @pytest.mark.parametrize("kind", sorted(EXPECTED))
-    def test_fault_shows_up_as_the_right_events_exactly_once(self, kind, tmp_path: Path):
+    async def test_fault_shows_up_as_the_right_events_exactly_once(self, kind, tmp_path: Path):
         """The fault's events appear once, in order, and its evidence is in the samples."""
         clock = FakeClock()
         node = SimNode("node-01", tmp_path / "sys", clock)
@@ -174,7 +174,7 @@ class TestEachFaultKind:
             counter_interval_s=1.0,
         )
         sampler.discover()
-        sampler.poll()
+        await sampler.poll()
         scenario_fault = Fault(0.0, "node-01", kind, example_params(kind))
         events = []
         samples = {}
@@ -182,13 +182,13 @@ class TestEachFaultKind:
             apply_fault(step, node)
             clock.advance(2.0)
             node.tick(2.0)
-            result = sampler.poll()
+            result = await sampler.poll()
             events += result.events
             samples.update(result.samples)
         for _ in range(3):  # nothing more may come of it
             clock.advance(2.0)
             node.tick(2.0)
-            events += sampler.poll().events
+            events += (await sampler.poll()).events
         node.nvml_hang_clear()
         sampler.close()
         assert [(e.kind, e.xid) for e in events] == EXPECTED[kind]

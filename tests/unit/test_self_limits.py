@@ -125,7 +125,7 @@ class TestAgentBoundsItself:
         for n in range(5):
             agent.jobs.add(step(n))
         node.xid(1, 13)
-        agent.poll_once()
+        await agent.poll_once()
         assert len(agent.jobs) == 0
         assert agent.jobs.dropped == 5
         assert [e.xid for e in agent.outbox.after(0)] == [13]
@@ -134,7 +134,7 @@ class TestAgentBoundsItself:
         assert agent.live.values[NODE, "agent_telemetry_dropped"] == 5
         usage.rss = 100 * MIB
         agent.jobs.add(step(9))
-        agent.poll_once()
+        await agent.poll_once()
         assert len(agent.jobs) == 1  # under the ceiling again: kept
 
     async def test_a_costly_poll_makes_the_agent_wait_longer(self, tmp_path: Path):
@@ -145,9 +145,9 @@ class TestAgentBoundsItself:
         agent = build_agent(AgentConfig(node="node-a", state_dir=None), sim_hardware(node), clock)
         agent.limits = limits(FakeUsage(cpu_per_read=1.0), share=0.1)  # 2 s CPU per poll
         await agent.start()
-        wait = agent.timed_poll()
+        wait = await agent.timed_poll()
         assert wait > agent.intervals.poll
-        agent.poll_once()
+        await agent.poll_once()
         assert agent.live.values[NODE, "agent_poll_interval_seconds"] == pytest.approx(wait)
         assert agent.live.values[NODE, "agent_poll_stretches"] == 1
 

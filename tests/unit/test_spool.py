@@ -243,14 +243,6 @@ class TestCompaction:
         names = segments(tmp_path)
         assert [parse_name(n) for n in names] == [(0, 4)]
 
-    def test_compact_frees_acked_bytes_at_once(self, tmp_path: Path):
-        """When the bound is hit, even a short acked active segment is replaced."""
-        spool = filled(tmp_path, 2)
-        spool.ack(2)
-        assert spool.held_bytes > 1 + 2 * 60
-        spool.compact()
-        assert [parse_name(n) for n in segments(tmp_path)] == [(0, 3)]
-
 
 class TestFullDisk:
     def test_refused_writes_keep_events_in_memory_and_retry(self, tmp_path: Path):
