@@ -209,6 +209,8 @@ class CollectorLink:
 
     async def _stream(self, call: Call) -> None:
         hello = self._hello()
+        # Numbers below it are acked or lost: the stream may start past what the journal holds.
+        hello.resume_seq = self._outbox.resume_seq
         # A collector that takes the stream but never answers (say, a stuck journal) must not
         # hold the agent forever: keepalive sees a healthy transport, so time out ourselves.
         first = await asyncio.wait_for(self._handshake(call, hello), self._welcome_timeout)

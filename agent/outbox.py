@@ -170,6 +170,17 @@ class Outbox:
         """Highest sequence number handed out so far (0 before the first event)."""
         return self._next_seq - 1
 
+    @property
+    def resume_seq(self) -> int:
+        """The lowest number this outbox still holds or will give out (the Hello says it).
+
+        Every number below it was acknowledged (by whichever journal) or lost with a damaged
+        spool, and will never be sent: a collector whose journal lacks some of them (restored
+        from a backup, or one that does not share the journal of the collector that acked
+        them) may let the stream start past them.
+        """
+        return self._pending[0].seq if self._pending else self._next_seq
+
     def _account(self) -> None:
         self.budget.events = self._pending_bytes
 

@@ -337,6 +337,7 @@ class StreamSession:
             node=self._node,
             boot_id=self._boot_id,
             journaled=high,
+            resume_seq=hello.resume_seq,
             journal=self._journal,
             fleet=self._fleet,
             stats=self._stats,

@@ -2,9 +2,11 @@
 
 Events of a boot are numbered from 1 without gaps. Within a stream they must come in order (a
 skipped or repeated number ends the stream); the first after a Hello may repeat numbers already
-journaled (a replay after a reconnect), and those are acked again and dropped. Each new event is
-journaled and acked once committed (the ack is cumulative: everything up to its number is safe).
-An event the database refuses (``journal_refused``) ends its own stream only.
+journaled (a replay after a reconnect), and those are acked again and dropped, but it may not
+skip a number the journal lacks (``seq_gap``: the ack for it would cover events never journaled)
+unless the Hello declared that number settled for the agent (``resume_seq``).
+Each new event is journaled and acked once committed (the ack is cumulative: everything up to its
+number is safe). An event the database refuses (``journal_refused``) ends its own stream only.
 
 A flood of alike events is held and journaled as one row (:mod:`collector.ingest.coalesce`); the
 ack then stops before the held run until its row is committed. An event stamped by a clock that
@@ -75,6 +77,7 @@ class StreamEvents:
         node: str,
         boot_id: str,
         journaled: int,
+        resume_seq: int = 0,
         journal: Journal,
         fleet: FleetModel,
         stats: CollectorStats,
@@ -85,10 +88,14 @@ class StreamEvents:
         track_write: Callable[[str, asyncio.Future[None]], None],
         warnings: Warnings,
     ) -> None:
-        """Start after ``journaled``, the boot's highest number already in the journal."""
+        """Start after ``journaled``, the boot's highest number already in the journal.
+
+        ``resume_seq``: the Hello's; the first event may skip numbers below it (0: none).
+        """
         self._node = node
         self._boot_id = boot_id
         self._journaled = journaled
+        self._resume_seq = resume_seq
         self._next_seq: int | None = None
         self._journal = journal
         self._fleet = fleet
@@ -146,18 +153,38 @@ class StreamEvents:
     def _check_order(self, seq: int) -> None:
         if self._next_seq is None:
             if seq > self._journaled + 1:
-                self._stats.seq_gaps += 1
-                log.warning(
-                    "seq_gap",
-                    node=self._node,
-                    boot_id=self._boot_id,
-                    journaled=self._journaled,
-                    first_seq=seq,
-                )
+                self._gap(seq)
         elif seq != self._next_seq:
             msg = f"event seq {seq} out of order: expected {self._next_seq}"
             raise WireError("out_of_order", msg)
         self._next_seq = seq + 1
+
+    def _gap(self, seq: int) -> None:
+        """The stream's first event skips numbers the journal lacks: refuse it unless declared.
+
+        The cumulative ack for ``seq`` would say the numbers in between are journaled. The
+        agent may declare them settled in its Hello (``resume_seq``: acked by a journal this one
+        is not, such as a collector's before its journal was restored from a backup, or lost
+        with its spool); then the stream is taken and the gap logged. Either way it is counted.
+        """
+        self._stats.seq_gaps += 1
+        first = self._journaled + 1
+        missing = f"{first}" if seq - 1 == first else f"{first}..{seq - 1}"
+        if seq <= self._resume_seq:
+            log.warning(
+                "seq_gap_declared",
+                node=self._node,
+                boot_id=self._boot_id,
+                journal_lacks=missing,
+                first_seq=seq,
+            )
+            return
+        said = f"resume_seq {self._resume_seq}" if self._resume_seq else "no resume_seq"
+        msg = (
+            f"event seq {seq} skips {missing}: the journal holds this boot's events through "
+            f"{self._journaled}, and the Hello said {said}; events must follow on without a gap"
+        )
+        raise WireError("seq_gap", msg)
 
     def _stamp(self, event: pb.Event) -> Stamp:
         """The event's time and detail as journaled: the receipt time when its own is wrong."""

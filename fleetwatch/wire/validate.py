@@ -102,6 +102,11 @@ def validate_hello(hello: pb.Hello) -> Inventory:
         f"protocol_version {hello.protocol_version} unsupported; this collector speaks "
         f"{PROTOCOL_VERSION}",
     )
+    _require(
+        hello.resume_seq <= MAX_SEQ,
+        r,
+        f"resume_seq {hello.resume_seq} out of range: sequence numbers go up to {MAX_SEQ}",
+    )
     for name, text in (
         ("agent_version", hello.agent_version),
         ("driver_version", hello.driver_version),

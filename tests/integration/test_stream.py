@@ -372,6 +372,26 @@ class TestBadNumbers:
         assert collector.stats.streams_total == len(NODES) + 2  # no good node reconnected
         assert sum(n.connected for n in collector.fleet.snapshot().values()) == len(NODES)
 
+    async def test_a_stream_that_starts_past_a_gap_is_refused(self, collector):
+        """Over gRPC: a node's events 1-3 are journaled and acked; its next stream starts at 5.
+        The collector refuses it naming the gap (an ack for 5 would say 4 is journaled), counts
+        it, and acks nothing; a stream that sends 4 and 5 is then taken."""
+        port = collector.grpc_port
+        acks = await acked_stream(port, [rogue_hello(), *map(rogue_event, (1, 2, 3))], 3)
+        assert acks == [1, 2, 3]
+        err = await raw_stream(port, [rogue_hello(), rogue_event(5)])
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "event seq 5 skips 4: the journal holds this boot's events through 3" in (
+            err.details() or ""
+        )
+        assert [r.seq for r in collector.reader.events(node="rogue")] == [1, 2, 3]
+        m = scrape(collector)
+        assert m[REJECTED, (("reason", "seq_gap"),)] == 1
+        assert m["fleetwatch_collector_seq_gaps_total", ()] == 1
+        acks = await acked_stream(port, [rogue_hello(), rogue_event(4), rogue_event(5)], 5)
+        assert acks == [4, 5]
+        assert [r.seq for r in collector.reader.events(node="rogue")] == [1, 2, 3, 4, 5]
+
 
 class TestHealth:
     async def test_health_service_reports_serving(self, collector):

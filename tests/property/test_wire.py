@@ -119,6 +119,10 @@ def check(message: pb.AgentMessage, inventory: Inventory = INVENTORY) -> None:
         validate_event(message.event, inventory)
         event_kind_from_pb(message.event.kind)
         Target.from_pb(message.event.target)
+        # Every integer the journal keeps of an accepted event fits a signed 64-bit column.
+        event = message.event
+        for value in (event.seq, event.time_unix_ms, event.xid, event.target.index):
+            assert -(2**63) <= value < 2**63
     elif body == "job_report":
         validate_job_report(message.job_report, inventory)
 
@@ -210,6 +214,7 @@ hellos = st.builds(
     gpus=st.lists(gpus, max_size=4),
     ib_ports=st.lists(ib_ports, max_size=4),
     time_unix_ms=I64,
+    resume_seq=U64,
 )
 events = st.builds(
     pb.Event,
@@ -260,6 +265,16 @@ messages = st.one_of(
 
 class TestHostileFields:
     @given(messages)
+    @example(  # a number no 64-bit column holds, on an event otherwise fine (issue 18)
+        pb.AgentMessage(
+            event=pb.Event(
+                seq=2**63,
+                time_unix_ms=1,
+                kind=pb.EVENT_KIND_XID,
+                target=pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=UUID),
+            )
+        )
+    )
     def test_hostile_fields_reject_with_a_known_reason(self, message):
         """Well-formed messages with absurd values: NaN, huge, unicode, overlong, unknown enums."""
         tried(TARGET)

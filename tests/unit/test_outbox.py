@@ -78,3 +78,18 @@ class TestOutbox:
         box.add(event())
         box.welcome(journaled_seq=0)
         assert [e.seq for e in box.after(0)] == [1]
+
+    def test_resume_seq_is_the_first_number_still_held(self):
+        """What the Hello declares: the first waiting event, else the next number; everything
+        below it was acked (or lost) and is never sent again."""
+        box = Outbox("boot")
+        assert box.resume_seq == 1
+        box.welcome(0)
+        for i in range(5):
+            box.add(event(i))
+        assert box.resume_seq == 1
+        box.ack(3)
+        assert box.resume_seq == 4
+        box.ack(5)
+        assert box.resume_seq == 6
+        assert [e.seq for e in box.after(box.acked_seq)] == []

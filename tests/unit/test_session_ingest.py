@@ -249,6 +249,65 @@ class TestHostileValues:
         assert c.stats.reports == 5
 
 
+class TestSequence:
+    async def test_a_stream_that_starts_past_a_gap_is_refused_and_nothing_is_acked(self, make):
+        """The journal holds 1-3; a new stream's first event is 5: the ack for 5 would say 4 is
+        journaled, so the stream is refused, naming the gap, and counted; 4 then 5 is taken."""
+        c = make()
+        await c.stream(xid(1), xid(2), xid(3))
+        context = await c.stream(xid(5), xid(6))
+        assert context.aborted is not None
+        code, details = context.aborted
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "event seq 5 skips 4" in details
+        assert "through 3" in details
+        assert context.acks() == []
+        assert c.seqs() == [1, 2, 3]
+        assert c.stats.rejected["seq_gap"] == 1
+        assert c.stats.seq_gaps == 1
+        context = await c.stream(xid(4), xid(5))
+        assert context.aborted is None
+        assert context.acks() == [4, 5]
+        assert c.seqs() == [1, 2, 3, 4, 5]
+
+    async def test_a_first_stream_must_start_at_one(self, make):
+        """Nothing journaled for the boot: a first event numbered 3 skips 1..2."""
+        c = make()
+        context = await c.stream(xid(3))
+        assert context.aborted is not None
+        assert "event seq 3 skips 1..2" in context.aborted[1]
+        assert "the Hello said no resume_seq" in context.aborted[1]
+        assert c.seqs() == []
+
+    async def test_a_gap_the_hello_declared_settled_is_taken_and_counted(self, make):
+        """The agent says numbers below 5 were acked elsewhere or lost (resume_seq 5): with 1-3
+        journaled, its stream may start at 5 (counted as a gap, not refused), but not at 6."""
+        c = make()
+        await c.stream(xid(1), xid(2), xid(3))
+        hello = pb.Hello()
+        hello.CopyFrom(HELLO)
+        hello.resume_seq = 5
+        refused = await c.stream(xid(6), hello=hello)
+        assert refused.aborted is not None
+        assert "event seq 6 skips 4..5" in refused.aborted[1]
+        assert "resume_seq 5" in refused.aborted[1]
+        context = await c.stream(xid(5), xid(6), hello=hello)
+        assert context.aborted is None
+        assert context.acks() == [5, 6]
+        assert [r.seq for r in c.reader.events(node=NODE)] == [1, 2, 3, 5, 6]
+        assert c.stats.seq_gaps == 2
+        assert c.stats.rejected["seq_gap"] == 1
+
+    async def test_a_replay_below_the_journal_is_still_acked(self, make):
+        """Numbers already journaled (a replay) are no gap: acked again and dropped."""
+        c = make()
+        await c.stream(xid(1), xid(2), xid(3))
+        context = await c.stream(xid(2), xid(3), xid(4))
+        assert context.aborted is None
+        assert context.acks() == [2, 3, 4]
+        assert c.seqs() == [1, 2, 3, 4]
+
+
 class TestJournalRefusal:
     async def test_an_event_the_database_refuses_ends_its_own_stream_with_a_clear_status(
         self, make, tmp_path: Path

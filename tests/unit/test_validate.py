@@ -75,6 +75,7 @@ class TestHello:
             ),
             ({"gpus": [pb.Gpu(uuid=UUID, pci_bus_id="0000:18:00.0", nvlink_count=999)]}, "NVLinks"),
             ({"ib_ports": [pb.IbPort(device="mlx5_0", port=0)]}, "out of range"),
+            ({"resume_seq": 2**63}, "resume_seq 9223372036854775808 out of range"),
             ({"ib_ports": [pb.IbPort(device="../etc", port=1)]}, "malformed"),
         ],
     )

@@ -77,7 +77,7 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ..., job_report: _Optional[_Union[JobReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "boot_id", "agent_version", "protocol_version", "driver_version", "nvml_version", "gpus", "ib_ports", "time_unix_ms")
+    __slots__ = ("node", "boot_id", "agent_version", "protocol_version", "driver_version", "nvml_version", "gpus", "ib_ports", "time_unix_ms", "resume_seq")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class Hello(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     IB_PORTS_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SEQ_FIELD_NUMBER: _ClassVar[int]
     node: str
     boot_id: str
     agent_version: str
@@ -96,7 +97,8 @@ class Hello(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     ib_ports: _containers.RepeatedCompositeFieldContainer[IbPort]
     time_unix_ms: int
-    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., driver_version: _Optional[str] = ..., nvml_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ib_ports: _Optional[_Iterable[_Union[IbPort, _Mapping]]] = ..., time_unix_ms: _Optional[int] = ...) -> None: ...
+    resume_seq: int
+    def __init__(self, node: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., driver_version: _Optional[str] = ..., nvml_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ib_ports: _Optional[_Iterable[_Union[IbPort, _Mapping]]] = ..., time_unix_ms: _Optional[int] = ..., resume_seq: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "pci_bus_id", "model", "nvlink_count")
