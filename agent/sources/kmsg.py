@@ -23,6 +23,7 @@ MAX_RECORDS_PER_READ = 10_000
 # The kernel keeps a message to about 1 KiB; more is cut, so a record never holds more than this.
 MAX_TEXT = 4096
 _HEADER_NUMBER = re.compile(r"[0-9]{1,20}")  # unsigned decimal, as the kernel prints them
+MAX_HEADER_NUMBER = 2**64 - 1  # the kernel's fields are u64; the wire's kmsg_seq too
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,9 @@ def parse_record(raw: bytes) -> KmsgRecord:
         msg = f"kmsg record header is not numeric: {head[:80]!r}"
         raise ValueError(msg)
     prio, seq, ts_us = int(fields[0]), int(fields[1]), int(fields[2])
+    if max(prio, seq, ts_us) > MAX_HEADER_NUMBER:
+        msg = f"kmsg record header number is over 2**64 - 1: {head[:80]!r}"
+        raise ValueError(msg)
     text = rest.split("\n", 1)[0][:MAX_TEXT]
     return KmsgRecord(seq=seq, ts_us=ts_us, level=prio & 7, facility=prio >> 3, text=text)
 
