@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -75,6 +76,13 @@ def drains(receiver: WebhookReceiver) -> Counter[str]:
     )
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on the loopback ``port``."""
+    with socket.socket() as probe:
+        probe.settimeout(0.2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def start_victim(port: int, dsn: str, receiver_url: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     """Collector c1 in a process of its own, to be killed with SIGKILL."""
     secret = tmp_path / "secret"  # written by actions()
@@ -108,6 +116,14 @@ async def test_three_collectors_one_killed(  # noqa: C901, PLR0915 - one story, 
     )
     victim_port = free_port()
     victim = start_victim(victim_port, pg_dsn, receiver.url, tmp_path)
+    # Agents start on the collector their name picks only if it listens: one that is still
+    # starting (a loaded machine) sends them to a survivor, where they stay.
+    await wait_until(
+        lambda: victim.poll() is not None or listening(victim_port),
+        timeout=60,
+        what="collector c1 listening",
+    )
+    assert victim.poll() is None, (tmp_path / "c1.log").read_text()[-2000:]
     survivors: list[CollectorService] = []
     for name in ("c2", "c3"):
         cfg = collector_config(
