@@ -39,11 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import queue
+import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import structlog
 
@@ -59,6 +61,55 @@ if TYPE_CHECKING:
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 log = structlog.get_logger("agent.outbox")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _DiskThread(Executor):
+    """One daemon thread that runs what it is given, in order.
+
+    Not a ThreadPoolExecutor: its threads are joined at interpreter exit, and a disk stuck in an
+    fsync would then hold the process forever. What a killed write leaves is what a crash
+    leaves, which the spool is made for.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Queue ``fn(*args, **kwargs)``; starts the thread on the first call."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="outbox-disk", daemon=True)
+                self._thread.start()
+            self._jobs.put((future, partial(fn, *args, **kwargs)))
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, work = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # noqa: FBT001, FBT002 - Executor's signature
+        """End the thread after the work queued so far (``cancel_futures`` is not supported)."""
+        del cancel_futures
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._jobs.put(None)
+        if wait and thread is not None:
+            thread.join()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +203,7 @@ class Outbox:
         self._barrier = 0  # work before this ticket releases nothing (a Welcome's rewrite)
         self._flight: _Sync | None = None
         self._unwritten: list[pb.Event] = []  # numbered, to be appended with the next hand-off
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: _DiskThread | None = None
         self.on_release: Callable[[], None] = lambda: None  # the agent wakes the link's sender
         self._account()
 
@@ -202,7 +253,7 @@ class Outbox:
         assert spool is not None  # noqa: S101 - callers check
         loop = asyncio.get_running_loop()
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="outbox-disk")
+            self._executor = _DiskThread()
         self._tickets += 1
         ticket, through = self._tickets, self._added
         unwritten, self._unwritten = self._unwritten, []

@@ -1,6 +1,8 @@
 import asyncio
 import errno
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -130,7 +132,7 @@ class SlowDisk:
     def __call__(self, fd: int) -> None:
         self.calls += 1
         self.waiting += 1
-        self.free.wait()
+        self.free.wait(30)  # bounded: a failed test must not leave the thread waiting for good
         self.waiting -= 1
         os.fsync(fd)
 
@@ -196,6 +198,49 @@ class TestDiskThread:
         await again.sync()
         assert pending(again) == [(8, "m1"), (9, "m2")]
         await again.close()
+
+
+STUCK_AT_EXIT = """
+import asyncio, os, sys, threading
+from pathlib import Path
+from agent.findings import PendingEvent
+from agent.outbox import Outbox
+from agent.spool import Spool
+from fleetwatch.model import EventKind, Target
+
+stuck = threading.Event()
+
+def fsync(fd):
+    if stuck.is_set():
+        threading.Event().wait()  # a disk that never answers
+    os.fsync(fd)
+
+async def main():
+    box = Outbox("boot-1", spool=Spool(Path(sys.argv[1]), "boot-1", fsync=fsync))
+    stuck.set()
+    box.add(PendingEvent(EventKind.XID, Target.gpu("GPU-0000"), 1, xid=13))
+    try:
+        await asyncio.wait_for(box.sync(), 0.5)
+    except TimeoutError:
+        print("sync still waiting", flush=True)
+
+asyncio.run(main())
+"""
+
+
+class TestStuckDisk:
+    def test_a_process_whose_fsync_never_returns_still_exits(self, tmp_path: Path):
+        """The disk thread is a daemon: an fsync that never returns does not hold the exit
+        (what the killed write leaves is what a crash leaves)."""
+        done = subprocess.run(
+            [sys.executable, "-c", STUCK_AT_EXIT, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert "sync still waiting" in done.stdout, done.stderr
+        assert done.returncode == 0, done.stderr
 
 
 class TestBound:
