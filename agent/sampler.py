@@ -238,7 +238,13 @@ class Sampler:
         result = PollResult()
         now_ms = unix_ms(self._clock)
         errors = self.source_errors
-        for gpu, reading in await self._read_gpus():
+        readings = await self._read_gpus()
+        if any(isinstance(r, GpuLostError) and g.uuid not in self._lost for g, r in readings):
+            # The driver logs Xid 79 before NVML answers GPU-lost, and the line says more (the
+            # Xid, its class): read the event sources again, so that a line logged while NVML
+            # was read reports the loss, not NVML's bare error.
+            self._read_events(result, unix_ms(self._clock))
+        for gpu, reading in readings:
             self._take_gpu(gpu, reading, result, now_ms)
         # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.
         mono = self._clock.monotonic()
@@ -261,7 +267,8 @@ class Sampler:
         result = await self.poll_devices()
         result.events[:0] = events.events
         result.samples.update(events.samples)
-        result.kmsg_seq = events.kmsg_seq
+        seqs = [s for s in (events.kmsg_seq, result.kmsg_seq) if s is not None]
+        result.kmsg_seq = max(seqs) if seqs else None
         return result
 
     def _self_samples(self, result: PollResult) -> None:

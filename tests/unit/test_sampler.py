@@ -71,6 +71,24 @@ class TestSampler:
         assert (await kinds(sampler)) == []
         assert (await sampler.poll()).samples[Target.gpu(node.gpus[2].uuid), "gpu_present"] == 0
 
+    async def test_xid_79_logged_while_the_event_sources_were_read_still_names_the_loss(
+        self, sampler: Sampler, node: SimNode
+    ):
+        """A line logged between a poll's event read and its GPU read reports the loss (Xid 79).
+
+        The agent reads the event sources first and NVML after; a GPU that falls off the bus in
+        between answers GPU-lost to NVML while its Xid 79 line waits in the kernel log.
+        """
+        await sampler.poll()
+        assert sampler.poll_events().events == []
+        node.xid(2, 79)
+        result = await sampler.poll_devices()
+        assert [(e.kind, e.xid, e.xid_class) for e in result.events] == [
+            (EventKind.GPU_LOST, 79, "bus")
+        ]
+        assert result.kmsg_seq is not None  # the line was read here: its record moves the cursor
+        assert sampler.poll_events().events == []
+
     async def test_gpu_lost_seen_by_nvml_first_is_reported_once(
         self, sampler: Sampler, node: SimNode
     ):
