@@ -10,24 +10,14 @@ import pytest
 from agent.job_report import JobReportError, parse_report
 from agent.job_socket import JobQueue, bind_job_socket, serve_job_socket
 from agent.sampler import NodeInventory
-from agent.sources.nvml import GpuIdentity
 from fleetwatch import jobclient
 from fleetwatch.jobclient import report_step
 from fleetwatch.testing import wait_until
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import Inventory, WireError
 from fleetwatch.wire.validate_jobs import MAX_STEPS_PER_REPORT, validate_job_report
+from tests.job_node import INVENTORY, UUIDS
 
-UUIDS = tuple(f"GPU-{i:08x}-aaaa-bbbb-cccc-1234567890ab" for i in range(8))
-INVENTORY = NodeInventory(
-    driver_version="570.86.15",
-    nvml_version="12.570.86.15",
-    gpus=tuple(
-        GpuIdentity(i, uuid, f"0000:{0x18 + i:02x}:00.0", "NVIDIA H100 80GB HBM3", 18)
-        for i, uuid in enumerate(UUIDS)
-    ),
-    ib_ports=(),
-)
 NOW = 1_767_225_600.0
 GOOD = {
     "v": 1,

@@ -10,14 +10,13 @@ from agent.job_claims import MAX_JOBS_PER_UID, SenderCheck
 from agent.job_report import JobReportError
 from agent.job_socket import JobQueue, serve_job_socket
 from agent.peer_identity import PeerResolver
-from agent.sampler import NodeInventory
-from agent.sources.nvml import GpuIdentity
 from fleetwatch import jobclient
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import WireError
 from fleetwatch.wire.validate_jobs import MAX_DATAGRAM_BYTES, validate_job_step
+from tests.job_node import INVENTORY
 from tests.rank_process import (
     cgroup_root,
     deliver,
@@ -28,16 +27,6 @@ from tests.rank_process import (
     step_reports,
 )
 
-UUIDS = tuple(f"GPU-{i:08x}-aaaa-bbbb-cccc-1234567890ab" for i in range(8))
-INVENTORY = NodeInventory(
-    driver_version="570.86.15",
-    nvml_version="12.570.86.15",
-    gpus=tuple(
-        GpuIdentity(i, uuid, f"0000:{0x18 + i:02x}:00.0", "NVIDIA H100 80GB HBM3", 18)
-        for i, uuid in enumerate(UUIDS)
-    ),
-    ib_ports=(),
-)
 VICTIM, ATTACKER = 2001, 2002
 
 
