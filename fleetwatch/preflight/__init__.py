@@ -1,0 +1,1 @@
+"""Pre-flight qualification of a cluster: the vocabulary the collector and the agents share."""
