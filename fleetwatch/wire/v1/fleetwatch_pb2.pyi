@@ -63,18 +63,20 @@ COMMAND_KIND_RESET_GPU: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "report", "event", "command_result", "job_report")
+    __slots__ = ("hello", "report", "event", "command_result", "job_report", "preflight_result")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_RESULT_FIELD_NUMBER: _ClassVar[int]
     JOB_REPORT_FIELD_NUMBER: _ClassVar[int]
+    PREFLIGHT_RESULT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     report: Report
     event: Event
     command_result: CommandResult
     job_report: JobReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ..., job_report: _Optional[_Union[JobReport, _Mapping]] = ...) -> None: ...
+    preflight_result: PreflightResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ..., job_report: _Optional[_Union[JobReport, _Mapping]] = ..., preflight_result: _Optional[_Union[PreflightResult, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node", "boot_id", "agent_version", "protocol_version", "driver_version", "nvml_version", "gpus", "ib_ports", "time_unix_ms", "resume_seq")
@@ -237,16 +239,18 @@ class JobStep(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ..., sender_uid: _Optional[int] = ..., scheduler_job: _Optional[str] = ..., sender_start_unix_ms: _Optional[int] = ...) -> None: ...
 
 class CollectorMessage(_message.Message):
-    __slots__ = ("welcome", "ack", "command", "config")
+    __slots__ = ("welcome", "ack", "command", "config", "preflight_task")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PREFLIGHT_TASK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     ack: Ack
     command: Command
     config: Config
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ...) -> None: ...
+    preflight_task: PreflightTask
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., preflight_task: _Optional[_Union[PreflightTask, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("collector_version", "journaled", "config")
@@ -285,3 +289,87 @@ class Command(_message.Message):
     gpu_uuid: str
     force: bool
     def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class PreflightTask(_message.Message):
+    __slots__ = ("run_id", "task_id", "level", "checks", "timeout_s", "groups", "ib_tests")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    IB_TESTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    task_id: str
+    level: str
+    checks: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    groups: _containers.RepeatedCompositeFieldContainer[PreflightGroup]
+    ib_tests: _containers.RepeatedCompositeFieldContainer[PreflightIbTest]
+    def __init__(self, run_id: _Optional[str] = ..., task_id: _Optional[str] = ..., level: _Optional[str] = ..., checks: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[PreflightGroup, _Mapping]]] = ..., ib_tests: _Optional[_Iterable[_Union[PreflightIbTest, _Mapping]]] = ...) -> None: ...
+
+class PreflightGroup(_message.Message):
+    __slots__ = ("check", "nodes", "node_rank", "gpus_per_node", "master_addr", "master_port", "size_bytes", "steps")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    node_rank: int
+    gpus_per_node: int
+    master_addr: str
+    master_port: int
+    size_bytes: int
+    steps: int
+    def __init__(self, check: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., node_rank: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., size_bytes: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+
+class PreflightIbTest(_message.Message):
+    __slots__ = ("device", "port", "server", "peer", "server_addr", "tcp_port")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TCP_PORT_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    port: int
+    server: bool
+    peer: str
+    server_addr: str
+    tcp_port: int
+    def __init__(self, device: _Optional[str] = ..., port: _Optional[int] = ..., server: _Optional[bool] = ..., peer: _Optional[str] = ..., server_addr: _Optional[str] = ..., tcp_port: _Optional[int] = ...) -> None: ...
+
+class PreflightResult(_message.Message):
+    __slots__ = ("run_id", "task_id", "refused", "measurements")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    task_id: str
+    refused: str
+    measurements: _containers.RepeatedCompositeFieldContainer[PreflightMeasurement]
+    def __init__(self, run_id: _Optional[str] = ..., task_id: _Optional[str] = ..., refused: _Optional[str] = ..., measurements: _Optional[_Iterable[_Union[PreflightMeasurement, _Mapping]]] = ...) -> None: ...
+
+class PreflightMeasurement(_message.Message):
+    __slots__ = ("check", "component", "value", "unit", "text", "error", "evidence")
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    check: str
+    component: str
+    value: float
+    unit: str
+    text: str
+    error: str
+    evidence: str
+    def __init__(self, check: _Optional[str] = ..., component: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ..., text: _Optional[str] = ..., error: _Optional[str] = ..., evidence: _Optional[str] = ...) -> None: ...
