@@ -41,6 +41,16 @@ class EventKind(StrEnum):
     PCI_RECOVERY = "pci_recovery"
     IB_DEVICE_ADDED = "ib_device_added"
     IB_DEVICE_REMOVED = "ib_device_removed"
+    # The node's BMC: the component (fan, power supply, sensor) is the target's device.
+    FAN_FAILED = "fan_failed"
+    FAN_RECOVERED = "fan_recovered"
+    PSU_FAILED = "psu_failed"
+    PSU_RECOVERED = "psu_recovered"
+    PSU_REDUNDANCY_LOST = "psu_redundancy_lost"
+    PSU_REDUNDANCY_RESTORED = "psu_redundancy_restored"
+    TEMPERATURE_CRITICAL = "temperature_critical"
+    TEMPERATURE_NORMAL = "temperature_normal"
+    BMC_SEL_ENTRY = "bmc_sel_entry"
     NODE_UNREACHABLE = "node_unreachable"
     NODE_REACHABLE = "node_reachable"
 
@@ -66,6 +76,15 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.PCI_RECOVERY: pb.EVENT_KIND_PCI_RECOVERY,
     EventKind.IB_DEVICE_ADDED: pb.EVENT_KIND_IB_DEVICE_ADDED,
     EventKind.IB_DEVICE_REMOVED: pb.EVENT_KIND_IB_DEVICE_REMOVED,
+    EventKind.FAN_FAILED: pb.EVENT_KIND_FAN_FAILED,
+    EventKind.FAN_RECOVERED: pb.EVENT_KIND_FAN_RECOVERED,
+    EventKind.PSU_FAILED: pb.EVENT_KIND_PSU_FAILED,
+    EventKind.PSU_RECOVERED: pb.EVENT_KIND_PSU_RECOVERED,
+    EventKind.PSU_REDUNDANCY_LOST: pb.EVENT_KIND_PSU_REDUNDANCY_LOST,
+    EventKind.PSU_REDUNDANCY_RESTORED: pb.EVENT_KIND_PSU_REDUNDANCY_RESTORED,
+    EventKind.TEMPERATURE_CRITICAL: pb.EVENT_KIND_TEMPERATURE_CRITICAL,
+    EventKind.TEMPERATURE_NORMAL: pb.EVENT_KIND_TEMPERATURE_NORMAL,
+    EventKind.BMC_SEL_ENTRY: pb.EVENT_KIND_BMC_SEL_ENTRY,
     EventKind.NODE_UNREACHABLE: pb.EVENT_KIND_NODE_UNREACHABLE,
     EventKind.NODE_REACHABLE: pb.EVENT_KIND_NODE_REACHABLE,
 }
