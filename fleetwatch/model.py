@@ -41,6 +41,16 @@ class EventKind(StrEnum):
     PCI_RECOVERY = "pci_recovery"
     IB_DEVICE_ADDED = "ib_device_added"
     IB_DEVICE_REMOVED = "ib_device_removed"
+    # The kernel's other hardware lines, and links that trained below their rate.
+    MACHINE_CHECK = "machine_check"
+    FS_ERROR = "fs_error"
+    FS_READ_ONLY = "fs_read_only"
+    SXID = "sxid"
+    SXID_FATAL = "sxid_fatal"
+    PCIE_AER_UNRECOVERED = "pcie_aer_unrecovered"
+    IB_RATE_LOW = "ib_rate_low"
+    ROCE_GID_MISSING = "roce_gid_missing"
+    PCIE_LINK_DEGRADED = "pcie_link_degraded"
     # The node's BMC: the component (fan, power supply, sensor) is the target's device.
     FAN_FAILED = "fan_failed"
     FAN_RECOVERED = "fan_recovered"
@@ -76,6 +86,15 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.PCI_RECOVERY: pb.EVENT_KIND_PCI_RECOVERY,
     EventKind.IB_DEVICE_ADDED: pb.EVENT_KIND_IB_DEVICE_ADDED,
     EventKind.IB_DEVICE_REMOVED: pb.EVENT_KIND_IB_DEVICE_REMOVED,
+    EventKind.MACHINE_CHECK: pb.EVENT_KIND_MACHINE_CHECK,
+    EventKind.FS_ERROR: pb.EVENT_KIND_FS_ERROR,
+    EventKind.FS_READ_ONLY: pb.EVENT_KIND_FS_READ_ONLY,
+    EventKind.SXID: pb.EVENT_KIND_SXID,
+    EventKind.SXID_FATAL: pb.EVENT_KIND_SXID_FATAL,
+    EventKind.PCIE_AER_UNRECOVERED: pb.EVENT_KIND_PCIE_AER_UNRECOVERED,
+    EventKind.IB_RATE_LOW: pb.EVENT_KIND_IB_RATE_LOW,
+    EventKind.ROCE_GID_MISSING: pb.EVENT_KIND_ROCE_GID_MISSING,
+    EventKind.PCIE_LINK_DEGRADED: pb.EVENT_KIND_PCIE_LINK_DEGRADED,
     EventKind.FAN_FAILED: pb.EVENT_KIND_FAN_FAILED,
     EventKind.FAN_RECOVERED: pb.EVENT_KIND_FAN_RECOVERED,
     EventKind.PSU_FAILED: pb.EVENT_KIND_PSU_FAILED,

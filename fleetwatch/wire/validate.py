@@ -61,6 +61,16 @@ AGENT_EVENT_KINDS: Final = frozenset(
         pb.EVENT_KIND_PCI_RECOVERY,
         pb.EVENT_KIND_IB_DEVICE_ADDED,
         pb.EVENT_KIND_IB_DEVICE_REMOVED,
+        # the kernel's other hardware lines; links below their rate
+        pb.EVENT_KIND_MACHINE_CHECK,
+        pb.EVENT_KIND_FS_ERROR,
+        pb.EVENT_KIND_FS_READ_ONLY,
+        pb.EVENT_KIND_SXID,
+        pb.EVENT_KIND_SXID_FATAL,
+        pb.EVENT_KIND_PCIE_AER_UNRECOVERED,
+        pb.EVENT_KIND_IB_RATE_LOW,
+        pb.EVENT_KIND_ROCE_GID_MISSING,
+        pb.EVENT_KIND_PCIE_LINK_DEGRADED,
         # the node's BMC
         pb.EVENT_KIND_FAN_FAILED,
         pb.EVENT_KIND_FAN_RECOVERED,
