@@ -84,3 +84,6 @@ class SimIbPort:
     link_downed: int = 0
     xmit_wait_per_s: float = 0.0  # congestion: ticks the sender waited, per second
     traffic_bytes_per_s: float = 0.0
+    rate_gbps: int = 400  # the rate the port trained at (NDR: 400 Gb/s)
+    symbol_errors: int = 0  # physical-layer errors so far (what the counters were told)
+    rcv_errors: int = 0

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
     from fleetwatch.clock import Clock
 
 NDR_RATE = "400 Gb/sec (4X NDR)"
+# What the kernel's ``rate`` file says for a 4X port trained at each speed (ib_rate_low).
+IB_RATE_TEXT = {
+    400: NDR_RATE,
+    200: "200 Gb/sec (4X HDR)",
+    100: "100 Gb/sec (4X EDR)",
+    56: "56 Gb/sec (4X FDR)",
+    40: "40 Gb/sec (4X QDR)",
+    20: "20 Gb/sec (4X DDR)",
+    10: "10 Gb/sec (4X SDR)",
+}
 LINK_DOWNED_MAX = 255  # 8-bit counter; IB error counters saturate, they do not wrap
 XID_DBE = 48
 XID_REMAP_RECORDED = 63
@@ -84,6 +94,10 @@ class SimNode:
         # HGX layout: root port, switch upstream and downstream ports, then the GPU. Only for
         # GPUs whose buses leave room for the ports (the standard eight).
         self.pcie_paths: dict[int, tuple[str, ...]] = {}
+        # Faults with no counter: a slow GPU pair (by the pair's indices, lower first) and a
+        # bad cable to another node on one rail (by peer node and port index), as factors.
+        self.p2p_factors: dict[tuple[int, int], float] = {}
+        self.cable_factors: dict[tuple[str, int], float] = {}
         if gpus <= len(H100_BUSES):
             for g in self.gpus:
                 self.pcie_paths[g.index] = self.sysfs.write_gpu_pcie_path(g.sysfs_bus_id)
@@ -94,7 +108,7 @@ class SimNode:
             port.port,
             state=f"{_STATE_CODES[port.state]}: {port.state}",
             phys_state=f"{_PHYS_CODES[port.phys_state]}: {port.phys_state}",
-            rate=NDR_RATE,
+            rate=IB_RATE_TEXT.get(port.rate_gbps, f"{port.rate_gbps} Gb/sec"),
             link_layer="InfiniBand",
             counters={"link_downed": port.link_downed},
         )
@@ -262,11 +276,46 @@ class SimNode:
     def ib_errors(self, port: int, *, symbol_errors: int = 0, rcv_errors: int = 0) -> None:
         """Physical-layer errors on an IB port (16-bit counters; they saturate)."""
         p = self.ib_ports[port]
+        p.symbol_errors += max(symbol_errors, 0)
+        p.rcv_errors += max(rcv_errors, 0)
         self.sysfs.add_ib_counters(
             p.device,
             p.port,
             {"symbol_error": max(symbol_errors, 0), "port_rcv_errors": max(rcv_errors, 0)},
         )
+
+    # ---- faults that leave no counter behind (pre-flight measurements find them) --------------
+
+    def p2p_low(self, gpu: int, peer: int, factor: float) -> None:
+        """Copies between ``gpu`` and ``peer`` run at ``factor`` of their bandwidth.
+
+        No NVLink is down and no error counter moves: what a marginal NVSwitch path or a
+        mis-set peer mapping looks like, found only by measuring the pair.
+        """
+        if gpu == peer or not (0 <= peer < len(self.gpus)) or not (0 <= gpu < len(self.gpus)):
+            msg = f"GPU pair {gpu}-{peer} is not two GPUs of {self.name}"
+            raise IndexError(msg)
+        self.p2p_factors[min(gpu, peer), max(gpu, peer)] = min(max(factor, 0.0), 1.0)
+
+    def ib_rate(self, port: int, rate_gbps: int) -> None:
+        """An IB port trains at ``rate_gbps`` (its ``rate`` file says so; it stays ACTIVE)."""
+        p = self.ib_ports[port]
+        p.rate_gbps = rate_gbps
+        self._write_port(p)
+
+    def bad_cable(self, peer: str, port: int, factor: float) -> None:
+        """Traffic between this node and ``peer`` on rail ``port`` runs at ``factor``.
+
+        Both ends test fine against every other node; no counter on either end moves.
+        """
+        if not 0 <= port < len(self.ib_ports):
+            msg = f"no IB port {port} on {self.name}"
+            raise IndexError(msg)
+        self.cable_factors[peer, port] = min(max(factor, 0.0), 1.0)
+
+    def driver_version(self, version: str) -> None:
+        """The node runs another NVIDIA driver than the rest (NVML reports it)."""
+        self.nvml.driver_version = version
 
     def ib_congestion(self, port: int, xmit_wait_per_s: float) -> None:
         """The port waits to send ``xmit_wait_per_s`` ticks a second (0 ends it)."""

@@ -154,6 +154,7 @@ class SimNvmlLibrary:
         self.NVMLError: type[Exception] = pynvml.NVMLError
         self.gpus = gpus  # the node's, shared: faults change them in place
         self.driver_loaded = driver_loaded
+        self.driver_version = DRIVER_VERSION  # a node may run another (the driver_version fault)
         self._init_count = 0
         self._lock = threading.Lock()
         self.calls = 0
@@ -241,7 +242,7 @@ class SimNvmlLibrary:
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802 - pynvml's name
         """Return the simulated driver version."""
         self._ready()
-        return DRIVER_VERSION
+        return self.driver_version
 
     def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802 - pynvml's name
         """Return the simulated NVML version."""

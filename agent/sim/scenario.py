@@ -7,6 +7,7 @@ The demo, the tests and the benchmarks play the same files. The format is docume
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 MAX_NODES: Final = 100_000
 MAX_FLAPS: Final = 100_000
 MAX_NUMBER: Final = 1e15  # larger than any time, count or rate a scenario needs
+# A driver version as nvidia-smi prints it (570.133.20); kept short and printable.
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,31}")
+# The rates an NDR port can train down to (Gb/s; what the kernel's ``rate`` file names).
+LOWER_IB_RATES: Final = (200, 100, 56, 40, 20, 10)
 
 
 class ScenarioError(ValueError):
@@ -59,6 +64,11 @@ class FaultKind(StrEnum):
     IB_CONGESTION = "ib_congestion"
     SLOW_GPU = "slow_gpu"
     NODE_CRASH = "node_crash"
+    # No error counter shows these; pre-flight measurements find them.
+    P2P_LOW = "p2p_low"
+    IB_RATE_LOW = "ib_rate_low"
+    BAD_CABLE = "bad_cable"
+    DRIVER_VERSION = "driver_version"
 
 
 # The parameters each kind takes (all required), with their type.
@@ -86,7 +96,13 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.IB_CONGESTION: {"port": int, "xmit_wait_per_s": float},
     FaultKind.SLOW_GPU: {"gpu": int, "factor": float},
     FaultKind.NODE_CRASH: {},
+    FaultKind.P2P_LOW: {"gpu": int, "peer": int, "factor": float},
+    FaultKind.IB_RATE_LOW: {"port": int, "rate": int},
+    FaultKind.BAD_CABLE: {"peer": str, "port": int, "factor": float},
+    FaultKind.DRIVER_VERSION: {"version": str},
 }
+# Faults whose ``factor`` is a share of the healthy bandwidth, in (0, 1].
+_SHARE_FACTORS: Final = frozenset({FaultKind.P2P_LOW, FaultKind.BAD_CABLE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +141,18 @@ class Fault:
             FaultKind.IB_CONGESTION: lambda: (
                 f"IB port mlx5_{p['port']}/1 congested ({p['xmit_wait_per_s']:g} waits/s)"
             ),
+            FaultKind.P2P_LOW: lambda: (
+                f"GPUs {p['gpu']} and {p['peer']} copy at {p['factor']:g} of their bandwidth"
+                " (no NVLink error)"
+            ),
+            FaultKind.IB_RATE_LOW: lambda: (
+                f"IB port mlx5_{p['port']}/1 trained at {p['rate']} Gb/s"
+            ),
+            FaultKind.BAD_CABLE: lambda: (
+                f"bad cable to {p['peer']} on rail mlx5_{p['port']}/1"
+                f" ({p['factor']:g} of the bandwidth)"
+            ),
+            FaultKind.DRIVER_VERSION: lambda: f"runs driver {p['version']}",
         }
         text = details.get(self.kind)
         args = ", ".join(f"{k}={v}" for k, v in p.items())
@@ -214,11 +242,45 @@ def _fault(where: str, raw: object, nodes: tuple[str, ...], duration: float) -> 
         msg += f" (missing: {', '.join(missing)})" if missing else ""
         msg += f" (unknown: {', '.join(extra)})" if extra else ""
         raise ScenarioError(msg)
-    params = {k: _number(where, k, raw[k], t) for k, t in wanted.items()}
+    params: dict[str, Any] = {
+        k: _text(where, k, raw[k]) if t is str else _number(where, k, raw[k], t)
+        for k, t in wanted.items()
+    }
     if params.get("times", 0) > MAX_FLAPS:
         msg = f"{where}: times {params['times']} is more than {MAX_FLAPS} flaps"
         raise ScenarioError(msg)
+    _check_new_kinds(where, kind, params, str(node), nodes)
     return Fault(at, str(node), kind, params)
+
+
+def _text(where: str, key: str, value: object) -> str:
+    if not isinstance(value, str) or not _VERSION.fullmatch(value):
+        msg = (
+            f"{where}: {key} must be a short name of letters, digits, '.', '-' and '_',"
+            f" got {short_repr(value)}"
+        )
+        raise ScenarioError(msg)
+    return value
+
+
+def _check_new_kinds(
+    where: str, kind: FaultKind, params: dict[str, Any], node: str, nodes: tuple[str, ...]
+) -> None:
+    """The checks the faults without error counters need beyond their parameters' types."""
+    if kind in _SHARE_FACTORS and not 0 < params["factor"] <= 1:
+        msg = f"{where}: factor must be more than 0 and at most 1, got {params['factor']:g}"
+        raise ScenarioError(msg)
+    if kind == FaultKind.P2P_LOW and params["gpu"] == params["peer"]:
+        msg = f"{where}: peer must be another GPU than gpu {params['gpu']}"
+        raise ScenarioError(msg)
+    if kind == FaultKind.IB_RATE_LOW and params["rate"] not in LOWER_IB_RATES:
+        rates = ", ".join(map(str, LOWER_IB_RATES))
+        msg = f"{where}: rate must be one an NDR port trains down to ({rates})"
+        msg += f", got {params['rate']}"
+        raise ScenarioError(msg)
+    if kind == FaultKind.BAD_CABLE and (params["peer"] not in nodes or params["peer"] == node):
+        msg = f"{where}: peer {short_repr(params['peer'])} is not another of the scenario's nodes"
+        raise ScenarioError(msg)
 
 
 def parse_scenario(text: str, where: str = "<scenario>") -> Scenario:
@@ -306,6 +368,10 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.IB_SYMBOL_ERRORS: lambda n, p: n.ib_errors(p["port"], symbol_errors=p["count"]),
     FaultKind.IB_CONGESTION: lambda n, p: n.ib_congestion(p["port"], p["xmit_wait_per_s"]),
     FaultKind.SLOW_GPU: lambda n, p: n.slow(p["gpu"], p["factor"]),
+    FaultKind.P2P_LOW: lambda n, p: n.p2p_low(p["gpu"], p["peer"], p["factor"]),
+    FaultKind.IB_RATE_LOW: lambda n, p: n.ib_rate(p["port"], p["rate"]),
+    FaultKind.BAD_CABLE: lambda n, p: n.bad_cable(p["peer"], p["port"], p["factor"]),
+    FaultKind.DRIVER_VERSION: lambda n, p: n.driver_version(p["version"]),
 }
 
 

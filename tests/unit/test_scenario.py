@@ -60,6 +60,23 @@ class TestScenarioFile:
             ("{at: 1, node: node-01, fault: xid, gpu: 0.5, xid: 13}", "whole number"),
             ("{at: 99, node: node-01, fault: node_crash}", "after the scenario's duration"),
             ("{node: node-01, fault: node_crash}", "at must be a number"),
+            ("{at: 1, node: node-01, fault: p2p_low, gpu: 1, peer: 1, factor: 0.5}", "another"),
+            ("{at: 1, node: node-01, fault: p2p_low, gpu: 1, peer: 2, factor: 1.5}", "at most 1"),
+            ("{at: 1, node: node-01, fault: p2p_low, gpu: 1, peer: 2, factor: 0}", "more than 0"),
+            ("{at: 1, node: node-01, fault: ib_rate_low, port: 0, rate: 300}", "rate must be"),
+            (
+                "{at: 1, node: node-01, fault: bad_cable, peer: node-01, port: 0, factor: .5}",
+                "peer",
+            ),
+            (
+                "{at: 1, node: node-01, fault: bad_cable, peer: node-07, port: 0, factor: .5}",
+                "peer",
+            ),
+            (
+                "{at: 1, node: node-01, fault: bad_cable, peer: 2, port: 0, factor: .5}",
+                "peer must",
+            ),
+            ("{at: 1, node: node-01, fault: driver_version, version: 'a b'}", "version must"),
         ],
     )
     def test_bad_fault_names_fault_and_key(self, fault: str, message: str):
@@ -107,7 +124,12 @@ def example_params(kind: FaultKind) -> dict[str, Any]:
         "every": 2.0,
         "xmit_wait_per_s": 5000.0,
         "factor": 1.3,
+        "rate": 200,
+        "version": "535.183.01",
     }
+    if kind in (FaultKind.P2P_LOW, FaultKind.BAD_CABLE):
+        values["factor"] = 0.5
+        values["peer"] = 5 if kind == FaultKind.P2P_LOW else "node-02"
     return {key: values[key] for key in PARAMS[kind]}
 
 
@@ -135,6 +157,11 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.IB_SYMBOL_ERRORS: [],
     FaultKind.IB_CONGESTION: [],
     FaultKind.SLOW_GPU: [],
+    # No error counter shows these: no events, no samples move (pre-flight measures them).
+    FaultKind.P2P_LOW: [],
+    FaultKind.IB_RATE_LOW: [],
+    FaultKind.BAD_CABLE: [],
+    FaultKind.DRIVER_VERSION: [],
 }
 
 # The sample each fault must move (GPU 2, its link 5, or port mlx5_1), and to what.
@@ -152,6 +179,12 @@ EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
     FaultKind.NVML_HANG_CLEAR: ("node", "agent_nvml_hung", 0),
 }
 
+# What the inventory (the Hello) of an agent started after the fault says.
+INVENTORY: dict[FaultKind, tuple[str, str]] = {
+    FaultKind.IB_RATE_LOW: ("ib_rate", "200 Gb/sec (4X HDR)"),
+    FaultKind.DRIVER_VERSION: ("driver_version", "535.183.01"),
+}
+
 
 class TestEachFaultKind:
     def test_every_kind_has_an_expectation(self):
@@ -163,16 +196,7 @@ class TestEachFaultKind:
         """The fault's events appear once, in order, and its evidence is in the samples."""
         clock = FakeClock()
         node = SimNode("node-01", tmp_path / "sys", clock)
-        sampler = Sampler(
-            nvml=NvmlSource(node.nvml, call_timeout_s=1.0),  # a hung GPU costs one second
-            sysfs=SysfsReader(node.sysfs.root),
-            pci=PciSysfsReader(node.sysfs.root),
-            kmsg=node.kmsg,
-            udev=node.udev,
-            catalog=load_catalog(),
-            clock=clock,
-            counter_interval_s=1.0,
-        )
+        sampler = _sampler(node, clock)
         sampler.discover()
         await sampler.poll()
         scenario_fault = Fault(0.0, "node-01", kind, example_params(kind))
@@ -203,6 +227,36 @@ class TestEachFaultKind:
             assert samples[target, signal] == pytest.approx(value)
         if kind == FaultKind.SLOW_GPU:
             assert node.gpus[2].slowdown == pytest.approx(1.3)
+        if kind == FaultKind.P2P_LOW:
+            assert node.p2p_factors == {(2, 5): 0.5}
+        if kind == FaultKind.BAD_CABLE:
+            assert node.cable_factors == {("node-02", 1): 0.5}
+        if kind in INVENTORY:
+            fresh = _sampler(node, clock)
+            fresh.discover()
+            inventory = fresh.inventory
+            fresh.close()
+            what, expected = INVENTORY[kind]
+            if what == "ib_rate":
+                assert [p.rate for p in inventory.ib_ports if p.device == "mlx5_1"] == [expected]
+                assert {p.rate for p in inventory.ib_ports if p.device != "mlx5_1"} == {
+                    "400 Gb/sec (4X NDR)"
+                }
+            else:
+                assert inventory.driver_version == expected
+
+
+def _sampler(node: SimNode, clock: FakeClock) -> Sampler:
+    return Sampler(
+        nvml=NvmlSource(node.nvml, call_timeout_s=1.0),  # a hung GPU costs one second
+        sysfs=SysfsReader(node.sysfs.root),
+        pci=PciSysfsReader(node.sysfs.root),
+        kmsg=node.kmsg,
+        udev=node.udev,
+        catalog=load_catalog(),
+        clock=clock,
+        counter_interval_s=1.0,
+    )
 
 
 def _flap(fault: Fault) -> list[Fault]:
