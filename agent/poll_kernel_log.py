@@ -1,4 +1,4 @@
-"""The kernel log: Xid lines (merged with NVML's Xid events) and PCIe AER reports.
+"""The kernel log: Xid lines (merged with NVML's Xid events), PCIe AER reports, other hardware.
 
 A cursor (the last record's sequence number, per boot) lets a restarted agent skip what it has
 already reported. AER reports are folded per device and severity within one poll, so an error
@@ -6,6 +6,12 @@ storm that the kernel prints line by line becomes one event per poll, with a cou
 (the same Xid on the same GPU printed over and over) is coalesced by the merger
 (:mod:`agent.probes.xid_merge`): after the first occurrences, one event per window that says how
 many it stands for; ``agent_events_coalesced`` counts the occurrences held back.
+
+The node's other hardware lines (:mod:`agent.probes.kernel_hw`: CPU machine checks, filesystem
+errors, NVSwitch SXids, the outcome of PCIe error recovery) are folded per kind and component
+within one poll: a machine check prints half a dozen lines, a failing disk one per I/O. The
+outcome of a recovery is attached to the AER report it follows (in the same poll or an earlier
+one); a recovery that failed, or found a driver without error handlers, is an event of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import structlog
 
 from agent.exceptions import SourceError
 from agent.findings import PendingEvent
-from agent.probes.aer import AerReport, group_reports, parse_aer_line
+from agent.probes.aer import AerReport, AerSeverity, group_reports, parse_aer_line
+from agent.probes.kernel_hw import AerOutcome, HwLine, parse_hw_line
 from agent.probes.xid import parse_xid_line
 from agent.sources.kmsg_cursor import filter_new
 from fleetwatch.model import EventKind, Target
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agent.kernel_log")
 
 XID_FALLEN_OFF_BUS: Final = 79
+_FINAL: Final = frozenset({AerOutcome.FAILED, AerOutcome.RECOVERED})
 
 
 class GpuLost(Protocol):
@@ -75,6 +83,10 @@ def aer_detail(reports: list[AerReport]) -> str:
     if first.reporter_bus_id and first.reporter_bus_id != first.device_bus_id:
         parts.append(f"reported by {first.reporter_bus_id}")
     detail = "; ".join(parts)
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
+
+
+def _cut(detail: str) -> str:
     return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."
 
 
@@ -129,6 +141,9 @@ class KernelLogPoller:
         self._cursor = cursor
         self._last_seq = cursor.load() if cursor is not None else None
         self._cursor_on_disk = self._last_seq is not None
+        # The last uncorrectable AER report (device, detail): what a later recovery outcome
+        # line is about.
+        self._last_uncorrectable: tuple[str, str] | None = None
 
     def watch(self, waker: Waker) -> None:
         """Wake the poll loop when new records arrive."""
@@ -168,10 +183,14 @@ class KernelLogPoller:
             self._cursor_on_disk = True
         first_event = len(result.events)
         aer_lines: list[AerLine | None] = []
+        hw_lines: list[HwLine] = []
         for record in records:
             aer_lines.append(parse_aer_line(record.text))
             line = parse_xid_line(record.text)
             if line is None:
+                hw = parse_hw_line(record.text)
+                if hw is not None:
+                    hw_lines.append(hw)
                 continue
             gpu = by_bus.get(line.pci_bus_id)
             if gpu is not None and line.xid == XID_FALLEN_OFF_BUS:
@@ -189,7 +208,9 @@ class KernelLogPoller:
             repeat_events(self._merger, self._catalog, known, self._clock.monotonic(), now_ms)
         )
         result.samples[Target.node(), "agent_events_coalesced"] = self._merger.coalesced
-        self._aer_events(aer_lines, by_bus, result, now_ms)
+        outcomes = [h for h in hw_lines if h.outcome is not None]
+        self._aer_events(aer_lines, outcomes, by_bus, result, now_ms)
+        self._hw_events([h for h in hw_lines if h.outcome is None], result, now_ms)
         if records:
             last = self._last_seq = records[-1].seq
             result.kmsg_seq = last
@@ -227,23 +248,65 @@ class KernelLogPoller:
     def _aer_events(
         self,
         lines: list[AerLine | None],
+        outcomes: list[HwLine],
         by_bus: dict[str, GpuIdentity],
         result: PollResult,
         now_ms: int,
     ) -> None:
-        if not any(lines):
-            return
         grouped: defaultdict[tuple[str, str], list[AerReport]] = defaultdict(list)
-        for report in group_reports(lines):
-            if report.device_bus_id is None:
-                continue
-            severity = report.severity.value if report.severity else "unknown"
-            grouped[report.device_bus_id, severity].append(report)
-        for (bus_id, _), reports in grouped.items():
+        if any(lines):
+            for report in group_reports(lines):
+                if report.device_bus_id is None:
+                    continue
+                severity = report.severity.value if report.severity else "unknown"
+                grouped[report.device_bus_id, severity].append(report)
+        recovery = "; ".join(dict.fromkeys(str(o.outcome) for o in outcomes))
+        for (bus_id, severity), reports in grouped.items():
             gpu = by_bus.get(bus_id)
+            detail = aer_detail(reports)
+            if severity != AerSeverity.CORRECTABLE:
+                self._last_uncorrectable = (bus_id, detail)
+                if recovery:
+                    detail = _cut(f"{detail}; recovery: {recovery}")
             result.event(
                 EventKind.PCIE_AER,
                 Target.gpu(gpu.uuid) if gpu else Target.pci(bus_id),
                 now_ms,
-                aer_detail(reports),
+                detail,
+            )
+        failed = [o for o in outcomes if o.outcome is not None and o.outcome.unrecovered]
+        # The device the recovery was for: the last uncorrectable report's (the outcome lines
+        # name the port above it, or the device itself), else the one the first line names.
+        last = self._last_uncorrectable
+        if any(o.outcome in _FINAL for o in outcomes):
+            self._last_uncorrectable = None  # that recovery is over
+        if not failed:
+            return
+        bus_id, after = last or (failed[0].device, "")
+        if not bus_id:
+            return
+        gpu = by_bus.get(bus_id)
+        said = "; ".join(dict.fromkeys(o.text for o in failed))
+        result.event(
+            EventKind.PCIE_AER_UNRECOVERED,
+            Target.gpu(gpu.uuid) if gpu else Target.pci(bus_id),
+            now_ms,
+            _cut(
+                f"AER recovery failed ({recovery}): {said}" + (f"; after {after}" if after else "")
+            ),
+        )
+
+    def _hw_events(self, lines: list[HwLine], result: PollResult, now_ms: int) -> None:
+        """One event per kind and component (and SXid) of this poll, saying how many lines."""
+        folded: dict[tuple[EventKind, str, int], list[HwLine]] = {}
+        for line in lines:
+            folded.setdefault((line.kind, line.device, line.code), []).append(line)
+        for (kind, device, code), same in folded.items():
+            if kind in (EventKind.SXID, EventKind.SXID_FATAL):
+                target = Target.pci(device)
+            else:
+                target = Target.node_device(device) if device else Target.node()
+            detail = same[0].text if len(same) == 1 else f"{same[0].text} ({len(same)} lines)"
+            result.events.append(
+                PendingEvent(kind, target, now_ms, xid=code, detail=_cut(detail)),
             )

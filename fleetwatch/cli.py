@@ -3,7 +3,7 @@
 Daemons: ``agent``, ``collector`` (SIGHUP, or ``systemctl reload``, makes them read their files
 again). Tools: ``config check``, ``certs ca|node|collector``,
 ``rules check|test``, ``incidents``, ``actions``, ``drains [release NODE]``,
-``silence add|list|remove``, ``jobs [JOB]``.
+``silence add|list|remove``, ``jobs [JOB]``, ``scan FILE`` (hardware faults in a saved log).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fleetwatch import __version__, cli_certs
+from fleetwatch import __version__, cli_certs, cli_scan
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import LogFormat, configure_logging
 from fleetwatch.reload import Hangups
@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_config_parser(sub)
     cli_certs.add_parser(sub)
+    cli_scan.add_parser(sub)
     rules = sub.add_parser("rules", help="check rule files and run their unit tests")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate rule files (exit 1 listing problems)")
@@ -442,6 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rules": _run_rules,
         "config": _run_config,
         "certs": cli_certs.run,
+        "scan": cli_scan.run,
         "incidents": _run_api_tool,
         "actions": _run_api_tool,
         "silence": _run_api_tool,

@@ -1,7 +1,8 @@
 """Xid lines in the kernel log, parsed by a pure function.
 
 NVIDIA's driver prints ``NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:..][ GPU-CI:..]): %d, ...``: four
-lowercase hex digits of domain and no function number.
+lowercase hex digits of domain and no function number. Older drivers (before the ``PCI:`` tag)
+printed the bus id alone: ``NVRM: Xid (0000:03:00): 13, 0002 00000000 ...``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from fleetwatch.wire.validate import MAX_DETAIL
 
 # The driver prints an unsigned 32-bit number; a longer run of digits is not an Xid it printed.
 _MAX_XID_DIGITS = 10
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+),")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\): (\d+),"
+)
 
 
 @dataclass(frozen=True, slots=True)

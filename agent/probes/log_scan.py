@@ -1,0 +1,237 @@
+"""Saved kernel logs scanned after the fact: the agent's parsers over ``dmesg``, journal, syslog.
+
+What on-call runs over a node's logs (``fleetwatch scan``). Each line's prefix is taken off
+first, in whichever of the forms the tools write:
+
+* ``dmesg``: ``[ 1234.567890] text``; ``dmesg -T``: ``[Tue Nov 25 01:02:03 2026] text``;
+  ``dmesg -x``: ``kern  :err   : `` in front of either;
+* ``journalctl -k`` (``-o short``, the default): ``Nov 25 01:02:03 host kernel: text``;
+  ``-o short-precise``: ``Nov 25 01:02:03.123456 host kernel: text``; ``-o short-iso`` and
+  ``short-iso-precise``: ``2026-11-25T01:02:03+0000 host kernel: text``;
+* syslog files (rsyslog's traditional and RFC 3339 forms, as the journal's), which may keep the
+  kernel's own ``[ 123.456]`` after ``kernel:``; lines of other programs are skipped;
+* ``/dev/kmsg`` records (``6,1234,5678,-;text``).
+
+Journal markers (``-- Boot ... --``, ``-- No entries --``) are skipped. Then every line goes
+through the same parsers as the agent's (:mod:`agent.probes.xid`, :mod:`agent.probes.aer`,
+:mod:`agent.probes.kernel_hw`), and what they find is folded per host, kind, component and
+number (an Xid, an SXid, an AER severity), with the first and last time it was seen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from agent.poll_kernel_log import aer_detail
+from agent.probes.aer import AerSeverity, group_reports, parse_aer_line
+from agent.probes.kernel_hw import AerOutcome, parse_hw_line
+from agent.probes.xid import parse_xid_line
+from fleetwatch.model import EventKind
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from agent.probes.aer import AerLine, AerReport
+    from rules.xid_catalog import XidCatalog
+
+__all__ = ["Finding", "LogLine", "LogScanner", "split_prefix"]
+
+XID_FALLEN_OFF_BUS: Final = 79
+_MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+# journalctl -o short / short-precise, traditional syslog: "Nov 25 01:02:03[.123456] host ".
+_SHORT: Final = rf"{_MONTH} [ 0-3]\d \d\d:\d\d:\d\d(?:\.\d+)?"
+# journalctl -o short-iso[-precise], RFC 3339 syslog: "2026-11-25T01:02:03[.123456]+0000 host ".
+_ISO: Final = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_SYSLOG: Final = re.compile(
+    rf"(?P<when>{_SHORT}|{_ISO}) (?P<host>\S+) (?P<ident>[^\s:\[]+)(?:\[\d+\])?: ?(?P<text>.*)"
+)
+_DMESG_LEVEL: Final = re.compile(r"[a-z]+\s*:[a-z]+\s*: ")  # dmesg -x
+# dmesg: "[ 1234.567890] "; dmesg -T: "[Tue Nov 25 01:02:03 2026] ".
+_DMESG: Final = re.compile(
+    rf"\[(?P<when>\s*\d+\.\d+|\w{{3}} {_MONTH} [ 0-3]\d \d\d:\d\d:\d\d \d{{4}})\] ?(?P<text>.*)"
+)
+_KMSG: Final = re.compile(r"\d+,\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
+_JOURNAL_MARKER: Final = re.compile(r"-- .* --$|-- No entries --$")
+_KERNEL_IDENTS: Final = frozenset({"kernel", "kern"})
+_MAX_LINE: Final = 64 * 1024  # longer is no kernel line: parse its start only
+_UNRECOVERED: Final = EventKind.PCIE_AER_UNRECOVERED
+_FINAL: Final = frozenset({AerOutcome.FAILED, AerOutcome.RECOVERED})
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A kernel line without its prefix: when it was logged (as the file says), on which host."""
+
+    when: str
+    host: str
+    text: str
+
+
+def split_prefix(raw: str) -> LogLine | None:
+    """Take the prefix off one saved line; None for a line that is no kernel line."""
+    line = raw.rstrip("\r\n")[:_MAX_LINE]
+    if not line.strip() or _JOURNAL_MARKER.match(line):
+        return None
+    when, host = "", ""
+    if (m := _SYSLOG.match(line)) is not None:
+        if m["ident"] not in _KERNEL_IDENTS:
+            return None
+        when, host, line = m["when"], m["host"], m["text"]
+    elif (m := _KMSG.match(line)) is not None:
+        when, line = f"{int(m['usec']) / 1e6:.6f}", m["text"]
+    line = line.removeprefix("kernel: ") if not host else line
+    if (m := _DMESG_LEVEL.match(line)) is not None:
+        line = line[m.end() :]
+    if (m := _DMESG.match(line)) is not None:
+        # syslog keeps the kernel's own seconds since boot after its wall-clock time
+        when = when or m["when"].strip()
+        line = m["text"]
+    return LogLine(when, host, line)
+
+
+@dataclass(slots=True)
+class Finding:
+    """One kind of fault on one component, folded over the lines that showed it."""
+
+    host: str
+    kind: str
+    component: str
+    detail: str  # the first line's (what the event would carry)
+    first: str
+    last: str
+    count: int = 1
+    number: int | None = None  # the Xid or SXid
+    name: str = ""  # the Xid catalog's name and class, for an Xid
+
+    def as_dict(self) -> dict[str, object]:
+        """The finding as JSON-ready data."""
+        return {
+            "host": self.host,
+            "kind": self.kind,
+            "component": self.component,
+            "number": self.number,
+            "name": self.name,
+            "count": self.count,
+            "first": self.first,
+            "last": self.last,
+            "detail": self.detail,
+        }
+
+
+@dataclass(slots=True)
+class _AerBlock:
+    """Consecutive AER lines of one host, and when the first was logged."""
+
+    host: str
+    when: str
+    lines: list[AerLine] = field(default_factory=list)
+
+
+class LogScanner:
+    """Feed it a saved log line by line; :meth:`findings` says what faults it showed."""
+
+    def __init__(self, catalog: XidCatalog) -> None:
+        """Nothing read yet."""
+        self._catalog = catalog
+        self._found: dict[tuple[str, str, str, str], Finding] = {}
+        self._block: _AerBlock | None = None
+        self._last_uncorrectable: dict[str, tuple[str, str]] = {}  # host -> (device, detail)
+        self.lines = 0
+        self.kernel_lines = 0
+
+    def feed_all(self, lines: Iterable[str]) -> None:
+        """Feed every line of a file."""
+        for line in lines:
+            self.feed(line)
+
+    def feed(self, raw: str) -> None:
+        """Read one saved line."""
+        self.lines += 1
+        line = split_prefix(raw)
+        if line is None:
+            return
+        self.kernel_lines += 1
+        aer = parse_aer_line(line.text)
+        if aer is not None:
+            block = self._block
+            if block is None or block.host != line.host:
+                self._flush_aer()
+                block = self._block = _AerBlock(line.host, line.when)
+            block.lines.append(aer)
+            return
+        self._flush_aer()
+        xid = parse_xid_line(line.text)
+        if xid is not None:
+            self._xid(line, xid.pci_bus_id, xid.xid, xid.text)
+            return
+        hw = parse_hw_line(line.text)
+        if hw is None:
+            return
+        if hw.outcome is not None:
+            self._outcome(line, hw.device, hw.outcome, hw.text)
+            return
+        component = hw.device or "node"
+        number = hw.code if hw.kind in (EventKind.SXID, EventKind.SXID_FATAL) else None
+        self._add(line.host, hw.kind, component, hw.text, line.when, number=number)
+
+    def findings(self) -> list[Finding]:
+        """Everything found so far, in the order first seen."""
+        self._flush_aer()
+        return list(self._found.values())
+
+    def _add(  # noqa: PLR0913 - one finding's parts
+        self,
+        host: str,
+        kind: str,
+        component: str,
+        detail: str,
+        when: str,
+        *,
+        number: int | None = None,
+        sub: str = "",
+        name: str = "",
+    ) -> None:
+        key = (host, kind, component, sub or ("" if number is None else str(number)))
+        seen = self._found.get(key)
+        if seen is None:
+            self._found[key] = Finding(
+                host, kind, component, detail, when, when, number=number, name=name
+            )
+        else:
+            seen.count += 1
+            seen.last = when or seen.last
+
+    def _xid(self, line: LogLine, bus_id: str, xid: int, text: str) -> None:
+        kind = EventKind.GPU_LOST if xid == XID_FALLEN_OFF_BUS else EventKind.XID
+        entry = self._catalog.get(xid)
+        name = f"{entry.name} ({entry.xid_class}, {entry.action})" if entry else "not in catalog"
+        self._add(line.host, kind, bus_id, text, line.when, number=xid, name=name)
+
+    def _outcome(self, line: LogLine, device: str, outcome: AerOutcome, text: str) -> None:
+        last = self._last_uncorrectable.get(line.host)
+        if outcome in _FINAL:
+            self._last_uncorrectable.pop(line.host, None)
+        if not outcome.unrecovered:
+            return
+        component, after = last or (device, "")
+        detail = f"{outcome}: {text}" + (f"; after {after}" if after else "")
+        self._add(line.host, _UNRECOVERED, component or "node", detail, line.when)
+
+    def _flush_aer(self) -> None:
+        block, self._block = self._block, None
+        if block is None:
+            return
+        for report in group_reports([*block.lines, None]):
+            self._aer_report(block, report)
+
+    def _aer_report(self, block: _AerBlock, report: AerReport) -> None:
+        device = report.device_bus_id
+        if device is None:
+            return
+        severity = report.severity.value if report.severity else "unknown"
+        detail = aer_detail([report])
+        if report.severity is not AerSeverity.CORRECTABLE:
+            self._last_uncorrectable[block.host] = (device, detail)
+        self._add(block.host, EventKind.PCIE_AER, device, detail, block.when, sub=severity)

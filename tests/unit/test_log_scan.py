@@ -1,0 +1,174 @@
+"""``fleetwatch scan``: the agent's parsers over saved dmesg, journal and syslog files.
+
+The files under ``tests/fixtures/logs/`` are written in each tool's format (``dmesg -T``,
+``journalctl -k`` in its short, short-precise and short-iso forms, an rsyslog file with other
+programs' lines and the kernel's own timestamps, and a clean boot).
+"""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.probes.log_scan import LogScanner, split_prefix
+from fleetwatch.cli_scan import EXIT_CLEAN, EXIT_FAULTS, EXIT_UNREADABLE, scan
+from rules.xid_catalog import load_catalog
+
+LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
+
+
+def findings(name: str) -> list[tuple[str, str, str, int | None, int]]:
+    out = io.StringIO()
+    status = scan(
+        str(LOGS / name),
+        as_json=True,
+        catalog_path=None,
+        stdin=io.StringIO(),
+        out=out,
+        err=io.StringIO(),
+    )
+    body = json.loads(out.getvalue())
+    assert status == (EXIT_FAULTS if body["findings"] else EXIT_CLEAN)
+    return [
+        (f["host"], f["kind"], f["component"], f["number"], f["count"]) for f in body["findings"]
+    ]
+
+
+class TestPrefixes:
+    @pytest.mark.parametrize(
+        ("raw", "when", "host"),
+        [
+            ("[ 1234.567890] NVRM: text", "1234.567890", ""),
+            ("[Tue Nov 25 01:02:03 2026] NVRM: text", "Tue Nov 25 01:02:03 2026", ""),
+            ("kern  :err   : [ 1234.567890] NVRM: text", "1234.567890", ""),
+            ("Nov 25 01:02:03 gpu-01 kernel: NVRM: text", "Nov 25 01:02:03", "gpu-01"),
+            (
+                "Nov  5 01:02:03.123456 gpu-01 kernel: NVRM: text",
+                "Nov  5 01:02:03.123456",
+                "gpu-01",
+            ),
+            (
+                "2026-11-25T01:02:03+0000 gpu-01 kernel: NVRM: text",
+                "2026-11-25T01:02:03+0000",
+                "gpu-01",
+            ),
+            (
+                "2026-11-25T01:02:03.123456+00:00 gpu-01 kernel: [ 12.5] NVRM: text",
+                "2026-11-25T01:02:03.123456+00:00",
+                "gpu-01",
+            ),
+            ("6,1234,5678901,-;NVRM: text", "5.678901", ""),
+            ("NVRM: text", "", ""),  # dmesg -t: no prefix at all
+        ],
+    )
+    def test_each_form_leaves_the_kernel_text(self, raw: str, when: str, host: str):
+        line = split_prefix(raw + "\n")
+        assert line is not None
+        assert (line.when, line.host, line.text) == (when, host, "NVRM: text")
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            "-- Boot 0c9a6b1e3d5f4a7e8b2c1d0e9f8a7b6c --",
+            "-- No entries --",
+            "Nov 25 01:02:03 gpu-01 trainer[90112]: mce: [Hardware Error]: CPU 1: Machine Check",
+            "",
+        ],
+    )
+    def test_markers_and_other_programs_are_skipped(self, raw: str):
+        assert split_prefix(raw) is None
+
+
+class TestScanFiles:
+    def test_dmesg_t(self):
+        assert findings("dmesg-T.txt") == [
+            ("", "pcie_aer", "0000:18:00.0", None, 1),
+            ("", "xid", "0000:2a:00.0", 48, 1),
+            ("", "xid", "0000:2a:00.0", 94, 1),
+            ("", "pcie_aer", "0000:9d:00.0", None, 1),
+            ("", "pcie_aer_unrecovered", "0000:9d:00.0", None, 2),
+            ("", "machine_check", "node", None, 2),
+            ("", "gpu_lost", "0000:bb:00.0", 79, 1),
+        ]
+
+    def test_journalctl_short(self):
+        host = "gpu-node-17"
+        assert findings("journalctl-k.txt") == [
+            (host, "sxid_fatal", "0000:07:00.0", 20034, 1),
+            (host, "fs_error", "nvme0n1p2", None, 4),
+            (host, "fs_read_only", "nvme0n1p2", None, 1),
+        ]
+
+    def test_journalctl_short_precise(self):
+        host = "gpu-node-17"
+        assert findings("journalctl-k-precise.txt") == [
+            (host, "machine_check", "cpu40", None, 1),
+            (host, "machine_check", "mc1", None, 1),
+        ]
+
+    def test_journalctl_short_iso(self):
+        host = "gpu-node-17"
+        assert findings("journalctl-k-iso.txt") == [
+            (host, "pcie_aer", "0000:9d:00.0", None, 1),
+            (host, "pcie_aer_unrecovered", "0000:9d:00.0", None, 2),
+            (host, "fs_error", "md0", None, 1),
+            (host, "fs_read_only", "md0", None, 1),
+        ]
+
+    def test_syslog_of_several_hosts_skips_other_programs(self):
+        """A user program's line that looks like a machine check is not the kernel's."""
+        assert findings("syslog") == [
+            ("gpu-node-03", "gpu_lost", "0000:bb:00.0", 79, 1),
+            ("gpu-node-04", "xid", "0000:3d:00.0", 13, 2),
+        ]
+
+    def test_a_clean_boot_has_no_faults(self):
+        assert findings("clean-dmesg.txt") == []
+
+    def test_the_unrecovered_aer_names_its_report(self):
+        scanner = LogScanner(load_catalog())
+        scanner.feed_all((LOGS / "dmesg-T.txt").read_text().splitlines())
+        unrecovered = [f for f in scanner.findings() if f.kind == "pcie_aer_unrecovered"]
+        assert len(unrecovered) == 1
+        assert "no AER-aware driver" in unrecovered[0].detail
+        assert "after AER nonfatal: transaction; CmpltTO" in unrecovered[0].detail
+        assert unrecovered[0].first == "Tue Nov 25 05:02:17 2026"
+        assert unrecovered[0].last == "Tue Nov 25 05:02:18 2026"
+
+
+class TestCommand:
+    def run(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fleetwatch.cli", "scan", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def test_table_from_standard_input_exits_1(self):
+        done = self.run("-", stdin=(LOGS / "journalctl-k.txt").read_text())
+        assert done.returncode == EXIT_FAULTS
+        lines = done.stdout.splitlines()
+        assert lines[0].split() == [
+            "FIRST", "LAST", "COUNT", "HOST", "KIND", "COMPONENT", "DETAIL",
+        ]  # fmt: skip
+        assert "sxid_fatal 20034" in lines[1]
+        assert lines[-1] == "3 faults (6 lines) in 12 lines"
+
+    def test_clean_file_exits_0(self):
+        done = self.run(str(LOGS / "clean-dmesg.txt"))
+        assert (done.returncode, done.stdout) == (EXIT_CLEAN, "no hardware faults in 8 lines\n")
+
+    def test_unreadable_file_exits_2_naming_it(self, tmp_path: Path):
+        done = self.run(str(tmp_path / "missing.log"))
+        assert done.returncode == EXIT_UNREADABLE
+        assert "cannot read" in done.stderr
+        assert "missing.log" in done.stderr
+
+    def test_help_says_what_the_exit_status_means(self):
+        done = self.run("--help")
+        assert "exit status: 0 no fault found, 1 faults found, 2" in done.stdout
