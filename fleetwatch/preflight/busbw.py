@@ -19,7 +19,7 @@ from typing import Final
 GB: Final = 1e9  # nccl-tests divides by 1.0E9
 
 
-class Collective(StrEnum):
+class CollectiveOp(StrEnum):
     """The collectives nccl-tests times, by the name its binaries carry."""
 
     ALL_REDUCE = "all_reduce"
@@ -31,7 +31,7 @@ class Collective(StrEnum):
     REDUCE = "reduce"
 
 
-def bus_factor(op: Collective, ranks: int) -> float:
+def bus_factor(op: CollectiveOp, ranks: int) -> float:
     """How much of the buffer crosses each rank's link, relative to the buffer's size.
 
     One rank moves nothing between ranks, so its factor (and bus bandwidth) is 0.
@@ -40,11 +40,11 @@ def bus_factor(op: Collective, ranks: int) -> float:
         msg = f"a collective needs at least one rank, not {ranks}"
         raise ValueError(msg)
     n = float(ranks)
-    if op is Collective.ALL_REDUCE:
+    if op is CollectiveOp.ALL_REDUCE:
         return 2.0 * (n - 1.0) / n
-    if op is Collective.ALL_REDUCE_IN_NETWORK:
+    if op is CollectiveOp.ALL_REDUCE_IN_NETWORK:
         return (n - 1.0) / (n + 1.0)
-    if op in {Collective.REDUCE_SCATTER, Collective.ALL_GATHER, Collective.ALL_TO_ALL}:
+    if op in {CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER, CollectiveOp.ALL_TO_ALL}:
         return (n - 1.0) / n
     return 1.0  # broadcast and reduce: all of it leaves (or reaches) the root
 
@@ -58,7 +58,7 @@ def algbw_gbs(size_bytes: float, seconds: float) -> float:
 
 
 def busbw_gbs(
-    size_bytes: float, seconds: float, ranks: int, op: Collective = Collective.ALL_REDUCE
+    size_bytes: float, seconds: float, ranks: int, op: CollectiveOp = CollectiveOp.ALL_REDUCE
 ) -> float:
     """Bus bandwidth in GB/s: :func:`algbw_gbs` times :func:`bus_factor`."""
     return algbw_gbs(size_bytes, seconds) * bus_factor(op, ranks)

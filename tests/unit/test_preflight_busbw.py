@@ -2,23 +2,23 @@ import math
 
 import pytest
 
-from fleetwatch.preflight.busbw import Collective, algbw_gbs, bus_factor, busbw_gbs
+from fleetwatch.preflight.busbw import CollectiveOp, algbw_gbs, bus_factor, busbw_gbs
 
 
 def test_all_reduce_factor_is_two_n_minus_one_over_n():
-    assert bus_factor(Collective.ALL_REDUCE, 8) == pytest.approx(1.75)
-    assert bus_factor(Collective.ALL_REDUCE, 16) == pytest.approx(1.875)
-    assert bus_factor(Collective.ALL_REDUCE, 2) == pytest.approx(1.0)
-    assert bus_factor(Collective.ALL_REDUCE, 1) == 0.0
+    assert bus_factor(CollectiveOp.ALL_REDUCE, 8) == pytest.approx(1.75)
+    assert bus_factor(CollectiveOp.ALL_REDUCE, 16) == pytest.approx(1.875)
+    assert bus_factor(CollectiveOp.ALL_REDUCE, 2) == pytest.approx(1.0)
+    assert bus_factor(CollectiveOp.ALL_REDUCE, 1) == 0.0
 
 
 def test_other_collectives():
-    assert bus_factor(Collective.ALL_GATHER, 4) == pytest.approx(0.75)
-    assert bus_factor(Collective.REDUCE_SCATTER, 4) == pytest.approx(0.75)
-    assert bus_factor(Collective.ALL_TO_ALL, 4) == pytest.approx(0.75)
-    assert bus_factor(Collective.BROADCAST, 4) == 1.0
-    assert bus_factor(Collective.REDUCE, 4) == 1.0
-    assert bus_factor(Collective.ALL_REDUCE_IN_NETWORK, 3) == pytest.approx(0.5)
+    assert bus_factor(CollectiveOp.ALL_GATHER, 4) == pytest.approx(0.75)
+    assert bus_factor(CollectiveOp.REDUCE_SCATTER, 4) == pytest.approx(0.75)
+    assert bus_factor(CollectiveOp.ALL_TO_ALL, 4) == pytest.approx(0.75)
+    assert bus_factor(CollectiveOp.BROADCAST, 4) == 1.0
+    assert bus_factor(CollectiveOp.REDUCE, 4) == 1.0
+    assert bus_factor(CollectiveOp.ALL_REDUCE_IN_NETWORK, 3) == pytest.approx(0.5)
 
 
 def test_a_row_of_all_reduce_perf_is_reproduced():
@@ -31,7 +31,7 @@ def test_a_row_of_all_reduce_perf_is_reproduced():
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="at least one rank"):
-        bus_factor(Collective.ALL_REDUCE, 0)
+        bus_factor(CollectiveOp.ALL_REDUCE, 0)
     with pytest.raises(ValueError, match="positive time"):
         algbw_gbs(100, 0.0)
     assert math.isfinite(busbw_gbs(1, 1e-9, 2))
