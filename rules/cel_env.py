@@ -266,3 +266,21 @@ class RuleEnvironment:
         if isinstance(value, bool):
             return value, None
         return False, str(value)  # an error value (e.g. a missing key) or a non-boolean
+
+    def number(
+        self,
+        expression: cel.Expression,
+        data: dict[str, Any],
+        context: TargetContext,
+    ) -> float | None:
+        """Run a compiled expression that gives a number; None when it gives none (or errs)."""
+        self._context = context
+        try:
+            value = expression.eval(data=data).value()
+        except RuntimeError:
+            return None
+        finally:
+            self._context = None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value)

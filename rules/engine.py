@@ -9,13 +9,17 @@ journals and acts on.
 * A pending incident whose condition stops holding is dropped (nothing happened).
 * A firing incident whose condition stops holding *resolves* once it has not held for the rule's
   ``keep_firing_for``; holding again in between keeps it firing (anti-flap).
-* Escalation: the rule's escalation actions replace its own from the ``after``-th firing of the
-  same rule on the same target within the escalation window.
+* Escalation: the rule's escalation actions replace its own from the ``after``-th occurrence of
+  the fault on the same target within the escalation window. Each firing is an occurrence; so,
+  for a rule whose escalation names ``occurrences`` (a number that grows each time the fault
+  happens again), is each growth of that number while the incident fires: a fault that recurs
+  while ``keep_firing_for`` (or a long window) keeps the incident firing still counts, and may
+  escalate the firing incident (a *recurrence* transition that carries the escalation actions).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -48,15 +52,21 @@ class Incident:
     clearing_since: float | None = None
     resolved_at: float | None = None
     escalated: bool = False
-    firings: int = 0
+    firings: int = 0  # occurrences within the escalation window: firings and recurrences
 
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """An incident changed phase; ``actions`` are what a firing asks for (none otherwise)."""
+    """An incident changed phase, or recurred while firing.
+
+    ``actions`` are what a firing asks for, or what a recurrence that escalates the firing
+    incident asks for (``recurred``: the escalation actions; none for a recurrence that does not
+    escalate, which only updates the incident's count).
+    """
 
     incident: Incident
     actions: tuple[ActionSpec, ...] = ()
+    recurred: bool = False
 
 
 class Engine:
@@ -67,6 +77,9 @@ class Engine:
         self._rules = {rule.name: rule for rule in rules.rules}
         self._open: dict[tuple[str, str], Incident] = {}
         self._firings: dict[tuple[str, str], deque[float]] = {}
+        # The last ``occurrences`` value seen of each open incident whose rule counts them.
+        self._seen: dict[tuple[str, str], float] = {}
+        self.recurrences: Counter[str] = Counter()  # by rule: occurrences while firing
 
     @property
     def rules(self) -> dict[str, Rule]:
@@ -99,16 +112,64 @@ class Engine:
         holds: bool,
         now: float,
         evidence: str = "",
+        occurrences: float | None = None,
     ) -> list[Transition]:
-        """Feed one evaluation of ``rule_name`` on ``target``; return what changed."""
+        """Feed one evaluation of ``rule_name`` on ``target``; return what changed.
+
+        ``occurrences`` is the value of the rule's ``escalate.occurrences`` on the target now
+        (None: the rule has none, or it gave no number): the value when the incident fires is
+        its base, and each evaluation that finds it higher while the incident fires counts one
+        more occurrence.
+        """
         rule = self._rules[rule_name]
         key = (rule_name, target)
         incident = self._open.get(key)
         if incident is None:
-            return self._start(rule, key, node, now, evidence) if holds else []
+            if not holds:
+                return []
+            started = self._start(rule, key, node, now, evidence)
+            self._base(key, started, occurrences)
+            return started
         if incident.phase == Phase.PENDING:
-            return self._pending(rule, key, incident, holds=holds, now=now, evidence=evidence)
-        return self._firing(rule, key, incident, holds=holds, now=now, evidence=evidence)
+            moved = self._pending(rule, key, incident, holds=holds, now=now, evidence=evidence)
+            self._base(key, moved, occurrences)
+            return moved
+        recurred = self._recur(rule, key, incident, occurrences, now)
+        incident = self._open[key]
+        return recurred + self._firing(rule, key, incident, holds=holds, now=now, evidence=evidence)
+
+    def _base(self, key: tuple[str, str], moved: list[Transition], value: float | None) -> None:
+        """Remember ``value`` as the occurrences base of an incident that just fired."""
+        if value is not None and any(t.incident.phase == Phase.FIRING for t in moved):
+            self._seen[key] = value
+
+    def _recur(
+        self,
+        rule: Rule,
+        key: tuple[str, str],
+        incident: Incident,
+        value: float | None,
+        now: float,
+    ) -> list[Transition]:
+        """A firing incident whose occurrences grew: count one more, escalate at ``after``."""
+        esc = rule.escalation
+        if value is None or esc is None:
+            return []
+        last = self._seen.get(key)
+        self._seen[key] = value
+        if last is None or value <= last:
+            return []  # no base yet (a restart), the same count, or a counter that was reset
+        self.recurrences[rule.name] += 1
+        firings = self._firings.setdefault(key, deque())
+        firings.append(now)
+        while firings and now - firings[0] > esc.within_s:
+            firings.popleft()
+        escalates = not incident.escalated and len(firings) >= esc.after
+        recurred = replace(
+            incident, firings=len(firings), escalated=incident.escalated or escalates
+        )
+        self._open[key] = recurred
+        return [Transition(recurred, esc.actions if escalates else (), recurred=True)]
 
     def _start(
         self,
@@ -172,6 +233,7 @@ class Engine:
         clearing = incident.clearing_since if incident.clearing_since is not None else now
         if now - clearing >= rule.keep_firing_for_s:
             del self._open[key]
+            self._seen.pop(key, None)
             return [Transition(replace(incident, phase=Phase.RESOLVED, resolved_at=now))]
         if incident.clearing_since is None:
             self._open[key] = replace(incident, clearing_since=now)

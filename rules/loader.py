@@ -64,7 +64,7 @@ RULE_KEYS: Final = frozenset(
         "dry_run",
     },
 )
-ESCALATE_KEYS: Final = frozenset({"after", "within", "actions"})
+ESCALATE_KEYS: Final = frozenset({"after", "within", "actions", "occurrences"})
 TOP_KEYS: Final = frozenset({"version", "rules"})
 BUILTIN: Final = ("rules", "default.yaml")
 BUILTIN_SOURCE: Final = "builtin/default.yaml"
@@ -186,7 +186,7 @@ class _Checker:
         dry_run = raw.get("dry_run", False)
         self.typed(dry_run, bool, "dry_run", at("dry_run"), name)
         actions = self.actions(raw.get("actions", []), "actions", at("actions"), name)
-        escalation = self.escalation(raw.get("escalate"), at("escalate"), name)
+        escalation = self.escalation(raw.get("escalate"), at("escalate"), name, scope)
         if scope is not None:
             extra = escalation.actions if escalation else ()
             self.scoped_actions(scope, actions + extra, at("actions"), name)
@@ -249,7 +249,9 @@ class _Checker:
             self.problem(line, name, typed)
         return when
 
-    def escalation(self, raw: object, line: int, name: str) -> Escalation | None:
+    def escalation(
+        self, raw: object, line: int, name: str, scope: Scope | None
+    ) -> Escalation | None:
         if raw is None:
             return None
         if not isinstance(raw, dict) or set(raw) - ESCALATE_KEYS:
@@ -257,7 +259,7 @@ class _Checker:
                 sorted(_key(k) for k in set(raw) - ESCALATE_KEYS) if isinstance(raw, dict) else []
             )
             got = f" (not {', '.join(extra)})" if extra else ""
-            self.problem(line, name, f"escalate takes after, within and actions{got}")
+            self.problem(line, name, f"escalate takes after, within, actions and occurrences{got}")
             return None
         before = len(self.problems)
         after = raw.get("after")
@@ -277,9 +279,41 @@ class _Checker:
             actions = self.actions(raw["actions"], "escalate.actions", line, name)
         else:
             self.problem(line, name, "escalate.actions must list what an escalated firing runs")
+        occurrences = self.occurrences(scope, raw.get("occurrences", ""), line, name)
         if len(self.problems) > before or not isinstance(after, int):
             return None
-        return Escalation(after, within, actions)
+        return Escalation(after, within, actions, occurrences)
+
+    def occurrences(self, scope: Scope | None, raw: object, line: int, name: str) -> str:
+        """``escalate.occurrences``: a CEL number that grows each time the fault happens again."""
+        if raw == "":
+            return ""
+        if not isinstance(raw, str) or not raw.strip():
+            shown = short_repr(raw)
+            self.problem(line, name, f"escalate.occurrences must be a CEL number, not {shown}")
+            return ""
+        if scope is None:
+            return raw
+        # Checked as the condition it feeds: a number (an int or a double) compared with 0.
+        as_double, as_int = f"({raw}) + 0.0 >= 0.0", f"({raw}) + 0 >= 0"
+        try:
+            self.env.compile(scope, raw)
+        except ConditionError as exc:
+            self.problem(line, name, f"bad escalate.occurrences: {exc}")
+            return raw
+        for signal in sorted(signal_references(raw)):
+            if not known(scope, signal):
+                self.problem(line, name, f"unknown signal {signal!r} for a {scope} rule")
+        fields = field_problems(scope, raw)
+        for message in fields:
+            self.problem(line, name, message)
+        if (
+            not fields
+            and (typed := self.env.type_problem(scope, as_double)) is not None
+            and self.env.type_problem(scope, as_int) is not None
+        ):
+            self.problem(line, name, f"escalate.occurrences must give a number: {typed}")
+        return raw
 
 
 def _key(key: object) -> str:

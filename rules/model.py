@@ -50,12 +50,15 @@ class ActionSpec:
 class Escalation:
     """When the same rule fires on the same target again and again, do more.
 
-    From the ``after``-th firing within ``within_s``, ``actions`` run instead of the rule's own.
+    From the ``after``-th occurrence within ``within_s``, ``actions`` run instead of the rule's
+    own. Each firing is an occurrence, and so is each growth of ``occurrences`` (a CEL number,
+    e.g. a counter or an event count; "" for none) while the incident fires.
     """
 
     after: int
     within_s: float
     actions: tuple[ActionSpec, ...]
+    occurrences: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -726,6 +726,26 @@ _RULES = _specs(
             (),
             "Times an action was held back to wait (drain cap, breaker, a busy GPU).",
         ),
+        (
+            "fleetwatch_waiting_drains_dropped_total",
+            "counter",
+            "",
+            (),
+            (
+                "Drains that waited (drain cap, breaker) and were dropped before they ran because "
+                "their rule's condition no longer held: the fault had cleared."
+            ),
+        ),
+        (
+            "fleetwatch_incident_recurrences_total",
+            "counter",
+            "",
+            ("rule",),
+            (
+                "Times a fault recurred while its incident still fired (the rule's "
+                "escalate.occurrences grew), by rule; each counts toward the escalation."
+            ),
+        ),
     ],
 )
 

@@ -71,4 +71,10 @@ class RulesCollector(Collector):
         for name in ("drained_nodes", "drains_waiting", "drain_cap", "drain_breaker_open"):
             f[f"fleetwatch_{name}"].add_metric([], float(status[name]))
         f["fleetwatch_actions_deferred_total"].add_metric([], dispatcher.deferred)
+        f["fleetwatch_waiting_drains_dropped_total"].add_metric([], dispatcher.dropped_cleared)
+        for rule in ev.rules.rules:
+            if rule.escalation is not None and rule.escalation.occurrences:
+                f["fleetwatch_incident_recurrences_total"].add_metric(
+                    [rule.name], ev.engine.recurrences.get(rule.name, 0)
+                )
         yield from f.values()

@@ -142,7 +142,8 @@ def _sample_windows(rules: RuleSet) -> dict[str, float]:
     windows: dict[str, float] = {}
     pattern = re.compile(r"""(?:increase|rate)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
     for rule in rules.rules:
-        for signal, window in pattern.findall(rule.when):
+        counted = rule.escalation.occurrences if rule.escalation is not None else ""
+        for signal, window in pattern.findall(rule.when + " " + counted):
             windows[signal] = max(windows.get(signal, 0.0), parse_duration(window))
     return windows
 
@@ -165,9 +166,11 @@ def watched_signals(rules: RuleSet) -> frozenset[str] | None:
     """
     words: set[str] = set(MODEL_SIGNALS)
     for rule in rules.rules:
-        if _WALKS_SIGNALS.search(rule.when):
-            return None
-        words.update(_WORD.findall(rule.when))
+        counted = rule.escalation.occurrences if rule.escalation is not None else ""
+        for text in (rule.when, counted):
+            if _WALKS_SIGNALS.search(text):
+                return None
+            words.update(_WORD.findall(text))
     return frozenset(words)
 
 
@@ -195,6 +198,12 @@ class Evaluator:
         self.history = History(EVENT_WINDOW_S, _sample_windows(rules))
         self._compiled: dict[str, cel.Expression] = {
             r.name: self.env.compile(r.scope, r.when) for r in rules.rules
+        }
+        # Escalations that count occurrences: the number each grows with.
+        self._occurrences: dict[str, cel.Expression] = {
+            r.name: self.env.compile(r.scope, r.escalation.occurrences)
+            for r in rules.rules
+            if r.escalation is not None and r.escalation.occurrences
         }
         self._by_scope = {scope: rules.by_scope(scope) for scope in Scope}
         self._watched = watched_signals(rules)
@@ -382,6 +391,10 @@ class Evaluator:
                 log.warning(
                     "rule_evaluation_failed", rule=rule.name, target=key, error=error, count=count
                 )
+        occurrences = None
+        counted = self._occurrences.get(rule.name)
+        if counted is not None and (holds or self.engine.get(rule.name, key) is not None):
+            occurrences = self.env.number(counted, data, context)
         transitions = self.engine.observe(
             rule.name,
             node,
@@ -389,8 +402,36 @@ class Evaluator:
             holds=holds,
             now=now,
             evidence=self._evidence(rule, data) if holds else "",
+            occurrences=occurrences,
         )
         return [Outcome(t, rule, self.verdict(t.incident, rule)) for t in transitions]
+
+    def holds_now(self, incident: Incident) -> bool | None:
+        """Whether the incident's rule holds on its target now, evaluated afresh.
+
+        What an action that waited checks before it runs: the condition itself, not the
+        incident's phase (``keep_firing_for`` keeps an incident firing after its fault cleared).
+        None when the target is gone or the rule is not one of a node's targets.
+        """
+        rule = self.engine.rules.get(incident.rule)
+        if rule is None or rule.scope in (Scope.JOB, Scope.FLEET):
+            return None
+        now = self.clock.monotonic()
+        extras = self._fleet_nodes if self._fleet_nodes is not None else self._fleet_counts()
+        sweep = _Sweep(
+            fleet={**extras, **self.fleet_extras()},
+            now=now,
+            wanted={(incident.node, incident.target)},
+            swept=set(),
+            whole=set(),
+        )
+        for _node, key, scope, _rules, data in self._targets(sweep):
+            if key == incident.target and scope == rule.scope:
+                holds, _error = self.env.evaluate(
+                    self._compiled[rule.name], data, _Context(self, key, now)
+                )
+                return holds
+        return None
 
     def verdict(self, incident: Incident, rule: Rule) -> Verdict:
         """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""

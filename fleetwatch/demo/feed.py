@@ -64,16 +64,21 @@ class IncidentFeed:
         return sum(i.phase == Phase.FIRING for i in self._engine.open_incidents())
 
     async def fire(
-        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        *,
+        recurred: bool = False,
     ) -> None:
         """Let the dispatcher run the actions, then note the firing and their outcomes."""
         self._acting += 1
         try:
             if self._inner is not None:
-                await self._inner.fire(incident, rule, actions)
+                await self._inner.fire(incident, rule, actions, recurred=recurred)
         finally:
             self._acting -= 1
-        await self._show("FIRING", incident)
+        await self._show("RECURRED" if recurred else "FIRING", incident)
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Let the dispatcher undo what it should, then note the resolution."""
@@ -85,10 +90,14 @@ class IncidentFeed:
             self._acting -= 1
         await self._show("RESOLVED", incident)
 
-    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+    async def settle(
+        self,
+        firing: Callable[[str], tuple[IncidentRow, Rule] | None],
+        holds: Callable[[str], bool | None] | None = None,
+    ) -> None:
         """Pass on: the dispatcher runs drains that waited; :meth:`poll` notes them."""
         if self._inner is not None:
-            await self._inner.settle(firing)
+            await self._inner.settle(firing, holds)
 
     def flush(self) -> None:
         """Print the lines written since the last flush."""

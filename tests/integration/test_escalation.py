@@ -1,0 +1,134 @@
+"""Escalation and waiting drains against what happens while an incident still fires.
+
+A real collector, simulated nodes and real signed webhooks, as in test_actions.py.
+"""
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collector.main import CollectorService
+from fleetwatch.testing import wait_until
+from tests.integration.fleet_harness import actions, kinds, start
+
+pytestmark = pytest.mark.integration
+
+BUILTIN_RULES = Path(__file__).parents[2] / "rules" / "default.yaml"
+# A port rule that stays firing for an hour after its port came back, as keep_firing_for does.
+LINGERING_RULES = """\
+version: 1
+rules:
+  - name: ib_port_lost
+    scope: ib_port
+    when: 'port.state != "" && port.state != "ACTIVE"'
+    keep_firing_for: 1h
+    severity: critical
+    actions: [drain_node]
+"""
+
+
+def builtin_rule(tmp_path: Path, name: str) -> Path:
+    """A rule file holding only the built-in rule ``name``, as shipped."""
+    data = yaml.safe_load(BUILTIN_RULES.read_text("utf-8"))
+    rules = [r for r in data["rules"] if r["name"] == name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "rules": rules}))
+    return path
+
+
+def scrape(service: CollectorService) -> str:
+    url = f"http://127.0.0.1:{service.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+async def test_a_second_dbe_while_the_first_fires_drains(collector_config, receiver, tmp_path):
+    """Two double-bit ECC errors on one GPU within minutes: the first resets and notifies; the
+    second opens no incident (the first still fires) but counts as a recurrence, which reaches
+    the escalation's two and drains the node, journaled as escalated_drain_node."""
+    rules = builtin_rule(tmp_path, "double_bit_ecc")
+    service, cluster = await start(
+        collector_config, tmp_path, actions(receiver, tmp_path), rules=(rules,)
+    )
+    try:
+        node = cluster.nodes["node-1"]
+        node.ecc_errors(2, dbe=1)
+
+        def firing() -> list[str]:
+            return [
+                i.id
+                for i in service.evaluator.engine.open_incidents()
+                if i.rule == "double_bit_ecc" and i.phase == "firing"
+            ]
+
+        await wait_until(lambda: bool(firing()), what="the first DBE fires")
+        await wait_until(
+            lambda: ("notification", "node-1") in kinds(receiver), what="first notification"
+        )
+        await service.incidents.idle()
+        assert "node-1" not in service.dispatcher.drained
+        (incident_id,) = firing()
+
+        node.ecc_errors(2, dbe=1)
+        await wait_until(lambda: "node-1" in service.dispatcher.drained, what="the drain")
+        assert firing() == [incident_id]  # the same incident: no new one opened
+        rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
+        done = {(r.action, r.state) for r in rows if r.incident_id == incident_id}
+        assert ("escalated_drain_node", "succeeded") in done
+        assert ("reset_gpu", "succeeded") in done
+        assert [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
+        (row,) = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
+        assert (row.id, row.escalated, row.firings) == (incident_id, True, 2)
+        metrics = await asyncio.to_thread(scrape, service)
+        assert 'fleetwatch_incident_recurrences_total{rule="double_bit_ecc"} 1.0' in metrics
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)
+
+
+async def test_a_waiting_drain_whose_fault_cleared_is_dropped(collector_config, receiver, tmp_path):
+    """Two ports down, room for one drain: the second waits. Its port comes back while
+    keep_firing_for keeps the incident firing for an hour; the waiting drain checks the rule's
+    condition itself, finds the fault gone and is dropped (journaled, counted). When room comes
+    back, nothing is drained for the fault that is gone."""
+    rules = tmp_path / "lingering.yaml"
+    rules.write_text(LINGERING_RULES)
+    acts = actions(receiver, tmp_path, max_drained_nodes=1, max_drained_share=1.0)
+    service, cluster = await start(collector_config, tmp_path, acts, rules=(rules,))
+    try:
+        for name in ("node-1", "node-2"):
+            cluster.nodes[name].ib_port_down(0)
+        await wait_until(
+            lambda: len(service.dispatcher.waiting) == 1 and len(service.dispatcher.drained) == 1,
+            what="one drain done and one waiting",
+        )
+        (drained,) = service.dispatcher.drained
+        (waiting_node,) = {"node-1", "node-2"} - {drained}
+        cluster.nodes[waiting_node].ib_port_up(0)
+        await wait_until(lambda: not service.dispatcher.waiting, what="the waiting drain dropped")
+        still = [
+            i
+            for i in service.evaluator.engine.open_incidents()
+            if i.node == waiting_node and i.phase == "firing"
+        ]
+        assert still, "keep_firing_for keeps the incident firing"
+        rows = await service.journal.do(lambda s: s.incidents.actions(node=waiting_node))
+        (row,) = [r for r in rows if r.action == "drain_node"]
+        assert row.state == "skipped"
+        assert row.detail.startswith("the fault cleared while the drain_node waited")
+        assert service.dispatcher.dropped_cleared == 1
+        metrics = await asyncio.to_thread(scrape, service)
+        assert "fleetwatch_waiting_drains_dropped_total 1.0" in metrics
+
+        assert await service.dispatcher.release(drained, "repaired")  # room for one again
+        await service.incidents.tick()
+        await service.incidents.idle()
+        await asyncio.sleep(0.3)
+        assert waiting_node not in service.dispatcher.drained
+        assert ("drain_request", waiting_node) not in kinds(receiver)
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)
