@@ -293,7 +293,7 @@ class TestConditionFields:
             ("nvlink", "!link.upp", "unknown field link.upp; link has index, signals, up"),
             ("fleet", "fleet.drains_wating > 0", "unknown field fleet.drains_wating; fleet has"),
             ("node", 'events("gpu_lots", "1h") > 0', "unknown event kind 'gpu_lots'; known:"),
-            ("gpu", 'events(r"xdi", "1h") > 0', "unknown event kind 'xdi'; known: gpu_lost,"),
+            ("gpu", 'events(r"xdi", "1h") > 0', "unknown event kind 'xdi'; known: "),
         ],
     )
     def test_unknown_field_or_event_kind(self, scope: str, when: str, expected: str):
