@@ -1,8 +1,10 @@
 """The rules at run time: evaluate on a tick, journal every incident change, hand on actions.
 
 An incident is journaled on each phase change before anything acts on it. After a restart the
-open incidents are taken back from the journal, so a firing incident does not fire (and act)
-again, and silences are loaded before the first evaluation.
+open incidents are taken back from the journal, so a firing incident does not fire again, and
+silences are loaded before the first evaluation. Each firing incident taken back is handed to the
+action sink once more: a crash after its firing was journaled and before its actions were must
+not lose them, and the sink runs only actions whose idempotency key it has not journaled.
 """
 
 from __future__ import annotations
@@ -39,33 +41,17 @@ class ActionSink(Protocol):
     """Where firing and resolved incidents go to be acted on (the dispatcher)."""
 
     async def fire(
-        self,
-        incident: IncidentRow,
-        rule: Rule,
-        actions: tuple[ActionSpec, ...],
-        *,
-        recurred: bool = False,
+        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
     ) -> None:
-        """Run (or journal as skipped) a firing incident's actions.
-
-        ``recurred``: the fault recurred while the incident fired and escalated it; the
-        actions are its escalation's, journaled as ``escalated_<action>``.
-        """
+        """Run (or journal as skipped) a firing incident's actions."""
         ...
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Undo what should be undone now that the incident resolved (e.g. resume a node)."""
         ...
 
-    async def settle(
-        self,
-        firing: Callable[[str], tuple[IncidentRow, Rule] | None],
-        holds: Callable[[str], bool | None] | None = None,
-    ) -> None:
-        """After each tick: run what waited (drains held back by the cap), if it may run now.
-
-        ``holds`` says whether an incident's condition holds now (None: cannot tell).
-        """
+    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+        """After each tick: run what waited (drains held back by the cap), if it may run now."""
         ...
 
 
@@ -124,28 +110,49 @@ class IncidentService:
         def to_mono(ms: int | None) -> float | None:
             return None if ms is None else mono - (now - ms / 1000)
 
+        firing: list[Incident] = []
         for row in rows:
             if row.rule not in self.evaluator.engine.rules:
                 continue  # the rule is gone from the rule files: the incident ends with it
             if not self.owns(row.node):
                 continue  # a peer's node (shared journal): its collector carries it on
-            self.evaluator.engine.restore(
-                Incident(
-                    id=row.id,
-                    rule=row.rule,
-                    node=row.node,
-                    target=row.target,
-                    phase=Phase(row.phase),
-                    started_at=to_mono(row.started_ms) or mono,
-                    evidence=row.evidence,
-                    fired_at=to_mono(row.fired_ms),
-                    escalated=row.escalated,
-                    firings=row.firings,
-                ),
+            incident = Incident(
+                id=row.id,
+                rule=row.rule,
+                node=row.node,
+                target=row.target,
+                phase=Phase(row.phase),
+                started_at=to_mono(row.started_ms) or mono,
+                evidence=row.evidence,
+                fired_at=to_mono(row.fired_ms),
+                escalated=row.escalated,
+                firings=row.firings,
             )
+            self.evaluator.engine.restore(incident)
+            if incident.phase == Phase.FIRING:
+                firing.append(incident)
         await self.reload_silences()
+        for incident in firing:
+            self._act_again(incident)
         self._task = asyncio.create_task(self._run(), name="incidents")
         log.info("incidents_started", open=len(rows), rules=len(self.evaluator.rules.rules))
+
+    def _act_again(self, incident: Incident) -> None:
+        """Hand a firing incident taken back from the journal to the sink once more.
+
+        The process before may have died between journaling the firing and journaling its
+        actions (or between two of them), and the engine does not fire a restored incident
+        again. The sink journals each action under its idempotency key first and runs only
+        the keys it finds new, so actions already journaled are not repeated: those cut short
+        are settled by the sink's own start. An escalated incident is not handed on: which of
+        its actions ran under which name depends on how it escalated, and the sink settles those
+        it journaled.
+        """
+        rule = self.evaluator.engine.rules[incident.rule]
+        if self.sink is None or incident.escalated or not rule.actions:
+            return
+        row = self._row(incident, rule, self.evaluator.verdict(incident, rule))
+        self._act(row.id, self.sink.fire(row, rule, rule.actions))
 
     async def reload_silences(self) -> None:
         """Read the silences again (after one was added or removed)."""
@@ -225,9 +232,7 @@ class IncidentService:
         for outcome in outcomes:
             await self._record(outcome)
         if self.sink is not None and (self._settling is None or self._settling.done()):
-            self._settling = asyncio.create_task(
-                self.sink.settle(self._firing, self.holds), name="settle"
-            )
+            self._settling = asyncio.create_task(self.sink.settle(self._firing), name="settle")
         return outcomes
 
     def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
@@ -235,13 +240,6 @@ class IncidentService:
             if incident.id == incident_id and incident.phase == Phase.FIRING:
                 rule = self.evaluator.engine.rules[incident.rule]
                 return self._row(incident, rule, self.evaluator.verdict(incident, rule)), rule
-        return None
-
-    def holds(self, incident_id: str) -> bool | None:
-        """Whether an open incident's condition holds on its target now (None: cannot tell)."""
-        for incident in self.evaluator.engine.open_incidents():
-            if incident.id == incident_id:
-                return self.evaluator.holds_now(incident)
         return None
 
     def _row(self, incident: Incident, rule: Rule, verdict: Verdict) -> IncidentRow:
@@ -268,19 +266,7 @@ class IncidentService:
         row = self._row(incident, rule, verdict)
         await self._journal.do(lambda s: s.incidents.upsert_incident(row))
         event = f"incident_{incident.phase.value}"
-        if outcome.transition.recurred:
-            log.warning(
-                "incident_recurred",
-                rule=rule.name,
-                target=incident.target,
-                occurrences=incident.firings,
-                escalated=bool(outcome.transition.actions),
-            )
-            if self.sink is not None and outcome.transition.actions:
-                self._act(
-                    row.id, self.sink.fire(row, rule, outcome.transition.actions, recurred=True)
-                )
-        elif incident.phase == Phase.FIRING:
+        if incident.phase == Phase.FIRING:
             log.warning(
                 event,
                 rule=rule.name,
