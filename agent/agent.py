@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from agent.job_socket import JobQueue, JobSocket
     from agent.link import CollectorLink
     from agent.outbox import Outbox
+    from agent.poll_bmc import BmcPoller
     from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
     from agent.self_limits import SelfLimits
     from fleetwatch.clock import Clock
@@ -99,6 +100,8 @@ class Agent:
         job_socket_mode: int = 0o666,
         notifier: SdNotifier | None = None,
         limits: SelfLimits | None = None,
+        bmc: BmcPoller | None = None,
+        bmc_interval: float = 30.0,
     ) -> None:
         """Wire the parts together; nothing runs until :meth:`run`.
 
@@ -106,7 +109,8 @@ class Agent:
         (no socket: the agent takes no step reports). ``notifier`` tells systemd when the first
         poll is done and pings its watchdog from the event loop (None: not under systemd).
         ``limits`` watches the process's own memory and CPU (None: not watched, as where many
-        simulated agents share one process).
+        simulated agents share one process). ``bmc`` reads the node's BMC every
+        ``bmc_interval`` seconds, on a task of its own (None: no BMC is read).
         """
         self.node = node
         self.boot_id = boot_id
@@ -122,6 +126,8 @@ class Agent:
         self._job_socket_mode = job_socket_mode
         self._notifier = notifier
         self.limits = limits
+        self.bmc = bmc
+        self._bmc_interval = bmc_interval
         self._inventory = Inventory()
         self.dropped_events: Counter[str] = Counter()
         if outbox.spool is not None and outbox.spool.previous_boot_events:
@@ -323,6 +329,8 @@ class Agent:
             asyncio.create_task(self._read_when_woken(wakeup), name=f"events-{self.node}"),
             asyncio.create_task(self._flush_when_asked(), name=f"flush-{self.node}"),
         }
+        if self.bmc is not None:
+            loops.add(asyncio.create_task(self._poll_bmc(self.bmc), name=f"bmc-{self.node}"))
         try:
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -344,6 +352,23 @@ class Agent:
         while True:
             await self.clock.sleep(wait)
             wait = await self.timed_poll()
+
+    async def poll_bmc_once(self, bmc: BmcPoller) -> None:
+        """Read the BMC (off the loop, with its deadline).
+
+        Once its events are durable, the SEL cursor moves past the entries they came from.
+        """
+        result = await bmc.poll(unix_ms(self.clock))
+        self._take(result)
+        self._publish(result.samples, events=bool(result.events))
+        if await self.flush():
+            self.outbox.on_disk_thread(bmc.commit_sel)
+
+    async def _poll_bmc(self, bmc: BmcPoller) -> None:
+        """The BMC at its own interval: it is slow, and may hang, without holding up polls."""
+        while True:
+            await self.poll_bmc_once(bmc)
+            await self.clock.sleep(self._bmc_interval)
 
     async def _read_when_woken(self, wakeup: Wakeup) -> None:
         """Read the event sources as soon as one wakes us; never waits on NVML or the disk."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.bmc_config import BmcConfig, parse_bmc
 from agent.budget import DEFAULT_MAX_BYTES
 from agent.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
 from agent.exceptions import ConfigError
@@ -73,6 +74,9 @@ class AgentConfig:
     tls_server_name: str | None = None  # the name to expect in the collector's certificate
     insecure: bool = False
     log_level: str | None = None  # debug, info, warning, error; None: --log-level, or info
+    # The node's BMC, the [agent.bmc] table (agent/bmc_config.py, docs/signals.md): None reads
+    # none. Its credentials come from files, never from this file or the command line.
+    bmc: BmcConfig | None = None
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
@@ -89,6 +93,9 @@ class AgentConfig:
         ):
             check_number(getattr(self, key), key, ConfigError)
         _check_self_limits(self)
+        bmc: object = self.bmc  # a TOML table, to check and convert
+        if bmc is not None and not isinstance(bmc, BmcConfig):
+            object.__setattr__(self, "bmc", parse_bmc(bmc))
         size: object = self.spool_max_bytes  # TOML may give anything
         if isinstance(size, bool) or not isinstance(size, int) or size < MIN_SPOOL_BYTES:
             msg = (

@@ -12,6 +12,7 @@ import structlog
 
 from agent.agent import Agent, build_hello
 from agent.backoff import Backoff
+from agent.bmc_config import open_bmc
 from agent.budget import ByteBudget
 from agent.changes import LiveSamples
 from agent.collector_list import start_index
@@ -23,6 +24,7 @@ from agent.job_socket import JobQueue
 from agent.link import CollectorLink
 from agent.outbox import Outbox
 from agent.peer_identity import PeerResolver
+from agent.poll_bmc import BmcPoller
 from agent.sampler import Sampler
 from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
@@ -30,6 +32,7 @@ from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import NvmlSource, load_pynvml
 from agent.sources.nvml_events import NvmlEventWatcher
 from agent.sources.pci_sysfs import PciSysfsReader
+from agent.sources.sel_cursor import SelCursor
 from agent.sources.sysfs import SysfsReader
 from agent.sources.sysfs_io import FdBudget
 from agent.sources.udev import PyudevSource
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 
     from agent.commands import GpuReset
     from agent.config import AgentConfig
+    from agent.sources.bmc import BmcSource
     from agent.sources.kmsg import KmsgSource
     from agent.sources.nvml_api import NvmlLibrary
     from agent.sources.udev import UdevSource
@@ -65,6 +69,7 @@ class Hardware:
     boot_id: str
     kmsg_cursor: KmsgCursor | None = None
     gpu_reset: GpuReset | None = None
+    bmc: BmcSource | None = None  # the node's BMC, when the config names one
     # How the spool under state_dir makes its writes durable (a benchmark injects a slow disk).
     fsync: Callable[[int], None] = os.fsync
 
@@ -111,6 +116,7 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
         boot_id=boot_id,
         kmsg_cursor=cursor,
         gpu_reset=NvidiaSmiReset(cfg.nvidia_smi) if cfg.gpu_reset else None,
+        bmc=open_bmc(cfg.bmc),
     )
 
 
@@ -206,4 +212,22 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         job_socket_mode=cfg.job_socket_mode,
         notifier=notifier,
         limits=limits,
+        bmc=_bmc_poller(cfg, hardware),
+        bmc_interval=cfg.bmc.interval if cfg.bmc is not None else 30.0,
+    )
+
+
+def _bmc_poller(cfg: AgentConfig, hardware: Hardware) -> BmcPoller | None:
+    """The BMC's poller, its SEL cursor under ``state_dir`` (None: the position in memory)."""
+    if hardware.bmc is None:
+        return None
+    timeout, needed = (cfg.bmc.timeout, cfg.bmc.psus_needed) if cfg.bmc else (20.0, 0)
+    cursor = None
+    if cfg.state_dir is not None:
+        cursor = SelCursor(cfg.state_dir / "bmc-sel-cursor.json", hardware.bmc.address)
+    return BmcPoller(
+        hardware.bmc,
+        cursor=cursor,
+        timeout_s=timeout,
+        psus_needed=needed,
     )

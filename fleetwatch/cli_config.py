@@ -134,6 +134,7 @@ def _catalog_and_tls(
 
 def check_agent(path: Path, clock: Clock) -> Outcome:
     """Load ``path`` as the agent does at start; certificates are checked for ``clock``'s now."""
+    from agent.bmc_config import open_bmc  # noqa: PLC0415
     from agent.config import load_agent_config  # noqa: PLC0415 - each kind loads its own code
     from agent.exceptions import AgentError  # noqa: PLC0415
     from agent.tls import tls_material  # noqa: PLC0415
@@ -145,13 +146,22 @@ def check_agent(path: Path, clock: Clock) -> Outcome:
     problems = _catalog_and_tls(
         cfg.xid_catalog, lambda: tls_material(cfg), AgentError, "agent config", clock
     )
+    warnings: list[str] = []
+    if cfg.bmc is not None:  # its credentials are read as at start (the BMC is not asked)
+        try:
+            open_bmc(cfg.bmc)
+        except AgentError as exc:
+            problems.append(str(exc))
+        warnings = _secret_file_warnings([("[agent.bmc] password_file", cfg.bmc.password_file)])
+    bmc = f"BMC {cfg.bmc.protocol} {cfg.bmc.address}" if cfg.bmc else "BMC off"
     summary = (
         f"node {cfg.node}, collector{'s' if len(cfg.targets) > 1 else ''} "
         f"{', '.join(cfg.targets)} ({_transport(cfg)}), "
         f"poll every {cfg.poll_interval:g} s, "
-        f"kernel log {cfg.kmsg_path or 'off'}, GPU resets {'on' if cfg.gpu_reset else 'off'}"
+        f"kernel log {cfg.kmsg_path or 'off'}, GPU resets {'on' if cfg.gpu_reset else 'off'}, "
+        f"{bmc}"
     )
-    return Outcome(summary, tuple(problems))
+    return Outcome(summary, tuple(problems), tuple(warnings))
 
 
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:

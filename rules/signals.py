@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from agent.job_report import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
+from agent.poll_bmc import BMC_SIGNALS
 from agent.poll_ib import RATE_COUNTERS, RATE_HW_COUNTERS, signal_name
 from agent.probes.counters import IB_COUNTER_SPECS
 from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
@@ -68,7 +69,8 @@ NODE: Final = frozenset(
         "agent_collector_index",
         "agent_collector_away",
         "agent_collector_failovers",
-        *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev")),
+        *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev", "bmc")),
+        *BMC_SIGNALS,
         "agent_job_reports",
         "agent_job_reports_lost",
         *(REFUSED_SIGNAL_PREFIX + reason for reason in REFUSAL_REASONS),

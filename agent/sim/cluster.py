@@ -10,8 +10,10 @@ import structlog
 
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent
+from agent.sim.bmc import SimRedfishService
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import Fault, FaultKind, apply_fault
+from agent.sources.bmc_redfish import RedfishBmc
 from agent.sources.sysfs_io import FdBudget
 
 if TYPE_CHECKING:
@@ -25,7 +27,10 @@ log = structlog.get_logger("agent.sim")
 
 
 def sim_hardware(node: SimNode) -> Hardware:
-    """The four sources of a simulated node, as the agent's composition root takes them."""
+    """The sources of a simulated node, as the agent's composition root takes them.
+
+    The BMC is the agent's own Redfish reader over the simulated BMC's documents.
+    """
     return Hardware(
         nvml=node.nvml,
         sysfs_root=node.sysfs.root,
@@ -33,6 +38,7 @@ def sim_hardware(node: SimNode) -> Hardware:
         udev=node.udev,
         boot_id=node.boot_id,
         gpu_reset=lambda gpu: node.reset_gpu(gpu.index),
+        bmc=RedfishBmc(SimRedfishService(node.bmc), f"{node.name}-bmc"),
     )
 
 

@@ -11,6 +11,7 @@ import hashlib
 import uuid as uuidlib
 from typing import TYPE_CHECKING
 
+from agent.sim.bmc import SimBmc
 from agent.sim.devices import H100_BUSES, H100_NVLINKS, SimGpu, SimIbPort
 from agent.sim.kmsg import SimKmsg
 from agent.sim.nvml_lib import EVENT_DBE, EVENT_XID, SimNvmlLibrary
@@ -74,6 +75,7 @@ class SimNode:
         """Build the node and write its sysfs tree under ``sysfs_root``."""
         self.name = name
         self.boot_id = _stable_uuid(name, "boot")
+        self.bmc = SimBmc()  # fans, power supplies, temperatures and SEL, served as Redfish
         self.clock = clock
         self.gpus = [
             SimGpu(

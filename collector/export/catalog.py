@@ -306,7 +306,7 @@ _NODES = _specs(
             "counter",
             "",
             (*NODE, "source"),
-            "Failed reads by the node's agent, by source (nvml, sysfs, kmsg, udev).",
+            "Failed reads by the node's agent, by source (nvml, sysfs, kmsg, udev, bmc).",
         ),
         (
             "fleetwatch_agent_config_last_reload_successful",
@@ -324,6 +324,130 @@ _NODES = _specs(
             "",
             NODE,
             "Reloads the node's agent refused since it started (bad file; nothing changed).",
+        ),
+    ],
+)
+
+# The node's BMC (agent/poll_bmc.py): one series each per node.
+_BMC = _specs(
+    "Nodes",
+    [
+        (
+            "fleetwatch_bmc_up",
+            "gauge",
+            "",
+            NODE,
+            (
+                "1 when the last read of the node's BMC (Redfish or IPMI) succeeded, 0 when it "
+                "failed or hung."
+            ),
+        ),
+        (
+            "fleetwatch_agent_bmc_hung",
+            "gauge",
+            "",
+            NODE,
+            (
+                "1 while a read of the node's BMC has passed its [agent.bmc] timeout and not "
+                "returned; later reads are skipped meanwhile."
+            ),
+        ),
+        (
+            "fleetwatch_bmc_fans",
+            "gauge",
+            "",
+            NODE,
+            "Fans the node's BMC reports present.",
+        ),
+        (
+            "fleetwatch_bmc_fans_failed",
+            "gauge",
+            "",
+            NODE,
+            "Fans the BMC rates critical or that turn at or below their critical speed.",
+        ),
+        (
+            "fleetwatch_bmc_fan_rpm_min",
+            "gauge",
+            "",
+            NODE,
+            "The slowest fan's speed (RPM; percent where the BMC gives only that).",
+        ),
+        (
+            "fleetwatch_bmc_psus",
+            "gauge",
+            "",
+            NODE,
+            "Power supplies the BMC lists (empty slots included).",
+        ),
+        (
+            "fleetwatch_bmc_psus_working",
+            "gauge",
+            "",
+            NODE,
+            "Power supplies present, not failed and fed: those carrying the node.",
+        ),
+        (
+            "fleetwatch_bmc_psus_failed",
+            "gauge",
+            "",
+            NODE,
+            "Power supplies that failed (critical health): they need replacing.",
+        ),
+        (
+            "fleetwatch_bmc_psus_needed",
+            "gauge",
+            "",
+            NODE,
+            (
+                "Working power supplies the node needs (the BMC's MinNumNeeded, its psus_needed, "
+                "or all but one)."
+            ),
+        ),
+        (
+            "fleetwatch_bmc_psu_redundancy_lost",
+            "gauge",
+            "",
+            NODE,
+            (
+                "1 while no spare power supply is left (working at or below needed), or the BMC "
+                "says redundancy is lost."
+            ),
+        ),
+        (
+            "fleetwatch_bmc_power_watts",
+            "gauge",
+            "watts",
+            NODE,
+            "What the node draws, as its BMC reports it.",
+        ),
+        (
+            "fleetwatch_bmc_inlet_temperature_celsius",
+            "gauge",
+            "celsius",
+            NODE,
+            "The warmest inlet (intake, ambient) sensor of the node's BMC.",
+        ),
+        (
+            "fleetwatch_bmc_outlet_temperature_celsius",
+            "gauge",
+            "celsius",
+            NODE,
+            "The warmest outlet (exhaust) sensor of the node's BMC.",
+        ),
+        (
+            "fleetwatch_bmc_temperature_max_celsius",
+            "gauge",
+            "celsius",
+            NODE,
+            "The warmest temperature sensor of the node's BMC.",
+        ),
+        (
+            "fleetwatch_bmc_temperatures_critical",
+            "gauge",
+            "",
+            NODE,
+            "BMC temperature sensors at or above their critical threshold.",
         ),
     ],
 )
@@ -911,6 +1035,7 @@ _INGEST = _specs(
 
 CATALOG: Final[tuple[MetricSpec, ...]] = (
     *_NODES,
+    *_BMC,
     *_GPUS,
     *_PORTS,
     *_JOBS,

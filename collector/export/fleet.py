@@ -136,8 +136,24 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_collector_index", "agent_collector_index"),
     ("fleetwatch_agent_collector_away", "agent_collector_away"),
     ("fleetwatch_agent_collector_failovers_total", "agent_collector_failovers"),
+    # the node's BMC
+    ("fleetwatch_bmc_up", "bmc_up"),
+    ("fleetwatch_agent_bmc_hung", "agent_bmc_hung"),
+    ("fleetwatch_bmc_fans", "bmc_fans"),
+    ("fleetwatch_bmc_fans_failed", "bmc_fans_failed"),
+    ("fleetwatch_bmc_fan_rpm_min", "bmc_fan_rpm_min"),
+    ("fleetwatch_bmc_psus", "bmc_psus"),
+    ("fleetwatch_bmc_psus_working", "bmc_psus_working"),
+    ("fleetwatch_bmc_psus_failed", "bmc_psus_failed"),
+    ("fleetwatch_bmc_psus_needed", "bmc_psus_needed"),
+    ("fleetwatch_bmc_psu_redundancy_lost", "bmc_psu_redundancy_lost"),
+    ("fleetwatch_bmc_power_watts", "bmc_power_watts"),
+    ("fleetwatch_bmc_inlet_temperature_celsius", "bmc_inlet_temperature_celsius"),
+    ("fleetwatch_bmc_outlet_temperature_celsius", "bmc_outlet_temperature_celsius"),
+    ("fleetwatch_bmc_temperature_max_celsius", "bmc_temperature_max_celsius"),
+    ("fleetwatch_bmc_temperatures_critical", "bmc_temperatures_critical"),
 )
-AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev")
+AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev", "bmc")
 
 FLEET_FAMILIES: Final = tuple(
     s.name for s in BY_NAME.values() if s.group in ("Nodes", "GPUs", "InfiniBand ports")

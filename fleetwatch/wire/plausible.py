@@ -96,6 +96,9 @@ RATE: Final = Plausible("number", 0, 1e12)
 PCIE_WIDTH: Final = Plausible("number", 0, 32)
 PCIE_GEN: Final = Plausible("number", 0, 10)
 PCIE_SPEED_GTS: Final = Plausible("number", 0, 256)
+# The node's BMC: counts of its parts, and readings no working machine goes past.
+BMC_PARTS: Final = Plausible("number", 0, 1000)
+BMC_TEMPERATURE: Final = Plausible("number", -60, 200)
 
 EXACT: Final[dict[str, Plausible]] = {
     "temperature_celsius": Plausible("number", -40, 150),
@@ -120,6 +123,21 @@ EXACT: Final[dict[str, Plausible]] = {
     "ib_state": TEXT,
     "ib_phys_state": TEXT,
     "ib_link_downed": COUNTER,
+    "bmc_up": FLAG,
+    "agent_bmc_hung": FLAG,
+    "bmc_fans": BMC_PARTS,
+    "bmc_fans_failed": BMC_PARTS,
+    "bmc_fan_rpm_min": Plausible("number", 0, 100_000),
+    "bmc_psus": BMC_PARTS,
+    "bmc_psus_working": BMC_PARTS,
+    "bmc_psus_failed": BMC_PARTS,
+    "bmc_psus_needed": BMC_PARTS,
+    "bmc_psu_redundancy_lost": FLAG,
+    "bmc_power_watts": Plausible("number", 0, 200_000),
+    "bmc_inlet_temperature_celsius": BMC_TEMPERATURE,
+    "bmc_outlet_temperature_celsius": BMC_TEMPERATURE,
+    "bmc_temperature_max_celsius": BMC_TEMPERATURE,
+    "bmc_temperatures_critical": BMC_PARTS,
 }
 # Checked in order, before the prefixes: a rate of an IB counter is a rate, not a counter.
 SUFFIXES: Final[tuple[tuple[str, Plausible], ...]] = (

@@ -82,10 +82,12 @@ class TestExamples:
         (etc / "rules" / "site.yaml").write_text("version: 1\nrules: []\n")
         catalog = REPO / "rules" / "builtin" / "xid_catalog.yaml"
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
-        for name in ("drain.secret", "notify.secret", "api.token", "journal-password"):
+        names = ("drain.secret", "notify.secret", "api.token", "journal-password")
+        for name in (*names, "bmc.user", "bmc.password"):
             (etc / name).write_text(f"{name}-value\n")
             (etc / name).chmod(0o600)
         make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
+        (etc / "tls" / "bmc-ca.pem").write_bytes((etc / "tls" / "ca.pem").read_bytes())
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
         for example in ("agent.toml", "collector.toml"):
@@ -102,6 +104,7 @@ class TestExamples:
         code, out, err = run(capsys, *switched)
         assert (code, err) == (0, "")
         assert "node gpu-node-017, " in out
+        assert "BMC redfish 10.20.0.17" in out
         assert "http 0.0.0.0:9470 (changes with the API token)" in out
         assert re.search(r"\d+ rules, drains via slurm and webhook, 2 notify channels\n", out)
 
