@@ -24,7 +24,7 @@ from agent.sim.bandwidth import BandwidthModel, ModelError, Noise
 from fleetwatch.preflight.vocabulary import Check, Measurement
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from agent.preflight.runners import Group, Rail
     from agent.sim.hardware import SimNode
@@ -104,6 +104,10 @@ class SimFabric:
         self.addresses = dict(addresses or {})
         self.meet_wait_s = meet_wait_s
         self.ledger: list[Spent] = []
+        # The (server, client) pairs the harness says the plan has: several simulated nodes
+        # can share one address (every agent of one process is 127.0.0.1 to the collector),
+        # and then a client's server is the one planned for it at that address.
+        self._servers_of: dict[str, set[str]] = {}
         # Tools that "crash" on a node: (node, what) -> the message the tool would print.
         self.broken: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
@@ -124,9 +128,35 @@ class SimFabric:
         with self._lock:
             self.ledger.append(Spent(node, what, seconds, time.monotonic(), scope or (node,)))
 
-    def node_of(self, address: str) -> SimNode | None:
-        """The node listening at ``address`` (its name, or an address mapped to it)."""
-        return self.nodes.get(self.addresses.get(address, address))
+    def expect_pairs(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """The ``ib_write_bw`` (server, client) pairs a plan holds (added to those before)."""
+        with self._lock:
+            for server, client in pairs:
+                self._servers_of.setdefault(client, set()).add(server)
+
+    def servers_at(self, address: str, client: str) -> list[str]:
+        """The nodes that may be listening at ``address`` for ``client``.
+
+        An address is a node's name or one :attr:`addresses` maps to a node; any other (one
+        several nodes share) means one of the servers planned for ``client``.
+        """
+        name = self.addresses.get(address, address)
+        if name in self.nodes:
+            return [name]
+        with self._lock:
+            return sorted(self._servers_of.get(client, ()))
+
+    def waiting(self, keys: Sequence[tuple[object, ...]], timeout_s: float) -> int | None:
+        """The index of the first of ``keys`` whose meeting has begun (None: none in time)."""
+        deadline = time.monotonic() + min(timeout_s, self.meet_wait_s)
+        while True:
+            with self._lock:
+                for index, key in enumerate(keys):
+                    if key in self._meetings:
+                        return index
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.001)
 
     def crash(self, node: str, what: str) -> str:
         """The message of a tool made to fail on ``node`` ("" when it runs)."""
@@ -156,10 +186,15 @@ class SimFabric:
                 meeting.value, meeting.evidence = compute(meeting)
             except ModelError as exc:
                 meeting.error = str(exc)
+            with self._lock:  # the next meeting of the same key is a new one
+                if self._meetings.get(key) is meeting:
+                    del self._meetings[key]
             meeting.done.set()
         elif not meeting.done.wait(min(timeout_s, self.meet_wait_s)):
             with self._lock:
                 came = sorted(meeting.arrived)
+                if self._meetings.get(key) is meeting:
+                    del self._meetings[key]
             return _Meeting(
                 expected, set(came), meeting.done, None, f"only {', '.join(came)} came in time"
             )
@@ -315,14 +350,21 @@ class SimIbBandwidth(_NodeRunner):
 
     def connect(self, rail: Rail, server_addr: str, tcp_port: int, timeout_s: float) -> Measurement:
         """Write to the server at ``server_addr`` on ``rail``; the Gb/s measured."""
-        server = self.fabric.node_of(server_addr)
-        server_name = server.name if server is not None else server_addr
-        crashed = self.fabric.crash(self.name, "ib_write_bw")
-        if server is None or crashed:
-            why = crashed or f"cannot reach {server_addr}: no such simulated node"
-            met = _Meeting(2, error=f"ib_write_bw failed: {why}" if crashed else why)
-            return self._answer(rail, met, server_name, server=False)
-        fabric, client = self.fabric, self.node
+        fabric = self.fabric
+        crashed = fabric.crash(self.name, "ib_write_bw")
+        if crashed:
+            met = _Meeting(2, error=f"ib_write_bw failed: {crashed}")
+            return self._answer(rail, met, server_addr, server=False)
+        candidates = fabric.servers_at(server_addr, self.name)
+        if not candidates:
+            met = _Meeting(2, error=f"cannot reach {server_addr}: no such simulated node")
+            return self._answer(rail, met, server_addr, server=False)
+        keys = [self._key(rail, name, tcp_port) for name in candidates]
+        index = 0 if len(keys) == 1 else fabric.waiting(keys, timeout_s)
+        if index is None:
+            met = _Meeting(2, error=f"no server listened at {server_addr} port {tcp_port}")
+            return self._answer(rail, met, server_addr, server=False)
+        server, client = fabric.nodes[candidates[index]], self.node
 
         def compute(_: _Meeting) -> tuple[float, str]:
             port = self._port_index(rail)
@@ -332,8 +374,7 @@ class SimIbBandwidth(_NodeRunner):
                 f"{server_addr}: BW average {value:.2f} Gb/sec"
             )
 
-        key = self._key(rail, server.name, tcp_port)
-        met = fabric.meet(key, self.name, 2, timeout_s, compute)
+        met = fabric.meet(keys[index], self.name, 2, timeout_s, compute)
         return self._answer(rail, met, server.name, server=False)
 
 

@@ -271,3 +271,35 @@ def test_runners_answer_quickly_in_real_time(tmp_path: Path):
     threading.Thread(target=work, daemon=True).start()
     assert done.wait(10.0)
     assert sum(s.seconds for s in fabric.ledger) > 100
+
+
+def test_pairs_behind_one_address_find_their_planned_server(tmp_path: Path):
+    """Every agent of one process is 127.0.0.1 to the collector: the planned pairs tell them apart.
+
+    Two pairs test the same rail on the same TCP port at once; n3 is planned as a client of
+    both n2 (this round) and n0 (another round), and finds the one that is serving.
+    """
+    fabric = _fabric(tmp_path, 4)
+    fabric.expect_pairs([("n0", "n1"), ("n2", "n3"), ("n1", "n2"), ("n0", "n3")])
+    fabric.nodes["n3"].bad_cable("n2", 0, 0.5)
+    ib = {n: fabric.runners(n).ib for n in fabric.nodes}
+    rail = Rail("mlx5_0", 1)
+    got = _together(
+        lambda: ib["n0"].serve(rail, 18515, 30.0),
+        lambda: ib["n2"].serve(rail, 18515, 30.0),
+        lambda: ib["n1"].connect(rail, "127.0.0.1", 18515, 30.0),
+        lambda: ib["n3"].connect(rail, "127.0.0.1", 18515, 30.0),
+    )
+    by_component = {(m.component, m.value) for m in got}
+    assert {c for c, _ in by_component} == {"rail:mlx5_0/1:n0-n1", "rail:mlx5_0/1:n2-n3"}
+    values = dict(by_component)
+    assert values["rail:mlx5_0/1:n2-n3"] is not None
+    assert values["rail:mlx5_0/1:n0-n1"] is not None
+    assert values["rail:mlx5_0/1:n2-n3"] < values["rail:mlx5_0/1:n0-n1"] * 0.6
+    # the next round: n3 is n0's client now, on the same port
+    again = _together(
+        lambda: ib["n0"].serve(rail, 18515, 30.0),
+        lambda: ib["n3"].connect(rail, "127.0.0.1", 18515, 30.0),
+    )
+    assert {m.component for m in again} == {"rail:mlx5_0/1:n0-n3"}
+    assert all(m.value is not None and m.value > 380 for m in again)
