@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from collector.actions.config import ActionsConfig, parse_actions
 from collector.api.browsers import check_allowed_hosts
 from collector.exceptions import ConfigError
+from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestLimits
 from collector.ingest.tls import ServerTls
 from collector.jobs.config import JobsConfig
@@ -67,6 +68,11 @@ class CollectorConfig:
     poll_interval: float = 0.0  # 0: agents keep their own
     rules: tuple[Path, ...] = ()  # rule files; none: the built-in rules/default.yaml
     rules_interval: float = 1.0  # seconds between rule evaluations
+    # /metrics (collector.export.exposition): a node's series are rendered again at most this
+    # often while only its samples change (events, reachability and state show at once), and
+    # its shard targets carry at most this many samples (docs/scaling.md).
+    metrics_render_interval: float = 5.0
+    metrics_shard_samples: int = 4000
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
@@ -106,6 +112,17 @@ class CollectorConfig:
         check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
         check_number(self.rules_interval, "rules_interval", ConfigError)
         check_tls_keys(
+        check_number(
+            self.metrics_render_interval, "metrics_render_interval", ConfigError, inclusive=True
+        )
+        check_number(
+            self.metrics_shard_samples,
+            "metrics_shard_samples",
+            ConfigError,
+            minimum=SERIES_PER_NODE_BUDGET,
+            inclusive=True,
+            integer=True,
+        )
             {k: getattr(self, k) for k in TLS_KEYS},
             insecure=self.insecure,
             what="collector config",

@@ -16,6 +16,8 @@ from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
 from collector.export.fleet import FleetCollector
+from collector.export.catalog import SERIES_PER_NODE_BUDGET
+from collector.export.exposition import NodeExposition
 from collector.export.ingest import IngestCollector
 from collector.export.jobs import JobsCollector
 from collector.export.rules import RulesCollector
@@ -174,8 +176,18 @@ class CollectorService:
         self._rule_metrics = SwappableCollector(RulesCollector(self.evaluator, self.dispatcher))
         self.registry.register(self._rule_metrics)
         self.registry.register(ReloadCollector(self.reloads))
+                nodes=False,
         self.registry.register(IngestCollector(self.grpc.registry.throttle, self.stats))
         self.incidents = IncidentService(
+        self.node_metrics = NodeExposition(
+            self.fleet,
+            monotonic=clock.monotonic,
+            flags=self.node_flags,
+            xid_class=self._xid_class,
+            render_interval_s=cfg.metrics_render_interval,
+            nodes_per_shard=cfg.metrics_shard_samples // SERIES_PER_NODE_BUDGET,
+            held_elsewhere=self.peers.held_elsewhere,
+        )
             evaluator=self.evaluator,
             journal=self.journal,
             clock=clock,
@@ -222,6 +234,7 @@ class CollectorService:
     @property
     def http_port(self) -> int:
         """The bound HTTP port."""
+            nodes=self.node_metrics,
         return self.http.port
 
     def _xid_class(self, xid: int) -> str:

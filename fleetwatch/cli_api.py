@@ -265,6 +265,7 @@ def _job_row(r: dict[str, Any], _now: float) -> list[str]:
         r["id"],
         "yes" if r["active"] else "ended",
         str(r["gpus"]),
+        str(r.get("ranks_missing", 0) or "-"),
         str(r["step"]),
         f"{r['tokens_per_s']:,.0f}",
         f"{r['mfu']:.1%}" if r["mfu"] else "-",
@@ -286,6 +287,7 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
                 "JOB",
                 "ACTIVE",
                 "GPUS",
+                "MISSING",
                 "STEP",
                 "TOKENS/S",
                 "MFU",
@@ -305,7 +307,7 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
         print(json.dumps(data, indent=2), file=out)
         return 0
     print(data["summary"], file=out)
-    rows = [["RANK", "NODE", "GPU", "STEP", "STEP S", "COMPUTE S", "RATIO", "STRAGGLER"]]
+    rows = [["RANK", "NODE", "GPU", "STEP", "STEP S", "COMPUTE S", "RATIO", "NOTE"]]
     rows.extend(
         [
             [
@@ -316,7 +318,7 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
                 f"{r['step_time_s']:.3f}",
                 "-" if r["compute_time_s"] is None else f"{r['compute_time_s']:.3f}",
                 "-" if r["compute_ratio"] is None else f"{r['compute_ratio']:.2f}",
-                "yes" if r["straggler"] else "",
+                "missing" if r.get("missing") else "straggler" if r["straggler"] else "",
             ]
             for r in data["rank_detail"]
         ],

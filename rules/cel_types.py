@@ -85,6 +85,8 @@ VARIABLE_TYPES: Final[dict[str, dict[str, Kind]]] = {
         "active": _B,
         "world_size": _N,
         "ranks": _N,
+        "ranks_missing": _N,
+        "missing_nodes": _L,
         "nodes": _N,
         "gpus": _N,
         "step": _N,

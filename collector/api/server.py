@@ -1,6 +1,9 @@
 """HTTP: ``/metrics`` for Prometheus and a read-only JSON API, on a thread of its own.
 
-GET /metrics                      Prometheus text exposition
+GET /metrics                      Prometheus exposition of every series (text or OpenMetrics)
+GET /metrics/fleet                every series but the nodes' (fleet, jobs, incidents, itself)
+GET /metrics/shards/<n>           the nodes' series of shard n (collector.export.exposition)
+GET /api/v1/scrape_targets        the targets above, for Prometheus' HTTP service discovery
 GET /healthz                      "ok" while the collector runs
 GET /api/v1/nodes                 every node with a health summary
 GET /api/v1/nodes/<name>          one node, down to each NVLink and IB port
@@ -20,6 +23,7 @@ A change or drain read the event loop does not take up in time is ``503`` with `
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import socket
 import threading
@@ -29,12 +33,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from collector.api import incidents as incidents_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
 from collector.model.node_states import NodeFlags, node_state
+from collector.export.exposition import GZIP_LEVEL, OPENMETRICS, TEXT
 from fleetwatch.model import EventKind
 
 if TYPE_CHECKING:
@@ -63,6 +69,43 @@ _BAD_REQUEST: Final = frozenset(
 
 
 def local_host_names() -> tuple[str, ...]:
+SHARD_PATH: Final = "/metrics/shards/"
+FLEET_PATH: Final = "/metrics/fleet"
+CONTENT_TYPES: Final = {TEXT: CONTENT_TYPE_LATEST, OPENMETRICS: openmetrics.CONTENT_TYPE_LATEST}
+
+
+def exposition_format(accept: str | None) -> str:
+    """OpenMetrics when ``Accept`` names it (Prometheus does by default), else the text format."""
+    for item in (accept or "").split(","):
+        if item.split(";")[0].strip() == "application/openmetrics-text":
+            return OPENMETRICS
+    return TEXT
+
+
+def wants_gzip(accept_encoding: str | None) -> bool:
+    """Whether ``Accept-Encoding`` takes gzip (and does not refuse it with ``q=0``)."""
+    for item in (accept_encoding or "").split(","):
+        name, _, params = item.partition(";")
+        if name.strip().lower() == "gzip":
+            q = params.strip().removeprefix("q=").strip()
+            return not q or q.replace("0", "").strip(".") != ""
+    return False
+
+
+def scrape_targets(host: str, shards: list[int]) -> list[dict[str, Any]]:
+    """The HTTP service discovery answer: the fleet target, then one target per shard.
+
+    ``host`` is the address the scraper reached the collector by (its ``Host``, checked); a
+    shard's target carries a ``shard`` label so that each target's ``up`` is its own.
+    """
+    targets: list[dict[str, Any]] = [
+        {"targets": [host], "labels": {"__metrics_path__": FLEET_PATH}}
+    ]
+    targets.extend(
+        {"targets": [host], "labels": {"__metrics_path__": f"{SHARD_PATH}{n}", "shard": str(n)}}
+        for n in shards
+    )
+    return targets
     """This host's own names, which the API accepts in ``Host`` without configuration."""
     return socket.gethostname(), socket.getfqdn()
 
@@ -195,7 +238,8 @@ class ApiServer:
         ``guard`` decides who may make changes; ``node_flags`` says which nodes are drained,
         draining or have a firing incident. ``allowed_hosts`` (``http_allowed_hosts``) and
         ``local_names`` (None: :func:`local_host_names`) are the names besides ``host`` that
-        ``Host`` may give; ``limits`` bound connections (None: the defaults).
+        ``Host`` may give; ``limits`` bound connections (None: the defaults). ``nodes`` renders
+        the nodes' series (None: ``registry`` holds every series, and there are no shards).
         """
         self._guard = guard
         self._jobs = jobs
@@ -208,6 +252,7 @@ class ApiServer:
         self._clock = clock
         self._hosts = HostNames.build(
             listen_host=host,
+        self._nodes = nodes
             allowed=allowed_hosts,
             local_names=local_host_names() if local_names is None else local_names,
         )
@@ -320,8 +365,10 @@ class ApiServer:
                 self._refuse(req, refusal, host=str(req.headers.get("Host"))[:100])
                 return
         try:
-            if path == "/metrics":
-                self._send(req, HTTPStatus.OK, generate_latest(self._registry), CONTENT_TYPE_LATEST)
+            if path == "/metrics" or path.startswith("/metrics/"):
+                self._metrics(req, path)
+            elif path == "/api/v1/scrape_targets":
+                self._json(req, HTTPStatus.OK, self._scrape_targets(req))
             elif path == "/healthz":
                 self._send(req, HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:
@@ -338,6 +385,54 @@ class ApiServer:
         return self._get_fleet_json(path, query)
 
     def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
+    def _metrics(self, req: BoundedHandler, path: str) -> None:
+        """``/metrics``, ``/metrics/fleet`` or a shard, in the format and encoding asked for."""
+        fmt = exposition_format(req.headers.get("Accept"))
+        gzipped = wants_gzip(req.headers.get("Accept-Encoding"))
+        if path.startswith(SHARD_PATH):
+            number = path.removeprefix(SHARD_PATH)
+            body = None
+            if self._nodes is not None and number.isdigit() and len(number) < 9:  # noqa: PLR2004
+                body = self._nodes.shard(int(number), fmt, gzipped=gzipped)
+            if body is None:
+                self._json(req, HTTPStatus.NOT_FOUND, {"error": f"no shard {number[:20]!r}"})
+                return
+            self._send_metrics(req, body, fmt, gzipped=gzipped, done=True)
+            return
+        if path not in ("/metrics", FLEET_PATH):
+            self._json(req, HTTPStatus.NOT_FOUND, {"error": f"no such path {path[:100]!r}"})
+            return
+        if fmt == OPENMETRICS:
+            body = openmetrics.generate_latest(  # type: ignore[no-untyped-call]
+                self._registry
+            ).removesuffix(b"# EOF\n")
+        else:
+            body = generate_latest(self._registry)
+        if path == "/metrics" and self._nodes is not None:
+            body += self._nodes.everything(fmt)
+        if fmt == OPENMETRICS:
+            body += b"# EOF\n"
+        self._send_metrics(req, body, fmt, gzipped=gzipped, done=False)
+
+    def _send_metrics(
+        self, req: BoundedHandler, body: bytes, fmt: str, *, gzipped: bool, done: bool
+    ) -> None:
+        """Send an exposition; ``done``: ``body`` is already gzipped if ``gzipped``."""
+        headers = {"Vary": "Accept, Accept-Encoding"}
+        if gzipped:
+            headers["Content-Encoding"] = "gzip"
+            if not done:
+                body = gzip.compress(body, GZIP_LEVEL, mtime=0)
+        self._send(req, HTTPStatus.OK, body, CONTENT_TYPES[fmt], headers)
+
+    def _scrape_targets(self, req: BoundedHandler) -> list[dict[str, Any]]:
+        """Prometheus' HTTP SD answer, naming this collector as the scraper reached it."""
+        host = str(req.headers.get("Host"))  # checked by handle() already
+        shards = self._nodes.shards() if self._nodes is not None else []
+        if self._nodes is None:
+            return [{"targets": [host], "labels": {}}]
+        return scrape_targets(host, shards)
+
         if path == "/api/v1/nodes":
             nodes = self._fleet.snapshot()
             flags = self._node_flags()

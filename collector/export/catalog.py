@@ -672,6 +672,16 @@ _JOBS = _specs(
         ("fleetwatch_job_step", "gauge", "", JOB, "Highest step finished."),
         ("fleetwatch_job_gpus", "gauge", "", JOB, "GPUs (ranks) of the job."),
         (
+            "fleetwatch_job_ranks_missing",
+            "gauge",
+            "",
+            JOB,
+            (
+                "Ranks of the job that stopped reporting while it went on, or whose GPU or node "
+                "is gone; its tokens/s counts only the ranks it has."
+            ),
+        ),
+        (
             "fleetwatch_job_ettr_ratio",
             "gauge",
             "ratio",

@@ -161,6 +161,11 @@ FLEET_FAMILIES: Final = tuple(
 _NOT_HERE: Final = frozenset({"fleetwatch_node_failures_total"})  # rendered by RulesCollector
 
 
+def not_here(name: str) -> bool:
+    """Whether a per-node family is rendered elsewhere (by the rules' exporter), not here."""
+    return name in _NOT_HERE
+
+
 def _number(signals: Mapping[str, SampleValue], name: str) -> float | None:
     value = signals.get(name)
     return None if value is None or isinstance(value, str) else float(value)
@@ -267,16 +272,21 @@ class FleetCollector(Collector):
         *,
         flags: Callable[[], NodeFlags] = NodeFlags,
         xid_class: Callable[[int], str] = _unknown_class,
+        nodes: bool = True,
     ) -> None:
         """Read from ``fleet`` and ``stats``; register with a registry you own.
 
         ``flags`` says which nodes are drained, draining or have a firing incident (for
-        ``fleetwatch_node_state``); ``xid_class`` names an Xid's catalog class.
+        ``fleetwatch_node_state``); ``xid_class`` names an Xid's catalog class. ``nodes``:
+        False yields only the collector's own series (the collector renders the nodes' with
+        :mod:`collector.export.exposition`; this class's are the reference it is tested and
+        measured against).
         """
         self._fleet = fleet
         self._stats = stats
         self._flags = flags
         self._xid_class = xid_class
+        self._nodes = nodes
 
     def describe(self) -> list[Metric]:
         """Skip the registration-time collect (families are dynamic)."""
@@ -284,10 +294,11 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
-        fam = _Families(self._flags(), self._xid_class)
-        for node in self._fleet.snapshot().values():
-            fam.add_node(node)
-        yield from fam.f.values()
+        if self._nodes:
+            fam = _Families(self._flags(), self._xid_class)
+            for node in self._fleet.snapshot().values():
+                fam.add_node(node)
+            yield from fam.f.values()
         yield from self._self_metrics()
 
     def _self_metrics(self) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ _GAUGES: Final = (
     ("step_time_seconds", "step_time_s"),
     ("step", "step"),
     ("gpus", "gpus"),
+    ("ranks_missing", "ranks_missing"),
     ("ettr_ratio", "ettr"),
     ("goodput_tokens_per_second", "goodput_tokens_per_s"),
     ("stragglers", "stragglers"),

@@ -249,7 +249,7 @@ class JobBook:
         peak = self._peak(job)
         if per_token is None or peak is None:
             return 0.0
-        return mfu(tokens_per_s, per_token, job.gpus, peak)
+        return mfu(tokens_per_s, per_token, _present(job), peak)
 
     def _peak(self, job: JobState) -> float | None:
         nodes = self._fleet.view()
@@ -386,17 +386,21 @@ class JobBook:
         worst = max((s.ratio for s in stragglers.values()), default=1.0)
         interval = advice.interval_s if advice else 0.0
         fabric = self._fabric(job) if active else ()
+        missing = job.missing() if active else set()
+        present = _present(job)
         return {
             "id": job.job_id,
             "active": active,
             "world_size": job.world_size,
             "ranks": len(job.ranks),
+            "ranks_missing": len(missing),
+            "missing_nodes": sorted({job.ranks[r].node for r in missing}),
             "nodes": len(job.nodes()),
             "gpus": job.gpus,
             "step": max(job.max_step, 0),
             "step_time_s": step_time,
             "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_gpu": tokens_per_s / job.gpus if job.gpus else 0.0,
+            "tokens_per_s_per_gpu": tokens_per_s / present if present else 0.0,
             "mfu": self.mfu(job, tokens_per_s),
             "ettr": self.ettr(job),
             "goodput_tokens_per_s": self.goodput(job),
@@ -418,6 +422,7 @@ class JobBook:
             ),
             "summary": self._summary(
                 job,
+                missing=missing,
                 tokens_per_s=tokens_per_s,
                 drop=drop,
                 diagnosis=diagnosis,
@@ -439,6 +444,7 @@ class JobBook:
     def _summary(  # noqa: PLR0913 - the figures the line is made of
         job: JobState,
         *,
+        missing: set[int],
         tokens_per_s: float,
         drop: Any,  # noqa: ANN401 - a Drop or None
         diagnosis: Diagnosis | None,
@@ -446,6 +452,12 @@ class JobBook:
         interval: float,
     ) -> str:
         parts = [f"job {job.job_id} at step {max(job.max_step, 0)}: {tokens_per_s:,.0f} tokens/s"]
+        if missing:
+            where = sorted({job.ranks[r].node for r in missing})
+            shown = where[:5]
+            more = ", ..." if len(where) > len(shown) else ""
+            on = ", ".join(shown) + more
+            parts.append(f"{len(missing)} of {job.expected_ranks} ranks missing (on {on})")
         if drop is not None:
             parts.append(
                 f"throughput down {drop.share:.0%} since step {drop.onset_step} "
@@ -459,9 +471,26 @@ class JobBook:
             )
         return "; ".join(parts)
 
+    def _note_gone(self, job: JobState) -> None:
+        """Mark the ranks whose GPU the fleet lost, or whose node is unreachable, as gone."""
+        nodes = self._fleet.view()
+        gone = set()
+        for rank in job.ranks.values():
+            node = nodes.get(rank.node)
+            if node is None:
+                continue
+            gpu = node.gpus.get(rank.gpu_uuid) if rank.gpu_uuid else None
+            if not node.reachable or (gpu is not None and not gpu.present):
+                gone.add(rank.rank)
+        job.gone = frozenset(gone)
+        for rank_id in gone:
+            job.stragglers.forget(rank_id)
+
     def publish(self) -> list[dict[str, Any]]:
         """Figure every job (on the event loop) and keep the result for other threads."""
         with self._lock:
+            for job in self.jobs.values():
+                self._note_gone(job)
             maps = [self.job_map(job) for job in self.jobs.values()]
             self._published = maps
             self._published_ranks = {
@@ -472,6 +501,7 @@ class JobBook:
     def _rank_table(self, job: JobState) -> list[dict[str, Any]]:
         nodes = self._fleet.view()
         ratios = job.stragglers.ratios()
+        missing = job.missing()
         out = []
         for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
             node = nodes.get(rank.node)
@@ -487,6 +517,7 @@ class JobBook:
                     "compute_time_s": rank.compute_time_s,
                     "compute_ratio": ratios.get(rank.rank),
                     "straggler": rank.rank in job.stragglers.stragglers,
+                    "missing": rank.rank in missing,
                 },
             )
         return out
@@ -500,3 +531,8 @@ class JobBook:
         """The jobs' figures as last published, for the API and metrics (any thread)."""
         with self._lock:
             return list(self._published)
+
+
+def _present(job: JobState) -> int:
+    """GPUs of the job whose ranks are there (its GPUs less the missing ranks')."""
+    return max(job.gpus - len(job.missing()), 0)

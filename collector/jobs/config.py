@@ -18,6 +18,8 @@ _POSITIVE = (
     "idle_after_s",
     "forget_after_s",
     "uid_job_share",
+    "evidence_ib_errors",
+    "evidence_nvlink_errors",
 )
 _COUNTS = (
     "straggler_window_steps",
@@ -44,6 +46,11 @@ class JobsConfig:
     fabric_share: float = 0.25
     fabric_min_nodes: int = 3
     congestion_xmit_wait_per_s: float = 100_000.0
+    # Error counters that grew less than this over the evidence window are no evidence: a
+    # healthy link logs a few (IB: symbol and receive errors of one port, each; NVLink: replay
+    # and CRC errors of one link, together).
+    evidence_ib_errors: float = 100.0
+    evidence_nvlink_errors: float = 100.0
     # A checkpoint older than this many recommended intervals is overdue.
     checkpoint_overdue_factor: float = 3.0
     # A job with no report for this long has ended; it is forgotten after forget_after_s.

@@ -11,6 +11,11 @@ NVLink and IB error counters). It falls in two kinds:
   port down or erring, IB congestion). Compute times cannot show it, so it counts on its own.
   But congestion and IB error counters spread over ``fabric_share`` or more of the job's nodes
   (and ``fabric_min_nodes`` at least) are the fabric's doing: then no node is blamed for them.
+
+Error counters are evidence only past a threshold: a healthy link logs a few symbol errors or
+replays now and then, and a handful of them must not put a healthy node on a drop's suspect
+list (``evidence_ib_errors`` on one IB port, ``evidence_nvlink_errors`` on one NVLink, over the
+evidence window).
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ class Diagnosis:
 
 
 def _gpu_evidence(
-    node: NodeState, gpu: GpuState, window: Window, clock: float | None
+    node: NodeState, gpu: GpuState, window: Window, clock: float | None, config: JobsConfig
 ) -> tuple[list[str], list[str]]:
     history, since, now = window.history, window.since, window.now
     compute: list[str] = []
@@ -129,13 +134,18 @@ def _gpu_evidence(
         comm.append(f"{name} {gpu.nvlinks_down} NVLinks down")
     elif (downs := history.events(key, "nvlink_down", since)) > 0:
         comm.append(f"{name} NVLink went down {downs}x")
-    grown = sum(
-        history.increase(link_key(node.name, gpu.index, link), signal, since, now)
-        for link in gpu.link_signals
-        for signal in NVLINK_ERROR_SIGNALS
+    worst_link = max(
+        (
+            sum(
+                history.increase(link_key(node.name, gpu.index, link), signal, since, now)
+                for signal in NVLINK_ERROR_SIGNALS
+            )
+            for link in gpu.link_signals
+        ),
+        default=0.0,
     )
-    if grown > 0:
-        comm.append(f"{name} NVLink errors +{grown:.0f}")
+    if worst_link > 0 and worst_link >= config.evidence_nvlink_errors:
+        comm.append(f"{name} NVLink errors +{worst_link:.0f} on one link")
     width, width_max = gpu.number("pcie_link_width"), gpu.number("pcie_link_width_max")
     gen, gen_max = gpu.number("pcie_link_gen"), gpu.number("pcie_link_gen_max")
     if (width and width_max and width < width_max) or (gen and gen_max and gen < gen_max):
@@ -160,7 +170,7 @@ def _port_evidence(
         link.append(f"{name} went down {downs}x")
     for signal in IB_ERROR_SIGNALS:
         grown = window.history.increase(key, signal, window.since, window.now)
-        if grown > 0:
+        if grown > 0 and grown >= config.evidence_ib_errors:
             fabric.append(f"{name} {signal.removeprefix('ib_')} +{grown:.0f}")
     wait = port.number(CONGESTION_SIGNAL)
     if wait is not None and wait >= config.congestion_xmit_wait_per_s:
@@ -180,7 +190,7 @@ def node_evidence(
     for gpu in node.gpus.values():
         if gpu_uuids and gpu.uuid not in gpu_uuids:
             continue
-        compute, comm = _gpu_evidence(node, gpu, window, job_clock)
+        compute, comm = _gpu_evidence(node, gpu, window, job_clock, config)
         evidence.compute += compute
         evidence.communication += comm
     for port in node.ports.values():

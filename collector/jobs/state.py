@@ -4,6 +4,12 @@ Ranks report each step on their own (through the agents of their nodes), so a st
 rank by rank and *finished* once every rank reported it, or once the job has moved two steps past
 it (a rank whose report was lost does not hold the job's figures back). A finished step feeds the
 straggler detector (ranks' compute times) and the drop detector (the job's tokens per second).
+
+A rank that stops reporting while the others go on (its GPU lost, its node crashed) is *missing*
+once the job finished ``MISSING_STEPS`` steps without it, or at once when the fleet says its GPU
+or node is gone (:attr:`JobState.gone`, set by the job book). A missing rank is no straggler, and
+a step's tokens are scaled up only for reports lost from ranks that are there, never over the
+missing ones: the job's tokens/s is what the ranks it has make.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ MAX_PENDING: Final = 64  # steps gathered at once; older ones are finished with 
 HISTORY: Final = 600  # finished steps kept (for figures over a window and the drop's onset)
 CHECKPOINTS: Final = 16
 SMOOTH_STEPS: Final = 9
+# A rank is missing once the job finished this many steps since its last report (a live rank
+# reports every step; FINISH_LAG of them may be in flight).
+MISSING_STEPS: Final = FINISH_LAG + 3
 
 
 @dataclass(slots=True)
@@ -40,6 +49,7 @@ class RankState:
     compute_time_s: float | None = None
     last_seen: float = 0.0  # monotonic
     last_report_ms: int = 0  # the rank's own time of its last report (Unix ms)
+    finished_at_report: int = 0  # how many steps the job had finished at its last report
 
 
 @dataclass(slots=True)
@@ -105,6 +115,8 @@ class JobState:
             ),
         )
         self.has_compute_times = False
+        self.finished = 0  # steps finished, ever (the clock a missing rank is told by)
+        self.gone: frozenset[int] = frozenset()  # ranks whose GPU or node the fleet lost
         self._gathering: dict[int, _Gathering] = {}
         self._max_ranks = config.max_ranks
 
@@ -117,6 +129,15 @@ class JobState:
     def gpus(self) -> int:
         """GPUs the job runs on (one per rank)."""
         return self.expected_ranks
+
+    def missing(self) -> set[int]:
+        """Ranks that stopped reporting while the job went on, or whose GPU or node is gone."""
+        lagging = {
+            r.rank
+            for r in self.ranks.values()
+            if self.finished - r.finished_at_report >= MISSING_STEPS
+        }
+        return lagging | (self.gone & self.ranks.keys())
 
     def nodes(self) -> set[str]:
         """The nodes the job's ranks run on."""
@@ -159,6 +180,7 @@ class JobState:
             self._restart()  # the job went back to a checkpoint
         rank.step, rank.step_time_s, rank.last_seen = report.step, report.step_time_s, now
         rank.last_report_ms = report.time_unix_ms
+        rank.finished_at_report = self.finished
         compute = report.compute_time_s if report.HasField("compute_time_s") else None
         rank.compute_time_s = compute
         if report.step <= self._floor:
@@ -197,13 +219,16 @@ class JobState:
         return done
 
     def _finished(self, step: int, row: _Gathering, now: float) -> FinishedStep:
-        expected = max(self.expected_ranks, 1)
+        missing = self.missing()
+        # Lost reports of ranks that are there are scaled up; missing ranks add nothing.
+        present = max(self.expected_ranks - len(missing), 1)
         reported = len(row.step_times)
+        self.finished += 1
         finished = FinishedStep(
             step=step,
             at=now,
             step_time_s=statistics.median(row.step_times.values()),
-            tokens=row.tokens * expected / reported,
+            tokens=row.tokens * max(present, reported) / reported,
             ranks=reported,
         )
         self.steps.append(finished)
@@ -213,6 +238,8 @@ class JobState:
             self.productive_tokens += finished.tokens
             self.max_step = step
         self.stragglers.observe(step, row.compute or row.step_times)
+        for rank in missing:
+            self.stragglers.forget(rank)  # a rank that is not there straggles no more
         # The drop detector sees the median of the last few steps: a pause on any one rank
         # stretches a whole step, and in a big job some rank pauses nearly every step.
         count = min(SMOOTH_STEPS, len(self.steps))
