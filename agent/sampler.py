@@ -30,11 +30,13 @@ from agent.exceptions import GpuLostError, SourceError
 from agent.findings import PendingEvent, PollResult
 from agent.nvml_guard import NvmlHungError
 from agent.poll_ib import IbPoller
+from agent.poll_ib_link import IbLinkPoller
 from agent.poll_kernel_log import KernelLogPoller
 from agent.poll_pcie import PciePoller
 from agent.poll_udev import UdevPoller
 from agent.probes.gpu_signals import GpuSampler
 from agent.probes.xid_merge import XidMerger
+from agent.sources.ib_link import IbLinkReader
 from fleetwatch.clock import unix_ms
 from fleetwatch.model import EventKind, Target
 
@@ -109,6 +111,8 @@ class Sampler:
         )
         self._udev = UdevPoller(udev) if udev else None
         self._ib = IbPoller(sysfs, clock)
+        # How ports trained, RoCE GIDs, NIC and NVSwitch PCIe links: at the counter interval.
+        self._ib_link = IbLinkPoller(IbLinkReader(sysfs.root), pci)
         self._counter_interval = counter_interval_s
         self._last_counters: float | None = None
         self._pcie = PciePoller(pci) if pci else None
@@ -144,6 +148,7 @@ class Sampler:
             log.warning("ib_discovery_failed", error=str(exc))
             ports = []
         self.inventory = NodeInventory(driver, nvml_version, tuple(gpus), tuple(ports))
+        self._ib_link.discover()
         self._by_bus = {gpu.pci_bus_id: gpu for gpu in gpus}
         self._by_uuid = {gpu.uuid: gpu for gpu in gpus}
         if self._nvml_events is not None and gpus:
@@ -254,6 +259,8 @@ class Sampler:
             if self._pcie is not None:
                 self._pcie.poll(self.inventory.gpus, self._lost, result, errors)
         self._ib.poll(self.inventory.ib_ports, result, now_ms, errors, counters=due)
+        if due:  # after the port states: only active ports are judged
+            self._ib_link.poll(self.inventory.ib_ports, result, now_ms, errors)
         self._self_samples(result)
         return result
 
