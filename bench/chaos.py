@@ -1,7 +1,11 @@
 """Chaos: events injected into 64 nodes while their agents and the collector are killed and cut off.
 
-Run from the repository root: ``.venv/bin/python bench/chaos.py [--agents 64] [--duration 240]``.
-The last line of output is one JSON object (see the project's benchmark contract).
+Run from the repository root: ``.venv/bin/python bench/chaos.py [--seeds 7,8,9] [--agents 64]``.
+Each seed is a run of its own (a fresh collector, journal and agents; its kills, partitions and
+faults drawn from the seed). The last line of output is one JSON object (see the project's
+benchmark contract): the figures summed over the seeds, and each seed's own under ``per_seed``.
+The exit status is 1 when any seed lost, duplicated or left missing anything, or did not finish:
+no run can look green with a hole in it.
 
 What runs, all on loopback and all real but the hardware:
 
@@ -13,7 +17,7 @@ What runs, all on loopback and all real but the hardware:
 * a relay between every agent and the collector (``bench/helpers/chaos_net.py``) that can cut
   nodes off.
 
-For ``--duration`` seconds this process appends Xid lines to the nodes' kernel logs, each with a
+For ``--duration`` seconds (per seed) this process appends Xid lines to the nodes' kernel logs, each with a
 unique marker, at ``--rate`` a second (application Xids, which the built-in rules answer with a
 notification per GPU incident; and one Xid 61 per node at a random moment, which the rules answer
 with a drain and a notification). Meanwhile it kills the collector with SIGKILL
@@ -28,7 +32,7 @@ rows beyond one per marker); ``actions_duplicated``: actions carried out twice f
 i.e. a second incident (a second idempotency key) of the same rule and target, or a second drain
 of one node; ``actions_redelivered``: webhook requests repeated with the same idempotency key
 (safe by contract: a receiver de-duplicates them); ``actions_missing``: faults whose action
-never came. Kills, partitions and restarts are seeded (``--seed``).
+never came. Kills, partitions and restarts are seeded (``--seeds``, or ``--seed`` for one).
 """
 
 from __future__ import annotations
@@ -74,6 +78,23 @@ MARKER: Final = re.compile(r"chaos-event-(\d+)")
 # two incidents, rightly.
 NETWORK_RULES: Final = frozenset({"node_unreachable"})
 PR_SET_PDEATHSIG: Final = 1
+DEFAULT_SEEDS: Final = [7, 8, 9]
+# A seed fails when any of these is not 0.
+BAD_KEYS: Final = ("events_lost", "events_duplicated", "actions_duplicated", "actions_missing")
+# Summed over the seeds in the last line.
+SUMMED_KEYS: Final = (
+    "collector_kills",
+    "agent_kills",
+    "partitions",
+    "events_injected",
+    "events_journaled",
+    *BAD_KEYS,
+    "actions_redelivered",
+    "drains_expected",
+    "drain_requests",
+    "notifications",
+    "collector_starts",
+)
 
 Target = str | frozenset[str] | None  # what a disturbance acts on: a node, nodes, the collector
 
@@ -270,6 +291,7 @@ class ActionFigures:
     drains: int
     notifications: int
     duplicates_seen: list[str]
+    missing_seen: list[str]
 
 
 def action_figures(receiver: WebhookReceiver, injected: Injected) -> ActionFigures:
@@ -302,10 +324,13 @@ def action_figures(receiver: WebhookReceiver, injected: Injected) -> ActionFigur
         if len(incidents) > 1:
             duplicated += len(incidents) - 1
             seen.append(f"{rule} {node} {target}: incidents {sorted(incidents)}")
-    missing = sum(1 for node in injected.drain_nodes if node not in drains_by_node)
-    missing += sum(
-        1 for node, gpu in injected.app_targets if (node, f"{node}/gpu/{gpu}") not in notified
-    )
+    missing_seen = [f"drain {node}" for node in injected.drain_nodes if node not in drains_by_node]
+    missing_seen += [
+        f"notification {node}/gpu/{gpu}"
+        for node, gpu in sorted(injected.app_targets)
+        if (node, f"{node}/gpu/{gpu}") not in notified
+    ]
+    missing = len(missing_seen)
     return ActionFigures(
         duplicated=duplicated,
         redelivered=receiver.duplicates,
@@ -313,6 +338,7 @@ def action_figures(receiver: WebhookReceiver, injected: Injected) -> ActionFigur
         drains=drains,
         notifications=notifications,
         duplicates_seen=seen,
+        missing_seen=missing_seen,
     )
 
 
@@ -358,10 +384,10 @@ def make_plan(args: argparse.Namespace, nodes: list[str], rng: random.Random) ->
 class Run:
     """The processes of one run, and what was done to them."""
 
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+    def __init__(self, args: argparse.Namespace, seed: int, workdir: Path) -> None:
         self.args = args
         self.workdir = workdir
-        self.rng = random.Random(args.seed)
+        self.rng = random.Random(seed)
         self.nodes = [f"node-{i:03d}" for i in range(1, args.agents + 1)]
         self.port = free_port()
         self.receiver = WebhookReceiver(clock=SystemClock(), secret=SECRET)
@@ -507,26 +533,46 @@ class Run:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--agents", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=240.0, help="chaos phase, seconds")
+    parser.add_argument("--duration", type=float, default=100.0, help="chaos phase per seed, s")
     parser.add_argument("--rate", type=float, default=20.0, help="Xid lines injected per second")
-    parser.add_argument("--collector-kills", type=int, default=50)
-    parser.add_argument("--agent-kills", type=int, default=20)
-    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--collector-kills", type=int, default=20, help="per seed")
+    parser.add_argument("--agent-kills", type=int, default=8, help="per seed")
+    parser.add_argument("--partitions", type=int, default=5, help="per seed")
     parser.add_argument("--partition-size", type=int, default=8, help="nodes cut off at once")
     parser.add_argument("--settle", type=float, default=45.0, help="give up after this long idle")
     parser.add_argument("--quiet", type=float, default=10.0, help="webhooks quiet this long")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=DEFAULT_SEEDS,
+        help="comma-separated seeds, one run each (default %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, help="one seed only (same as --seeds N)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        args.seeds = [args.seed]
+    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="fleetwatch-chaos-"))
-    say(f"chaos: {args.agents} agents, {args.duration:g} s, work directory {workdir}")
-    run = Run(args, workdir)
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        msg = f"--seeds wants comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds names no seed")
+    return seeds
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """One chaos run with ``seed``: its figures (see the module's docstring)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"fleetwatch-chaos-{seed}-"))
+    say(f"seed {seed}: {args.agents} agents, {args.duration:g} s, work directory {workdir}")
+    run = Run(args, seed, workdir)
     began = time.monotonic()
-    result: dict[str, Any] = {"agents": args.agents}
+    result: dict[str, Any] = {"seed": seed}
     try:
         run.start()
         deadline = time.monotonic() + 120
@@ -546,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         actions = action_figures(run.receiver, injected)
         for line in actions.duplicates_seen[:20]:
             say("duplicated action:", line)
+        for line in actions.missing_seen[:20]:
+            say("missing action:", line)
         if lost:
             by_node = Counter(injected.markers[m] for m in lost)
             say("lost events by node:", dict(by_node.most_common(10)), "first:", lost[:10])
@@ -566,15 +614,58 @@ def main(argv: list[str] | None = None) -> int:
             "collector_starts": run.collector.starts,
             "settle_s": round(settle_s, 1),
             "wall_s": round(time.monotonic() - began, 1),
-            "seed": args.seed,
-            "cpus": os.cpu_count(),
         }
     finally:
         run.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+    say(json.dumps(result, sort_keys=True))
+    return result
+
+
+def failures(result: dict[str, Any]) -> int:
+    """What a seed lost, duplicated or left missing (a seed that did not finish counts as 1)."""
+    if "events_lost" not in result:
+        return 1
+    return sum(int(result[key]) for key in BAD_KEYS)
+
+
+def totals(args: argparse.Namespace, per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last line: sums over the seeds, and each seed's figures."""
+    out: dict[str, Any] = {
+        "agents": args.agents,
+        "seeds": [r["seed"] for r in per_seed],
+        "per_seed": per_seed,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+    finished = [r for r in per_seed if "events_lost" in r]
+    for key in SUMMED_KEYS:
+        out[key] = sum(int(r[key]) for r in finished) if finished else None
+    if len(finished) < len(per_seed):
+        out["why"] = "; ".join(
+            f"seed {r['seed']}: {r.get('error', 'did not finish')}"
+            for r in per_seed
+            if "events_lost" not in r
+        )
+    out["seeds_failed"] = sum(1 for r in per_seed if failures(r))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    per_seed: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        try:
+            per_seed.append(run_seed(args, seed))
+        except Exception as exc:  # noqa: BLE001 - one seed's failure is reported, not raised
+            say(f"seed {seed} failed: {type(exc).__name__}: {exc}")
+            per_seed.append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"})
+    result = totals(args, per_seed)
+    result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, sort_keys=True), flush=True)
-    return 0
+    return 1 if result["seeds_failed"] else 0
 
 
 if __name__ == "__main__":
