@@ -4,7 +4,9 @@
 # tests/integration/test_prometheus.py, systemd's offline tools (systemd-analyze,
 # systemd-sysusers) for tests/integration/test_systemd_units.py, and the PostgreSQL server for
 # the shared-journal tests (fleetwatch/pg_server.py starts a throwaway one from
-# /usr/lib/postgresql/<version>/bin; the package's own cluster is not used).
+# /usr/lib/postgresql/<version>/bin; the package's own cluster is not used), and perftest's
+# ib_write_bw for the pre-flight runner test (tests/unit/test_preflight_real.py runs it on a
+# machine without RDMA devices and expects a clean failure).
 # Idempotent and quiet: does nothing when every command is already there, and installs only the
 # packages of the commands that are missing.
 # Needs root (apt-get); the tests start their own daemons, nothing here configures or starts any.
@@ -23,6 +25,7 @@ need munged munge
 need prometheus prometheus
 need systemd-analyze systemd
 need systemd-sysusers systemd
+need ib_write_bw perftest
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     missing="$missing initdb"
     packages="$packages postgresql"
