@@ -32,6 +32,8 @@ INLET_C: Final = 24.0
 INLET_CRITICAL_C: Final = 42.0
 OUTLET_C: Final = 46.0
 PSU_WATTS: Final = 1650.0
+FANS: Final = 10
+PSUS: Final = 6  # HGX H100: six 3.3 kW supplies, four carry the node (4+2)
 
 
 @dataclass(slots=True)
@@ -67,9 +69,9 @@ class SimSelEntry:
 class SimBmc:
     """The BMC's model; faults change it from the scenario's thread, reads from the agent's."""
 
-    fans: list[SimFan] = field(default_factory=lambda: [SimFan(f"Fan_{i}") for i in range(10)])
-    psus: list[SimPsu] = field(default_factory=lambda: [SimPsu(f"PSU{i}") for i in range(6)])
-    psus_needed: int = 4  # HGX H100: six 3.3 kW supplies, four carry the node (4+2)
+    fans: list[SimFan] = field(default_factory=lambda: [SimFan(f"Fan_{i}") for i in range(FANS)])
+    psus: list[SimPsu] = field(default_factory=lambda: [SimPsu(f"PSU{i}") for i in range(PSUS)])
+    psus_needed: int = 4
     inlet_c: float = INLET_C
     sel: list[SimSelEntry] = field(default_factory=list)
     hang: bool = False  # every read blocks until cleared (a wedged BMC)
@@ -94,10 +96,23 @@ class SimBmc:
             self.psus[index].input_lost = True
         self.log("Warning", "Power Supply", f"Power supply {self.psus[index].name} AC lost")
 
+    def lose_feed(self) -> None:
+        """One power feed is lost: supplies go unfed until only those needed still work.
+
+        What a tripped PDU breaker on the A side does to a node whose spare supplies hang on it:
+        nothing broke, and no spare is left.
+        """
+        working = [i for i, p in enumerate(self.psus) if not p.failed and not p.input_lost]
+        for index in working[self.psus_needed :]:
+            self.unplug_psu(index)
+
     def heat_inlet(self, celsius: float) -> None:
-        """The air coming in is this warm."""
+        """The air coming in is this warm (the SEL says so when it crosses the critical line)."""
         with self.lock:
+            crossed = self.inlet_c < INLET_CRITICAL_C <= celsius
             self.inlet_c = celsius
+        if crossed:
+            self.log("Critical", "Temperature", "Inlet Temp upper critical going high")
 
     def log(self, severity: str, sensor_type: str, message: str) -> None:
         """Append an SEL record."""

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from agent.sim.bmc import FANS as SIM_FANS
+from agent.sim.bmc import PSUS as SIM_PSUS
 from fleetwatch.config_file import read_data_file, short_repr
 
 if TYPE_CHECKING:
@@ -30,6 +32,11 @@ MAX_FLAPS: Final = 100_000
 MAX_NUMBER: Final = 1e15  # larger than any time, count or rate a scenario needs
 # A driver version as nvidia-smi prints it (570.133.20); kept short and printable.
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]{0,31}")
+# The simulated BMC (agent/sim/bmc.py): its fans and supplies, an inlet no room reaches, and
+# what an SEL entry may say.
+MAX_INLET_C: Final = 80.0
+SEL_SEVERITIES: Final = ("OK", "Warning", "Critical")
+_SEL_TEXT = re.compile(r"[ -~]{1,120}")
 # The rates an NDR port can train down to (Gb/s; what the kernel's ``rate`` file names).
 LOWER_IB_RATES: Final = (200, 100, 56, 40, 20, 10)
 
@@ -69,6 +76,12 @@ class FaultKind(StrEnum):
     IB_RATE_LOW = "ib_rate_low"
     BAD_CABLE = "bad_cable"
     DRIVER_VERSION = "driver_version"
+    # The node's BMC (agent/sim/bmc.py): what its Redfish service and SEL then say.
+    FAN_FAILURE = "fan_failure"
+    PSU_FAILURE = "psu_failure"
+    PSU_REDUNDANCY_LOST = "psu_redundancy_lost"
+    INLET_HOT = "inlet_hot"
+    SEL_EVENT = "sel_event"
 
 
 # The parameters each kind takes (all required), with their type.
@@ -100,6 +113,11 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.IB_RATE_LOW: {"port": int, "rate": int},
     FaultKind.BAD_CABLE: {"peer": str, "port": int, "factor": float},
     FaultKind.DRIVER_VERSION: {"version": str},
+    FaultKind.FAN_FAILURE: {"fan": int},
+    FaultKind.PSU_FAILURE: {"psu": int},
+    FaultKind.PSU_REDUNDANCY_LOST: {},
+    FaultKind.INLET_HOT: {"celsius": float},
+    FaultKind.SEL_EVENT: {"severity": str, "sensor": str, "message": str},
 }
 # Faults whose ``factor`` is a share of the healthy bandwidth, in (0, 1].
 _SHARE_FACTORS: Final = frozenset({FaultKind.P2P_LOW, FaultKind.BAD_CABLE})
@@ -153,6 +171,15 @@ class Fault:
                 f" ({p['factor']:g} of the bandwidth)"
             ),
             FaultKind.DRIVER_VERSION: lambda: f"runs driver {p['version']}",
+            FaultKind.FAN_FAILURE: lambda: f"BMC: fan {p['fan']} stops",
+            FaultKind.PSU_FAILURE: lambda: f"BMC: power supply {p['psu']} fails",
+            FaultKind.PSU_REDUNDANCY_LOST: lambda: (
+                "BMC: a power feed is lost (no spare supply left)"
+            ),
+            FaultKind.INLET_HOT: lambda: f"BMC: inlet air at {p['celsius']:g} °C",
+            FaultKind.SEL_EVENT: lambda: (
+                f"BMC: SEL {p['severity']} entry ({p['sensor']}): {p['message']}"
+            ),
         }
         text = details.get(self.kind)
         args = ", ".join(f"{k}={v}" for k, v in p.items())
@@ -243,7 +270,7 @@ def _fault(where: str, raw: object, nodes: tuple[str, ...], duration: float) -> 
         msg += f" (unknown: {', '.join(extra)})" if extra else ""
         raise ScenarioError(msg)
     params: dict[str, Any] = {
-        k: _text(where, k, raw[k]) if t is str else _number(where, k, raw[k], t)
+        k: _text(where, k, raw[k], kind) if t is str else _number(where, k, raw[k], t)
         for k, t in wanted.items()
     }
     if params.get("times", 0) > MAX_FLAPS:
@@ -253,12 +280,27 @@ def _fault(where: str, raw: object, nodes: tuple[str, ...], duration: float) -> 
     return Fault(at, str(node), kind, params)
 
 
-def _text(where: str, key: str, value: object) -> str:
+def _text(where: str, key: str, value: object, kind: FaultKind | None = None) -> str:
+    if kind == FaultKind.SEL_EVENT:
+        return _sel_text(where, key, value)
     if not isinstance(value, str) or not _VERSION.fullmatch(value):
         msg = (
             f"{where}: {key} must be a short name of letters, digits, '.', '-' and '_',"
             f" got {short_repr(value)}"
         )
+        raise ScenarioError(msg)
+    return value
+
+
+def _sel_text(where: str, key: str, value: object) -> str:
+    """An SEL fault's severity (a Redfish one), sensor type or message (printable, bounded)."""
+    if key == "severity":
+        if value not in SEL_SEVERITIES:
+            msg = f"{where}: severity must be one of {', '.join(SEL_SEVERITIES)}"
+            raise ScenarioError(msg + f", got {short_repr(value)}")
+        return str(value)
+    if not isinstance(value, str) or not _SEL_TEXT.fullmatch(value):
+        msg = f"{where}: {key} must be 1 to 120 printable characters, got {short_repr(value)}"
         raise ScenarioError(msg)
     return value
 
@@ -278,6 +320,15 @@ def _check_new_kinds(
         msg = f"{where}: rate must be one an NDR port trains down to ({rates})"
         msg += f", got {params['rate']}"
         raise ScenarioError(msg)
+    if kind == FaultKind.FAN_FAILURE and not 0 <= params["fan"] < SIM_FANS:
+        msg = f"{where}: fan must be 0 to {SIM_FANS - 1} (a simulated node has {SIM_FANS})"
+        raise ScenarioError(msg)
+    if kind == FaultKind.PSU_FAILURE and not 0 <= params["psu"] < SIM_PSUS:
+        msg = f"{where}: psu must be 0 to {SIM_PSUS - 1} (a simulated node has {SIM_PSUS})"
+        raise ScenarioError(msg)
+    if kind == FaultKind.INLET_HOT and not 0 < params["celsius"] <= MAX_INLET_C:
+        msg = f"{where}: celsius must be above 0 and at most {MAX_INLET_C:g}"
+        raise ScenarioError(msg + f", got {params['celsius']:g}")
     if kind == FaultKind.BAD_CABLE and (params["peer"] not in nodes or params["peer"] == node):
         msg = f"{where}: peer {short_repr(params['peer'])} is not another of the scenario's nodes"
         raise ScenarioError(msg)
@@ -372,6 +423,11 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.IB_RATE_LOW: lambda n, p: n.ib_rate(p["port"], p["rate"]),
     FaultKind.BAD_CABLE: lambda n, p: n.bad_cable(p["peer"], p["port"], p["factor"]),
     FaultKind.DRIVER_VERSION: lambda n, p: n.driver_version(p["version"]),
+    FaultKind.FAN_FAILURE: lambda n, p: n.bmc.fail_fan(p["fan"]),
+    FaultKind.PSU_FAILURE: lambda n, p: n.bmc.fail_psu(p["psu"]),
+    FaultKind.PSU_REDUNDANCY_LOST: lambda n, _: n.bmc.lose_feed(),
+    FaultKind.INLET_HOT: lambda n, p: n.bmc.heat_inlet(p["celsius"]),
+    FaultKind.SEL_EVENT: lambda n, p: n.bmc.log(p["severity"], p["sensor"], p["message"]),
 }
 
 

@@ -103,7 +103,10 @@ class TestReadings:
         await p.poll(1)
         bmc.heat_inlet(45.0)
         hot = await p.poll(2)
-        assert kinds(hot) == [(EventKind.TEMPERATURE_CRITICAL, "Inlet_Temp")]
+        assert kinds(hot) == [
+            (EventKind.TEMPERATURE_CRITICAL, "Inlet_Temp"),
+            (EventKind.BMC_SEL_ENTRY, "Temperature"),  # the BMC logs the crossing too
+        ]
         assert hot.samples[NODE, "bmc_inlet_temperature_celsius"] == pytest.approx(45)
         assert hot.samples[NODE, "bmc_temperatures_critical"] == 1
         bmc.heat_inlet(25.0)

@@ -20,6 +20,7 @@ from agent.sources.sysfs import SysfsReader
 from fleetwatch.model import EventKind, Target
 from fleetwatch.testing import FakeClock
 from rules.xid_catalog import load_catalog
+from tests.unit.test_scenario_bmc import BMC_EXPECTED
 
 
 class TestScenarioFile:
@@ -188,8 +189,9 @@ INVENTORY: dict[FaultKind, tuple[str, str]] = {
 
 class TestEachFaultKind:
     def test_every_kind_has_an_expectation(self):
-        """No fault kind is left untested (a crash is the collector's to see)."""
-        assert set(EXPECTED) | {FaultKind.NODE_CRASH} == set(FaultKind)
+        """No fault kind is left untested (a crash is the collector's to see; the BMC's faults
+        are played in tests/unit/test_scenario_bmc.py, through the agent's BMC poller)."""
+        assert set(EXPECTED) | set(BMC_EXPECTED) | {FaultKind.NODE_CRASH} == set(FaultKind)
 
     @pytest.mark.parametrize("kind", sorted(EXPECTED))
     async def test_fault_shows_up_as_the_right_events_exactly_once(self, kind, tmp_path: Path):
