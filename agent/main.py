@@ -213,7 +213,9 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         notifier=notifier,
         limits=limits,
         bmc=_bmc_poller(cfg, hardware),
-        bmc_interval=cfg.bmc.interval if cfg.bmc is not None else 30.0,
+        # a BMC the hardware brings without an [agent.bmc] table is the simulator's: it answers
+        # at once, and is read as often as the rest
+        bmc_interval=cfg.bmc.interval if cfg.bmc is not None else max(cfg.poll_interval, 1.0),
     )
 
 
