@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fleetwatch import __version__, cli_certs, cli_scan
+from fleetwatch import __version__, cli_certs, cli_fleet, cli_scan
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import LogFormat, configure_logging
 from fleetwatch.reload import Hangups
@@ -132,6 +132,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     jobs.add_argument("--api", default=_default_api(), help=api_help)
     jobs.add_argument("job", nargs="?", help="one job, rank by rank")
     jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    cli_fleet.add_parsers(sub, _default_api(), api_help)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--api", default=_default_api(), help=api_help)
@@ -449,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "silence": _run_api_tool,
         "drains": _run_api_tool,
         "jobs": _run_api_tool,
+        "nodes": cli_fleet.run,
+        "events": cli_fleet.run,
     }
     try:
         return runners[args.command](args)

@@ -1,0 +1,84 @@
+"""`fleetwatch nodes` and `fleetwatch events` against a real collector's API."""
+
+import asyncio
+import json
+
+import pytest
+
+from fleetwatch.cli import main
+from fleetwatch.testing import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+async def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+async def test_nodes_lists_the_fleet_and_one_node(running, capsys):
+    """Every node is listed healthy; after an Xid 79 on node-2 GPU 3, node-2 shows 1 of 8 GPUs
+    lost, and `fleetwatch nodes node-2` says which GPU."""
+    service, cluster = running
+    api = f"--api=http://127.0.0.1:{service.http_port}"
+    code, out, _ = await cli(capsys, "nodes", api)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["NODE", "STATE"]
+    names = [line.split()[0] for line in lines[1:-1]]
+    assert names == sorted(cluster.nodes)
+    assert all(line.split()[1] == "healthy" for line in lines[1:-1])
+    assert lines[-1] == f"{len(names)} nodes, {len(names)} healthy"
+
+    cluster.nodes["node-2"].xid(3, 79)
+    await wait_until(
+        lambda: any(not g.present for g in service.fleet.snapshot()["node-2"].gpus.values()),
+        what="GPU 3 lost",
+    )
+    code, out, _ = await cli(capsys, "nodes", api)
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("node-2 ")]
+    assert row[1] in ("degraded", "drained", "draining")
+    assert row[2] == "1/8"
+    code, out, _ = await cli(capsys, "nodes", api, "node-2")
+    assert code == 0
+    assert out.splitlines()[0].startswith("node-2: ")
+    (gpu3,) = [line.split() for line in out.splitlines() if line.startswith("3 ")]
+    assert "LOST" in gpu3
+    code, out, _ = await cli(capsys, "nodes", api, "node-2", "--json")
+    assert json.loads(out)["gpus_lost"] == 1
+
+
+async def test_events_lists_the_newest_first_and_filters(running, capsys):
+    """The gpu_lost event is listed with its node, Xid and target; --kind and --node narrow
+    the list; an unknown kind is the API's clear error, exit status 2."""
+    service, cluster = running
+    api = f"--api=http://127.0.0.1:{service.http_port}"
+    code, out, _ = await cli(capsys, "events", api)
+    assert (code, out.strip()) == (0, "no events")
+    cluster.nodes["node-2"].xid(3, 79)
+    cluster.nodes["node-1"].ib_port_down(0)
+
+    async def kinds() -> set[str]:
+        _, text, _ = await cli(capsys, "events", api, "--json")
+        return {e["kind"] for e in json.loads(text)["events"]}
+
+    for _ in range(100):
+        if {"gpu_lost", "ib_port_down"} <= await kinds():
+            break
+        await asyncio.sleep(0.1)
+    code, out, _ = await cli(capsys, "events", api)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["WHEN", "NODE", "KIND", "TARGET", "XID", "DETAIL"]
+    (lost,) = [line for line in lines if " gpu_lost " in line]
+    assert lost.split()[2:4] == ["node-2", "gpu_lost"]
+    assert " 79 " in lost
+    code, out, _ = await cli(capsys, "events", api, "--kind", "gpu_lost")
+    assert [line.split()[3] for line in out.splitlines()[1:]] == ["gpu_lost"]
+    code, out, _ = await cli(capsys, "events", api, "--node", "node-1", "--limit", "5")
+    assert {line.split()[2] for line in out.splitlines()[1:]} == {"node-1"}
+    code, _, err = await cli(capsys, "events", api, "--kind", "gpu_lsot")
+    assert code == 2
+    assert "gpu_lsot" in err
+    assert "is not one of" in err
