@@ -24,10 +24,20 @@ GPU_SIGNALS: Final[dict[str, str]] = {
     "remap_failure": "remap_failure",
     "clock_event_reasons": "clock_event_reasons",
     "temperature_celsius": "temperature_c",
+    "temperature_slowdown_celsius": "temperature_slowdown_c",
     "power_watts": "power_w",
     "utilization_gpu_percent": "gpu_util_pct",
     "utilization_memory_percent": "mem_util_pct",
     "sm_clock_mhz": "sm_clock_mhz",
+}
+
+# Flags read out of the clock-event (throttle) reason bitmask, one sample each (CEL, the rules'
+# language, has no bitwise operators): name -> NVML's nvmlClocksEventReason* bit.
+CLOCK_REASON_SIGNALS: Final[dict[str, int]] = {
+    "clocks_hw_slowdown": 0x8,  # HW slowdown: thermal or power brake, set by the hardware
+    "clocks_sw_thermal_slowdown": 0x20,
+    "clocks_hw_thermal_slowdown": 0x40,
+    "clocks_hw_power_brake": 0x80,
 }
 
 # Sample name -> NvlinkReading attribute, per link.
@@ -42,7 +52,7 @@ NVLINK_SIGNALS: Final[dict[str, str]] = {
 class GpuSampler:
     """Makes one GPU's samples; the sample keys are built once, not every poll."""
 
-    __slots__ = ("_gpu", "_last_links", "_link_keys", "_static", "_value_keys")
+    __slots__ = ("_gpu", "_last_links", "_link_keys", "_reason_keys", "_static", "_value_keys")
 
     def __init__(self, gpu: GpuIdentity) -> None:
         """Prepare the keys of every sample this GPU can give."""
@@ -54,6 +64,7 @@ class GpuSampler:
         if gpu.max_pcie_width is not None:
             self._static[target, "pcie_link_width_max"] = gpu.max_pcie_width
         self._value_keys = [(attr, (target, name)) for name, attr in GPU_SIGNALS.items()]
+        self._reason_keys = [((target, name), bit) for name, bit in CLOCK_REASON_SIGNALS.items()]
         self._link_keys = [
             [(attr, (Target.nvlink(gpu.uuid, link), name)) for name, attr in NVLINK_SIGNALS.items()]
             for link in range(gpu.nvlink_count)
@@ -72,6 +83,10 @@ class GpuSampler:
             value = getattr(reading, attr)
             if value is not None:
                 out[key] = int(value) if value.__class__ is bool else value
+        reasons = reading.clock_event_reasons
+        if reasons is not None:
+            for key, bit in self._reason_keys:
+                out[key] = int(bool(reasons & bit))
         links, last = reading.nvlinks, self._last_links
         if links != last:  # most polls: no link changed, and nothing needs doing
             for i, (keys, nvlink) in enumerate(zip(self._link_keys, links, strict=False)):

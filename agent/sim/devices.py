@@ -40,6 +40,7 @@ class SimGpu:
     remap_failure: bool = False
     clock_event_reasons: int = 0
     temperature_c: int = 41
+    temperature_slowdown_c: int = 87  # NVML's slowdown threshold (an H100 SXM's)
     power_mw: int = 118_000
     util_gpu: int = 0
     util_mem: int = 0

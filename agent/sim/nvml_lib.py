@@ -27,6 +27,8 @@ SUCCESS: Final = 0
 UNINITIALIZED: Final = 1
 INVALID_ARGUMENT: Final = 2
 NOT_SUPPORTED: Final = 3
+THRESHOLD_SHUTDOWN: Final = 0  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+THRESHOLD_SLOWDOWN: Final = 1  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
 DRIVER_NOT_LOADED: Final = 9
 TIMEOUT: Final = 10
 GPU_IS_LOST: Final = 15
@@ -378,6 +380,15 @@ class SimNvmlLibrary:
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:  # noqa: ANN401, ARG002, N802
         """Return the GPU core temperature in °C."""
         return self._value(handle, "nvmlDeviceGetTemperature", lambda g: g.temperature_c)
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:  # noqa: ANN401, N802
+        """Return a temperature threshold in °C: the slowdown one (1) or shutdown (0)."""
+        name = "nvmlDeviceGetTemperatureThreshold"
+        if threshold == THRESHOLD_SHUTDOWN:
+            return self._value(handle, name, lambda g: g.temperature_slowdown_c + 5)
+        if threshold != THRESHOLD_SLOWDOWN:
+            raise self._error(NOT_SUPPORTED)
+        return self._value(handle, name, lambda g: g.temperature_slowdown_c)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:  # noqa: ANN401, N802
         """Return the board power in mW."""

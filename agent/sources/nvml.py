@@ -47,6 +47,7 @@ FEATURE_ENABLED: Final = 1
 NVLINK_MAX_LINKS: Final = 36
 CLOCK_SM: Final = 1
 TEMPERATURE_GPU: Final = 0
+TEMPERATURE_THRESHOLD_SLOWDOWN: Final = 1  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
 MEMORY_ERROR_CORRECTED: Final = 0
 MEMORY_ERROR_UNCORRECTED: Final = 1
 ECC_VOLATILE: Final = 0
@@ -104,6 +105,7 @@ class GpuReading:
     remap_failure: bool | None = None
     clock_event_reasons: int | None = None
     temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None  # where the GPU starts slowing itself down
     power_w: float | None = None
     gpu_util_pct: int | None = None
     mem_util_pct: int | None = None
@@ -123,6 +125,9 @@ class _Plan:
     batched: frozenset[fi.FieldKey] = frozenset()
     links_batched: bool = False
     unsupported: set[str] = field(default_factory=set)
+    # The slowdown temperature threshold: fixed per GPU model, read at the first poll only.
+    slowdown_read: bool = False
+    slowdown_c: int | None = None
 
 
 class NvmlSource:
@@ -333,6 +338,16 @@ class NvmlSource:
         """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""
         return self.guard.run(f"read GPU {gpu.index}", partial(self._read, gpu))
 
+    def _slowdown(self, plan: _Plan, handle: Any) -> int | None:  # noqa: ANN401 - NVML's
+        """The GPU's slowdown temperature threshold (°C), asked once; None: not supported."""
+        if not plan.slowdown_read:
+            read = partial(
+                self._lib.nvmlDeviceGetTemperatureThreshold, handle, TEMPERATURE_THRESHOLD_SLOWDOWN
+            )
+            plan.slowdown_c = self._optional(plan, "temperature_slowdown", read)
+            plan.slowdown_read = True
+        return plan.slowdown_c
+
     def _read(self, gpu: GpuIdentity) -> GpuReading:
         lib = self._lib
         h = self._handle(gpu.index)
@@ -442,6 +457,7 @@ class NvmlSource:
                 "temperature",
                 partial(lib.nvmlDeviceGetTemperature, h, TEMPERATURE_GPU),
             ),
+            temperature_slowdown_c=self._slowdown(plan, h),
             power_w=None if power_mw is None else power_mw / 1000,
             gpu_util_pct=None if util is None else int(util.gpu),
             mem_util_pct=None if util is None else int(util.memory),

@@ -110,6 +110,7 @@ class NvmlLibrary(Protocol):
     ) -> tuple[int, int, int, int]: ...
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...  # noqa: ANN401, D102, N802
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Utilization: ...  # noqa: ANN401, D102, N802
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...  # noqa: A002, ANN401, D102, N802

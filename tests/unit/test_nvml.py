@@ -48,7 +48,13 @@ class TestFieldValues:
         node.gpus[0].remap_pending = True
         before = src.calls
         reading = src.read(gpu)
-        assert src.calls - before == 8  # batch + gen, width, reasons, temp, power, util, clock
+        # batch + gen, width, reasons, temp, power, util, clock; the first poll asks the
+        # slowdown temperature threshold too (fixed per model: asked once)
+        assert src.calls - before == 9
+        assert reading.temperature_slowdown_c == 87
+        before = src.calls
+        assert src.read(gpu).temperature_slowdown_c == 87
+        assert src.calls - before == 8
         assert reading.nvlinks[2].replay_errors == 5
         assert reading.nvlinks[2].recovery_errors == 1
         assert reading.nvlinks[2].crc_errors == 9

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
+from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
 from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.kmsg_cursor import KmsgCursor
@@ -51,7 +51,8 @@ class TestSampler:
         assert result.samples[Target.nvlink(uuid, 5), "nvlink_up"] == 1
         assert result.samples[Target.ib_port("mlx5_3", 1), "ib_state"] == "ACTIVE"
         pcie_sysfs = 8  # width, max width, speed, max speed, degraded, 3 AER totals
-        per_gpu = 3 + len(GPU_SIGNALS) + 6 * len(NVLINK_SIGNALS) + pcie_sysfs
+        per_gpu = 3 + len(GPU_SIGNALS) + len(CLOCK_REASON_SIGNALS) + 6 * len(NVLINK_SIGNALS)
+        per_gpu += pcie_sysfs
         gpu_kinds = (TargetKind.GPU, TargetKind.NVLINK)
         assert len([k for k in result.samples if k[0].kind in gpu_kinds]) == 4 * per_gpu
         port = Target.ib_port("mlx5_3", 1)
