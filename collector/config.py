@@ -111,7 +111,6 @@ class CollectorConfig:
         )
         check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
         check_number(self.rules_interval, "rules_interval", ConfigError)
-        check_tls_keys(
         check_number(
             self.metrics_render_interval, "metrics_render_interval", ConfigError, inclusive=True
         )
@@ -123,6 +122,7 @@ class CollectorConfig:
             inclusive=True,
             integer=True,
         )
+        check_tls_keys(
             {k: getattr(self, k) for k in TLS_KEYS},
             insecure=self.insecure,
             what="collector config",

@@ -15,9 +15,9 @@ from collector.api.auth import ChangeGuard
 from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
-from collector.export.fleet import FleetCollector
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.exposition import NodeExposition
+from collector.export.fleet import FleetCollector
 from collector.export.ingest import IngestCollector
 from collector.export.jobs import JobsCollector
 from collector.export.rules import RulesCollector
@@ -171,14 +171,9 @@ class CollectorService:
                 self.stats,
                 flags=self.node_flags,
                 xid_class=self._xid_class,
+                nodes=False,
             )
         )
-        self._rule_metrics = SwappableCollector(RulesCollector(self.evaluator, self.dispatcher))
-        self.registry.register(self._rule_metrics)
-        self.registry.register(ReloadCollector(self.reloads))
-                nodes=False,
-        self.registry.register(IngestCollector(self.grpc.registry.throttle, self.stats))
-        self.incidents = IncidentService(
         self.node_metrics = NodeExposition(
             self.fleet,
             monotonic=clock.monotonic,
@@ -188,6 +183,11 @@ class CollectorService:
             nodes_per_shard=cfg.metrics_shard_samples // SERIES_PER_NODE_BUDGET,
             held_elsewhere=self.peers.held_elsewhere,
         )
+        self._rule_metrics = SwappableCollector(RulesCollector(self.evaluator, self.dispatcher))
+        self.registry.register(self._rule_metrics)
+        self.registry.register(ReloadCollector(self.reloads))
+        self.registry.register(IngestCollector(self.grpc.registry.throttle, self.stats))
+        self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,
             clock=clock,
@@ -217,6 +217,7 @@ class CollectorService:
             jobs=self.jobs,
             node_flags=self.node_flags,
             allowed_hosts=cfg.http_allowed_hosts,
+            nodes=self.node_metrics,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -234,7 +235,6 @@ class CollectorService:
     @property
     def http_port(self) -> int:
         """The bound HTTP port."""
-            nodes=self.node_metrics,
         return self.http.port
 
     def _xid_class(self, xid: int) -> str:

@@ -39,8 +39,8 @@ from collector.api import incidents as incidents_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
-from collector.model.node_states import NodeFlags, node_state
 from collector.export.exposition import GZIP_LEVEL, OPENMETRICS, TEXT
+from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from collector.api.auth import ChangeGuard
     from collector.api.incidents import DrainKeeper, SilenceWriter
+    from collector.export.exposition import NodeExposition
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
     from collector.model.state import NodeState
@@ -66,9 +67,6 @@ BUSY_RETRY_AFTER_S: Final = 5
 _BAD_REQUEST: Final = frozenset(
     {HTTPStatus.BAD_REQUEST, HTTPStatus.LENGTH_REQUIRED, HTTPStatus.REQUEST_ENTITY_TOO_LARGE}
 )
-
-
-def local_host_names() -> tuple[str, ...]:
 SHARD_PATH: Final = "/metrics/shards/"
 FLEET_PATH: Final = "/metrics/fleet"
 CONTENT_TYPES: Final = {TEXT: CONTENT_TYPE_LATEST, OPENMETRICS: openmetrics.CONTENT_TYPE_LATEST}
@@ -106,6 +104,9 @@ def scrape_targets(host: str, shards: list[int]) -> list[dict[str, Any]]:
         for n in shards
     )
     return targets
+
+
+def local_host_names() -> tuple[str, ...]:
     """This host's own names, which the API accepts in ``Host`` without configuration."""
     return socket.gethostname(), socket.getfqdn()
 
@@ -232,6 +233,7 @@ class ApiServer:
         allowed_hosts: Iterable[str] = (),
         local_names: Iterable[str] | None = None,
         limits: ConnectionLimits | None = None,
+        nodes: NodeExposition | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -247,12 +249,12 @@ class ApiServer:
         self._fleet = fleet
         self._journal = journal
         self._registry = registry
+        self._nodes = nodes
         self._silences = silences
         self._drains = drains
         self._clock = clock
         self._hosts = HostNames.build(
             listen_host=host,
-        self._nodes = nodes
             allowed=allowed_hosts,
             local_names=local_host_names() if local_names is None else local_names,
         )
@@ -379,12 +381,6 @@ class ApiServer:
         except Exception as exc:  # noqa: BLE001 - every error is answered; a bug as a 500
             self._refuse_error(req, exc)
 
-    def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
-        if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
-            return self._jobs_json(unquote(path.removeprefix("/api/v1/jobs").lstrip("/")))
-        return self._get_fleet_json(path, query)
-
-    def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
     def _metrics(self, req: BoundedHandler, path: str) -> None:
         """``/metrics``, ``/metrics/fleet`` or a shard, in the format and encoding asked for."""
         fmt = exposition_format(req.headers.get("Accept"))
@@ -433,6 +429,12 @@ class ApiServer:
             return [{"targets": [host], "labels": {}}]
         return scrape_targets(host, shards)
 
+    def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
+        if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
+            return self._jobs_json(unquote(path.removeprefix("/api/v1/jobs").lstrip("/")))
+        return self._get_fleet_json(path, query)
+
+    def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
         if path == "/api/v1/nodes":
             nodes = self._fleet.snapshot()
             flags = self._node_flags()

@@ -6,9 +6,10 @@ Written by stream sessions and the liveness monitor on the event loop; read by t
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from collector.model.slots import MODEL_FIELDS, NodeSlots, TargetSlot
 from collector.model.state import GpuState, NodeState, PortState
@@ -25,9 +26,11 @@ from fleetwatch.model import (
 from fleetwatch.wire.plausible import is_counter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+
+T = TypeVar("T")
 
 # (target key, signal, value): a sample as the wire screen hands it on.
 KeyedSample = tuple[TargetKey, str, SampleValue]
@@ -76,6 +79,12 @@ class FleetModel:
         # collector.model.slots). A node's slots are made again with its state, at its Hello.
         self._slots: dict[str, NodeSlots] = {}
         self._traits: dict[str, tuple[bool, bool, bool]] = {}
+        # For the exposition's cache (collector.export.exposition): per node, the tick of its
+        # last change of any kind (samples, a message's time) and of its last change that must
+        # show at once (identity, events, reachability, its stream).
+        self._ticks = itertools.count(1)
+        self._changed: dict[str, int] = {}
+        self._urgent: dict[str, int] = {}
 
     @property
     def observer(self) -> FleetObserver | None:
@@ -99,6 +108,23 @@ class FleetModel:
     def view(self) -> dict[str, NodeState]:
         """The live nodes, uncopied: only for code on the event loop, which is the only writer."""
         return self._nodes
+
+    def read_node(self, name: str, read: Callable[[NodeState, int, int], T]) -> T | None:
+        """``read(node, changed, urgent)`` under the lock, or None for an unknown node.
+
+        ``changed`` and ``urgent`` are the ticks of the node's last change and last change that
+        must show at once (both grow). ``read`` must not keep the node: it is the live one.
+        """
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            return read(node, self._changed.get(name, 0), self._urgent.get(name, 0))
+
+    def _urgent_change(self, name: str) -> None:
+        """Note a change that must show at once (call with the lock held)."""
+        tick = next(self._ticks)
+        self._changed[name] = self._urgent[name] = tick
 
     def node_names(self) -> list[str]:
         """Return the names of every known node."""
@@ -133,6 +159,7 @@ class FleetModel:
                 node.ports[p.device, p.port] = port
             self._nodes[hello.node] = node
             self._slots[hello.node] = NodeSlots()
+            self._urgent_change(hello.node)
         if self.observer is not None:
             self.observer.note_inventory(hello.node)
         return old is not None and not old.reachable
@@ -144,6 +171,7 @@ class FleetModel:
             node = self._nodes[hello.node]
             node.connected = False
             node.reachable = reachable
+            self._urgent_change(hello.node)
 
     def touch(self, name: str, mono: float, unix: float) -> bool:
         """Note a message from ``name``; return True if it was unreachable until now."""
@@ -152,6 +180,10 @@ class FleetModel:
             node.last_seen_mono, node.last_seen_unix = mono, unix
             was_unreachable = not node.reachable
             node.reachable = True
+            if was_unreachable:
+                self._urgent_change(name)
+            else:
+                self._changed[name] = next(self._ticks)
         if was_unreachable and self.observer is not None:
             self.observer.note_node(name)
         return was_unreachable
@@ -161,6 +193,7 @@ class FleetModel:
         with self._lock:
             if name in self._nodes:
                 self._nodes[name].connected = False
+                self._urgent_change(name)
 
     def overdue(self, now_mono: float, silence_s: float) -> list[str]:
         """Names of reachable nodes silent for longer than ``silence_s``."""
@@ -176,6 +209,7 @@ class FleetModel:
         with self._lock:
             node = self._nodes[name]
             node.reachable = False
+            self._urgent_change(name)
         if self.observer is not None:
             self.observer.note_node(name)
         return node.last_seen_unix
@@ -185,6 +219,8 @@ class FleetModel:
         with self._lock:
             gone = self._nodes.pop(name, None) is not None
             self._slots.pop(name, None)
+            self._changed.pop(name, None)
+            self._urgent.pop(name, None)
         if gone and self.observer is not None:
             self.observer.note_node(name)
         return gone
@@ -214,6 +250,7 @@ class FleetModel:
             slots = self._slots[name]
             by_key, all_values = slots.by_key, slots.values
             traits = self._traits
+            self._changed[name] = next(self._ticks)
             for key, signal, value in samples:
                 slot = by_key.get(key) or slots.add(node, key)
                 trait = traits.get(signal) or self._trait(signal)
@@ -270,6 +307,7 @@ class FleetModel:
             if node is None:
                 return
             node.events[kind.value] += count
+            self._urgent_change(name)
             gpu = node.gpus.get(target.gpu_uuid)
             if gpu is not None and kind in (EventKind.XID, EventKind.GPU_LOST) and xid:
                 gpu.xid_counts[xid] += count

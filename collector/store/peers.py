@@ -10,6 +10,10 @@ collector talks to another. It answers two questions:
 * when a node falls silent here, did it die or move? If another collector took its stream since,
   it moved: this collector forgets it (no ``node_unreachable``, no incident, no series) and the
   peer carries on.
+
+It also keeps, refreshed with each heartbeat, which nodes live peers hold now
+(:meth:`Peers.held_elsewhere`), so that this collector's scrape targets list a node that moved
+only at the peer, before the liveness check forgets it here.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Peers:
         self.name = name
         self.beat_s = beat_s
         self.beat_failures = 0
+        self._elsewhere: frozenset[str] = frozenset()
 
     @property
     def shared(self) -> bool:
@@ -59,6 +64,7 @@ class Peers:
         while True:
             try:
                 await self.beat()
+                await self.refresh_holders()
             except Exception as exc:  # noqa: BLE001 - the database may be away for a while
                 self.beat_failures += 1
                 log.warning("collector_beat_failed", error=str(exc))
@@ -70,6 +76,20 @@ class Peers:
         horizon = int(self.beat_s * DEAD_AFTER_BEATS * 1000)
         rows = await self._journal.do(lambda s: s.collectors())
         return {n for n, seen, _ in rows if n != self.name and now_ms - seen <= horizon}
+
+    async def refresh_holders(self) -> None:
+        """Read which nodes live peers hold now (one query; kept for :meth:`held_elsewhere`)."""
+        if not self.shared:
+            return
+        alive = await self.live_peers()
+        rows = await self._journal.do(
+            lambda s: s.db.rows("SELECT name, collector FROM nodes WHERE collector <> ''")
+        )
+        self._elsewhere = frozenset(str(name) for name, holder in rows if holder in alive)
+
+    def held_elsewhere(self) -> frozenset[str]:
+        """The nodes a live peer held at the last heartbeat (none on an unshared journal)."""
+        return self._elsewhere
 
     async def ours(self, rows: list[NodeRow]) -> list[NodeRow]:
         """The remembered nodes this collector should watch (all of them on an unshared one)."""

@@ -64,7 +64,8 @@ def prometheus_config(tmp_path: Path, target: str) -> Path:
     config["rule_files"] = [str(DEPLOY / f) for f in config["rule_files"]]
     (job,) = config["scrape_configs"]
     job.update(scrape_interval="1s", scrape_timeout="1s")
-    job["static_configs"] = [{"targets": [target]}]
+    (sd,) = job["http_sd_configs"]  # the collector's own targets: the fleet's and the shards
+    sd.update(url=f"http://{target}/api/v1/scrape_targets", refresh_interval="1s")
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
