@@ -11,8 +11,9 @@ from typing import Final
 from agent.job_report import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
 from agent.poll_bmc import BMC_SIGNALS
 from agent.poll_ib import RATE_COUNTERS, RATE_HW_COUNTERS, signal_name
+from agent.poll_ib_link import IB_LINK_SIGNALS, NODE_LINK_SIGNALS
 from agent.probes.counters import IB_COUNTER_SPECS
-from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
+from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
 from rules.model import Scope
 
 _PCIE_SYSFS: Final = (
@@ -27,7 +28,14 @@ _PCIE_SYSFS: Final = (
 )
 
 GPU: Final = frozenset(
-    {"gpu_present", "pcie_link_gen_max", "pcie_link_width_max", *GPU_SIGNALS, *_PCIE_SYSFS},
+    {
+        "gpu_present",
+        "pcie_link_gen_max",
+        "pcie_link_width_max",
+        *GPU_SIGNALS,
+        *CLOCK_REASON_SIGNALS,
+        *_PCIE_SYSFS,
+    },
 )
 NVLINK: Final = frozenset(NVLINK_SIGNALS)
 IB_PORT: Final = frozenset(
@@ -43,6 +51,7 @@ IB_PORT: Final = frozenset(
         ),
         *(signal_name("ib_", name, "_per_second") for name in RATE_COUNTERS),
         *(signal_name("ib_hw_", name, "_per_second") for name in RATE_HW_COUNTERS),
+        *IB_LINK_SIGNALS,
     },
 )
 NODE: Final = frozenset(
@@ -71,6 +80,7 @@ NODE: Final = frozenset(
         "agent_collector_failovers",
         *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev", "bmc")),
         *BMC_SIGNALS,
+        *NODE_LINK_SIGNALS,
         "agent_job_reports",
         "agent_job_reports_lost",
         *(REFUSED_SIGNAL_PREFIX + reason for reason in REFUSAL_REASONS),
