@@ -449,6 +449,13 @@ _BMC = _specs(
             NODE,
             "BMC temperature sensors at or above their critical threshold.",
         ),
+        (
+            "fleetwatch_nvswitch_pcie_links_degraded",
+            "gauge",
+            "",
+            NODE,
+            "NVSwitches whose PCIe link runs below what the switch and the port above allow.",
+        ),
     ],
 )
 
@@ -489,6 +496,13 @@ _GPUS = _specs(
             ),
         ),
         ("fleetwatch_gpu_temperature_celsius", "gauge", "celsius", GPU, "GPU core temperature."),
+        (
+            "fleetwatch_gpu_temperature_slowdown_celsius",
+            "gauge",
+            "celsius",
+            GPU,
+            "The temperature at which the GPU slows itself down (NVML's threshold for its model).",
+        ),
         ("fleetwatch_gpu_power_watts", "gauge", "watts", GPU, "Board power draw."),
         ("fleetwatch_gpu_utilization_ratio", "gauge", "ratio", GPU, "Share of time a kernel ran."),
         (
@@ -614,6 +628,30 @@ _PORTS = _specs(
             "",
             PORT,
             "Times the link went down (8-bit, saturates at 255).",
+        ),
+        (
+            "fleetwatch_ib_port_rate_low",
+            "gauge",
+            "",
+            PORT,
+            (
+                "1 while the active port runs below its expected rate or width (its own best "
+                "since the agent started, or its peers' on the node)."
+            ),
+        ),
+        (
+            "fleetwatch_ib_port_roce_v2_gids",
+            "gauge",
+            "",
+            PORT,
+            "RoCE v2 entries in a RoCE port's GID table (0: NCCL cannot use the port).",
+        ),
+        (
+            "fleetwatch_ib_port_nic_pcie_link_degraded",
+            "gauge",
+            "",
+            PORT,
+            "1 while the port's NIC has a PCIe link below what the card and its slot allow.",
         ),
         (
             "fleetwatch_ib_port_errors_total",

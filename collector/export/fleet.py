@@ -38,6 +38,7 @@ THROTTLE_REASONS: Final = (
 # Per-GPU gauges: (metric, signal, scale to base units).
 GPU_GAUGES: Final = (
     ("fleetwatch_gpu_temperature_celsius", "temperature_celsius", 1.0),
+    ("fleetwatch_gpu_temperature_slowdown_celsius", "temperature_slowdown_celsius", 1.0),
     ("fleetwatch_gpu_power_watts", "power_watts", 1.0),
     ("fleetwatch_gpu_utilization_ratio", "utilization_gpu_percent", 0.01),
     ("fleetwatch_gpu_memory_utilization_ratio", "utilization_memory_percent", 0.01),
@@ -87,7 +88,7 @@ NVLINK_ERRORS: Final = (
     ("recovery", "nvlink_recovery_errors"),
     ("crc", "nvlink_crc_errors"),
 )
-# Per-port counters, as the HCA reports them: (metric, signal).
+# Per-port counters, as the HCA reports them, and the link's health flags: (metric, signal).
 PORT_COUNTERS: Final = (
     ("fleetwatch_ib_port_transmit_bytes_total", "ib_port_xmit_bytes"),
     ("fleetwatch_ib_port_receive_bytes_total", "ib_port_rcv_bytes"),
@@ -95,6 +96,9 @@ PORT_COUNTERS: Final = (
     ("fleetwatch_ib_port_receive_packets_total", "ib_port_rcv_packets"),
     ("fleetwatch_ib_port_transmit_wait_total", "ib_port_xmit_wait"),
     ("fleetwatch_ib_port_link_downed_total", "ib_link_downed"),
+    ("fleetwatch_ib_port_rate_low", "ib_rate_low"),
+    ("fleetwatch_ib_port_roce_v2_gids", "roce_v2_gids"),
+    ("fleetwatch_ib_port_nic_pcie_link_degraded", "nic_pcie_link_degraded"),
 )
 # fleetwatch_ib_port_errors_total{type}: (type, signal of the IBA counter).
 PORT_ERRORS: Final = (
@@ -152,6 +156,8 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_bmc_outlet_temperature_celsius", "bmc_outlet_temperature_celsius"),
     ("fleetwatch_bmc_temperature_max_celsius", "bmc_temperature_max_celsius"),
     ("fleetwatch_bmc_temperatures_critical", "bmc_temperatures_critical"),
+    # links below their rate
+    ("fleetwatch_nvswitch_pcie_links_degraded", "nvswitch_pcie_links_degraded"),
 )
 AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev", "bmc")
 
