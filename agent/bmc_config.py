@@ -24,6 +24,7 @@ WHAT: Final = "agent config [agent.bmc]"
 PROTOCOLS: Final = ("redfish", "ipmi")
 DEFAULT_PORTS: Final = {"redfish": 443, "ipmi": 623}
 MAX_PSUS: Final = 64
+CIPHER_SUITES: Final = range(18)  # IPMI 2.0's RMCP+ suites (ipmitool -C)
 _PATHS: Final = ("username_file", "password_file", "tls_ca")
 
 
@@ -41,6 +42,9 @@ class BmcConfig:
     tls_insecure: bool = False  # no TLS verification at all: the operator must ask for it
     psus_needed: int = 0  # working supplies the node needs; 0: the BMC's word, or all but one
     ipmitool: str = "ipmitool"
+    # IPMI: the RMCP+ cipher suite (ipmitool -C). 17 (HMAC-SHA256, AES) as ipmitool; 3 (SHA1)
+    # for older BMCs that offer nothing better.
+    cipher_suite: int = 17
 
     def __post_init__(self) -> None:
         """Refuse values that cannot work, naming the key."""
@@ -63,6 +67,10 @@ class BmcConfig:
             msg = f"{WHAT}: takes tls_ca or tls_insecure = true, not both"
             raise ConfigError(msg)
         check_text(self.ipmitool, "ipmitool", WHAT, ConfigError)
+        suite: object = self.cipher_suite
+        if isinstance(suite, bool) or suite not in CIPHER_SUITES:
+            msg = f"{WHAT}: cipher_suite must be 0 to 17, got {short_repr(suite)}"
+            raise ConfigError(msg)
 
 
 def parse_bmc(raw: object) -> BmcConfig:
@@ -135,7 +143,13 @@ def open_bmc(cfg: BmcConfig | None) -> BmcSource | None:
 
         del password  # read to check it is there; ipmitool reads the file itself
         return IpmiBmc(
-            host, port, username, cfg.password_file, program=cfg.ipmitool, timeout_s=cfg.timeout
+            host,
+            port,
+            username,
+            cfg.password_file,
+            program=cfg.ipmitool,
+            cipher_suite=cfg.cipher_suite,
+            timeout_s=cfg.timeout,
         )
     from agent.sources.bmc_redfish import HttpsTransport, RedfishBmc  # noqa: PLC0415
 

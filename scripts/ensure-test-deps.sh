@@ -2,7 +2,8 @@
 # Install what the integration tests need from Debian and is not a Python package: Slurm
 # (slurmctld, slurmd, scontrol, salloc) and MUNGE for the Slurm tests, Prometheus for
 # tests/integration/test_prometheus.py, systemd's offline tools (systemd-analyze,
-# systemd-sysusers) for tests/integration/test_systemd_units.py, and the PostgreSQL server for
+# systemd-sysusers) for tests/integration/test_systemd_units.py, OpenIPMI's BMC simulator
+# (ipmi_sim) and ipmitool for tests/integration/test_bmc_ipmi.py, and the PostgreSQL server for
 # the shared-journal tests (fleetwatch/pg_server.py starts a throwaway one from
 # /usr/lib/postgresql/<version>/bin; the package's own cluster is not used), and perftest's
 # ib_write_bw for the pre-flight runner test (tests/unit/test_preflight_real.py runs it on a
@@ -25,6 +26,8 @@ need munged munge
 need prometheus prometheus
 need systemd-analyze systemd
 need systemd-sysusers systemd
+need ipmi_sim openipmi
+need ipmitool ipmitool
 need ib_write_bw perftest
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     missing="$missing initdb"

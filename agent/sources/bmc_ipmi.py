@@ -69,6 +69,74 @@ _WARNING: Final = re.compile(
 )
 
 
+# IPMI's sensor type names as ``ipmitool sel elist`` prints them before a sensor's name (IPMI 2.0
+# table 42-3), longest first so that "Power Supply" is not taken for "Power Unit"'s prefix.
+SENSOR_TYPES: Final = tuple(
+    sorted(
+        (
+            "Temperature",
+            "Voltage",
+            "Current",
+            "Fan",
+            "Physical Security",
+            "Platform Security",
+            "Processor",
+            "Power Supply",
+            "Power Unit",
+            "Cooling Device",
+            "Other",
+            "Memory",
+            "Drive Slot / Bay",
+            "POST Memory Resize",
+            "System Firmware",
+            "Event Logging Disabled",
+            "Watchdog1",
+            "System Event",
+            "Critical Interrupt",
+            "Button",
+            "Module / Board",
+            "Microcontroller",
+            "Add-in Card",
+            "Chassis",
+            "Chip Set",
+            "Other FRU",
+            "Cable / Interconnect",
+            "Terminator",
+            "System Boot Initiated",
+            "Boot Error",
+            "OS Boot",
+            "OS Critical Stop",
+            "Slot / Connector",
+            "System ACPI Power State",
+            "Watchdog2",
+            "Platform Alert",
+            "Entity Presence",
+            "Monitor ASIC",
+            "LAN",
+            "Management Subsystem Health",
+            "Battery",
+            "Session Audit",
+            "Version Change",
+            "FRU State",
+        ),
+        key=len,
+        reverse=True,
+    )
+)
+
+
+def split_sensor(text: str) -> tuple[str, str]:
+    """(sensor type, sensor) of an SEL entry's sensor column (``Power Supply PS2 Status``).
+
+    Without an SDR for it ipmitool prints the number (``Fan #0x30``): the whole is the sensor.
+    """
+    for kind in SENSOR_TYPES:
+        if text.startswith(kind + " "):
+            rest = text[len(kind) + 1 :].strip()
+            return kind, text if rest.startswith("#") else rest
+    return (text.split(" #", 1)[0] if " #" in text else ""), text
+
+
 def _float(text: str) -> float | None:
     try:
         return float(text)
@@ -158,10 +226,15 @@ def parse_power_supplies(text: str) -> tuple[list[PowerSupply], bool | None]:
     return psus, redundancy
 
 
-def sel_severity(event: str, direction: str) -> Severity:
-    """How bad an SEL event is, from its text (IPMI carries no severity of its own)."""
+def sel_severity(event: str, direction: str, sensor_type: str = "") -> Severity:
+    """How bad an SEL event is, from its text (IPMI carries no severity of its own).
+
+    A battery's ``Low`` (IPMI: battery low, predictive failure) is a warning.
+    """
     if direction.lower().startswith("deasserted"):
         return Severity.OK
+    if sensor_type == "Battery" and event.strip().lower() == "low":
+        return Severity.WARNING
     if _CRITICAL.search(event) and not _NOT_CRITICAL.search(event):
         return Severity.CRITICAL
     if _WARNING.search(event):
@@ -183,12 +256,12 @@ def parse_sel_list(text: str) -> list[SelEntry]:
         sensor, event = cols[3], cols[4]
         direction = cols[5] if len(cols) > 5 else ""  # noqa: PLR2004
         extra = f" ({cols[6]})" if len(cols) > 6 and cols[6] else ""  # noqa: PLR2004
-        sensor_type = sensor.split(" #", 1)[0] if " #" in sensor else sensor.split(" ", 1)[0]
+        sensor_type, name = split_sensor(sensor)
         entries.append(
             SelEntry(
                 key=key,
-                severity=sel_severity(event, direction),
-                sensor=sensor[:64],
+                severity=sel_severity(event, direction, sensor_type),
+                sensor=name[:64],
                 message=f"{event} {direction}{extra}".strip()[:200],
                 created=f"{cols[1]} {cols[2]}"[:40],
                 sensor_type=sensor_type[:40],
@@ -231,6 +304,7 @@ class IpmiBmc:
         password_file: Path,
         *,
         program: str = "ipmitool",
+        cipher_suite: int = 17,
         timeout_s: float = 10.0,
         run: Callable[[Sequence[str], float], str] = run_ipmitool,
     ) -> None:
@@ -240,6 +314,8 @@ class IpmiBmc:
             program,
             "-I",
             "lanplus",
+            "-C",
+            str(cipher_suite),
             "-H",
             host,
             "-p",

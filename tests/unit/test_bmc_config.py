@@ -65,7 +65,7 @@ class TestTable:
         fake.read()
         assert all("s3cret-bmc" not in arg for argv in ran for arg in argv)
         assert ran[0][ran[0].index("-f") + 1] == str(tmp_path / "password")
-        assert ran[0][:5] == ["ipmitool", "-I", "lanplus", "-H", "bmc-17"]
+        assert ran[0][:7] == ["ipmitool", "-I", "lanplus", "-C", "17", "-H", "bmc-17"]
 
     @pytest.mark.parametrize(
         ("table", "message"),
@@ -82,6 +82,7 @@ class TestTable:
             ),
             ('protocol = "redfish"\naddress = "h"\ntls_insecure = "yes"\n', "true or false"),
             ('protocol = "ipmi"\naddress = "h"\npsus_needed = -1\n', "psus_needed must be 0 to"),
+            ('protocol = "ipmi"\naddress = "h"\ncipher_suite = 18\n', "cipher_suite must be 0"),
         ],
     )
     def test_bad_settings_are_refused_naming_the_key(self, tmp_path: Path, table, message):
