@@ -85,6 +85,11 @@ class JobQueue:
         self.refused: Counter[str] = Counter()
         self.unsent = 0  # reports ranks could not send (our socket's queue was full)
         self.on_add: Callable[[], None] = lambda: None
+        # The last report taken (its job, and when by ``now``): pre-flight refuses to qualify a
+        # node a job is reporting from (agent/preflight/executor.py).
+        self.now: Callable[[], float] = SystemClock().monotonic
+        self.last_job = ""
+        self.last_added: float | None = None
 
     def __len__(self) -> int:
         return self._count
@@ -113,6 +118,7 @@ class JobQueue:
         """Queue a report of ``uid``; when full, drop the oldest of the biggest holder first."""
         held = _Held(step, uid)
         self.received += 1
+        self.last_job, self.last_added = step.job_id, self.now()
         while self._count and (self._count >= self._limit or self._budget.room() < held.size):
             self._evict()
             self.dropped += 1

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agent.intervals import Intervals
     from agent.job_socket import JobQueue
     from agent.outbox import Outbox
+    from agent.preflight.executor import PreflightExecutor
     from fleetwatch.clock import Clock
 
     Call: TypeAlias = grpc.aio.StreamStreamCall[Message, pb.CollectorMessage]
@@ -88,6 +89,7 @@ class CollectorLink:
         start: int = 0,
         commands: CommandRunner | None = None,
         jobs: JobQueue | None = None,
+        preflight: PreflightExecutor | None = None,
     ) -> None:
         """Nothing connects until :meth:`run`, which starts on ``targets[start]``.
 
@@ -108,6 +110,7 @@ class CollectorLink:
         self._connect_timeout = connect_timeout
         self._commands = commands
         self._jobs = jobs
+        self._preflight = preflight
         self._running: set[asyncio.Task[None]] = set()
         self.connected = False
         self.connections = 0
@@ -268,6 +271,21 @@ class CollectorLink:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             log.warning("command_result_lost", id=command.command_id, error=str(exc))
 
+    async def _preflight_task(self, call: Call, lock: asyncio.Lock, task: pb.PreflightTask) -> None:
+        """Carry a pre-flight task out on the executor's thread; send its result back."""
+        if self._preflight is None:
+            result = pb.PreflightResult(
+                run_id=task.run_id[:64],
+                task_id=task.task_id[:64],
+                refused="this agent runs no pre-flight checks",
+            )
+        else:
+            result = await self._preflight.run(task)
+        try:
+            await self._write(call, lock, pb.AgentMessage(preflight_result=result))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.warning("preflight_result_lost", task=task.task_id[:64], error=str(exc))
+
     async def _write(self, call: Call, lock: asyncio.Lock, msg: pb.AgentMessage) -> None:
         async with lock:
             await call.write(msg)
@@ -324,6 +342,12 @@ class CollectorLink:
             elif body == "command":
                 # Run it beside the stream: a reset takes seconds, acks must keep flowing.
                 task = asyncio.create_task(self._command(call, lock, msg.command))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+            elif body == "preflight_task":
+                # Minutes of measuring, on a thread of the executor's: the stream goes on.
+                work = self._preflight_task(call, lock, msg.preflight_task)
+                task = asyncio.create_task(work, name="preflight")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
             else:

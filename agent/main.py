@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,6 +25,9 @@ from agent.link import CollectorLink
 from agent.outbox import Outbox
 from agent.peer_identity import PeerResolver
 from agent.poll_bmc import BmcPoller
+from agent.preflight.executor import PreflightExecutor
+from agent.preflight.quick import QuickChecks
+from agent.preflight.runners import PreflightRunners
 from agent.sampler import Sampler
 from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
@@ -72,6 +75,9 @@ class Hardware:
     bmc: BmcSource | None = None  # the node's BMC, when the config names one
     # How the spool under state_dir makes its writes durable (a benchmark injects a slow disk).
     fsync: Callable[[int], None] = os.fsync
+    # What measures the pre-flight checks (the real tools, or the simulator's model); a missing
+    # runner makes its checks could_not_run.
+    preflight: PreflightRunners = field(default_factory=PreflightRunners)
 
 
 def read_boot_id(proc_root: Path) -> str:
@@ -150,8 +156,9 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         credentials = channel_credentials(cfg)
         if credentials is None and cfg.insecure:
             log.warning("grpc_plaintext", collectors=list(cfg.targets), reason="insecure = true")
+    nvml = NvmlSource(hardware.nvml, call_timeout_s=cfg.nvml_call_timeout)
     sampler = Sampler(
-        nvml=NvmlSource(hardware.nvml, call_timeout_s=cfg.nvml_call_timeout),
+        nvml=nvml,
         nvml_events=NvmlEventWatcher(hardware.nvml, clock) if cfg.nvml_events else None,
         sysfs=SysfsReader(hardware.sysfs_root, fd_budget),
         pci=PciSysfsReader(hardware.sysfs_root),
@@ -174,8 +181,21 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     if cfg.job_socket is not None:  # senders are looked up in the real /proc (their cgroups)
         senders = SenderCheck(PeerResolver(cfg.proc_root), clock, jobs_per_uid=cfg.jobs_per_uid)
         jobs = JobQueue(budget=budget, senders=senders)
+        jobs.now = clock.monotonic
     if jobs is not None:
         budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
+    preflight = PreflightExecutor(
+        node=cfg.node,
+        sampler=sampler,
+        nvml=nvml,
+        # readers of its own: the sampler's keep files open for its polls on the event loop
+        quick=QuickChecks(
+            nvml, SysfsReader(hardware.sysfs_root), PciSysfsReader(hardware.sysfs_root)
+        ),
+        runners=hardware.preflight,
+        jobs=jobs,
+        monotonic=clock.monotonic,
+    )
     link = CollectorLink(
         targets=cfg.targets,
         start=start_index(cfg.node, len(cfg.targets)),
@@ -189,6 +209,7 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         server_name=cfg.tls_server_name,
         commands=commands,
         jobs=jobs,
+        preflight=preflight,
     )
     limits = None
     if cfg.memory_max_bytes or cfg.poll_cpu_max_share:

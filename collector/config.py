@@ -74,6 +74,7 @@ class CollectorConfig:
     metrics_render_interval: float = 5.0
     metrics_shard_samples: int = 4000
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
+    preflight_gates: Path | None = None  # pre-flight's gates file; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     ingest: IngestLimits = DEFAULT_LIMITS  # per-node budgets ([collector.ingest], docs/ingest.md)
@@ -215,7 +216,13 @@ def parse_ingest(table: object) -> IngestLimits:
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
-    for key in ("journal", "xid_catalog", "api_token_file", "journal_password_file"):
+    for key in (
+        "journal",
+        "xid_catalog",
+        "api_token_file",
+        "journal_password_file",
+        "preflight_gates",
+    ):
         if values.get(key) is not None:
             values[key] = to_path(values[key], key, "collector config", ConfigError)
     for key in TLS_KEYS:

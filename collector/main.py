@@ -12,6 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 from collector.actions.actuators import LiveActuators, build_actuators
 from collector.actions.dispatcher import Dispatcher, GpuResetter
 from collector.api.auth import ChangeGuard
+from collector.api.preflight import PreflightDesk
 from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
@@ -20,6 +21,7 @@ from collector.export.exposition import NodeExposition
 from collector.export.fleet import FleetCollector
 from collector.export.ingest import IngestCollector
 from collector.export.jobs import JobsCollector
+from collector.export.preflight import PreflightCollector
 from collector.export.rules import RulesCollector
 from collector.gc_pauses import start_freezer
 from collector.incidents.evaluator import Evaluator
@@ -32,6 +34,8 @@ from collector.model.history_restore import restore_history
 from collector.model.liveness import LivenessMonitor
 from collector.model.node_states import NodeFlags
 from collector.model.target_keys import FLEET_KEY
+from collector.preflight.holds import PreflightHolds
+from collector.preflight.orchestrator import PreflightService
 from collector.reload import (
     LIVE_KEYS,
     ReloadCollector,
@@ -45,6 +49,7 @@ from collector.stats import CollectorStats
 from collector.store.journal import Journal, open_store
 from collector.store.peers import Peers
 from fleetwatch.config_file import short_repr
+from fleetwatch.preflight.gates import load_gates
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
 from fleetwatch.tls import is_loopback
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -93,7 +98,7 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
 class CollectorService:
     """Everything the collector runs, started and stopped together."""
 
-    def __init__(  # noqa: PLR0913 - the composition root's inputs
+    def __init__(  # noqa: PLR0913, PLR0915 - the composition root: its inputs, every part
         self,
         cfg: CollectorConfig,
         clock: Clock,
@@ -196,6 +201,17 @@ class CollectorService:
         )
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
+        self.preflight = PreflightService(
+            fleet=self.fleet,
+            sessions=self.grpc.registry,
+            journal=self.journal,
+            clock=clock,
+            book=load_gates(cfg.preflight_gates),
+            collector=store.collector,
+            holds=PreflightHolds(self.dispatcher, self.journal, clock),
+        )
+        self.preflight_desk = PreflightDesk(self.preflight, self.dispatcher)
+        self.registry.register(PreflightCollector(self.preflight, self.stats))
         host, port = split_host_port(cfg.http, "http")
         guard = ChangeGuard(
             token=api_token,
@@ -213,6 +229,7 @@ class CollectorService:
             registry=self.registry,
             silences=self.silences,
             drains=self.drains,
+            preflight=self.preflight_desk,
             clock=clock,
             jobs=self.jobs,
             node_flags=self.node_flags,
@@ -268,6 +285,7 @@ class CollectorService:
         """Open the journal, listen, and start watching liveness."""
         self.silences.bind(asyncio.get_running_loop())
         self.drains.bind(asyncio.get_running_loop())
+        self.preflight_desk.bind(asyncio.get_running_loop())
         if self.peers.shared:
             await self.peers.beat()
         await self._restore_nodes()
@@ -279,6 +297,7 @@ class CollectorService:
         await restore_history(self.journal, self.evaluator, self.clock)
         await self.dispatcher.start()
         await self.incidents.start()
+        await self.preflight.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
@@ -399,6 +418,7 @@ class CollectorService:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self.preflight.stop()  # a run cut short is journaled as could_not_run
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.grpc.stop(grace)
         self.http.stop()

@@ -29,6 +29,8 @@ class CollectorStats:
     counter_resets: int = 0
     # HTTP API changes refused, by reason (written by the HTTP threads under the guard's lock)
     api_refused: Counter[str] = field(default_factory=Counter)
+    # pre-flight results (or measurements in them) refused, by reason
+    preflight_refused: Counter[str] = field(default_factory=Counter)
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""

@@ -248,11 +248,28 @@ def drains(api: str, *, as_json: bool, out: TextIO) -> int:
     return 0
 
 
-def release(api: str, node: str, reason: str, out: TextIO, token: str | None = None) -> int:
-    """Tell fleetwatch a node it drained is back in service (resumed by hand, repaired)."""
+def release(  # noqa: PLR0913 - the request, where to print, and its one option
+    api: str,
+    node: str,
+    reason: str,
+    out: TextIO,
+    token: str | None = None,
+    *,
+    require_preflight: bool = False,
+) -> int:
+    """Tell fleetwatch a node it drained is back in service (resumed by hand, repaired).
+
+    ``require_preflight``: the collector releases it only if it passed a quick pre-flight run
+    since it was drained (ApiCallError saying so otherwise).
+    """
     path = f"/api/v1/drains/{urllib.parse.quote(node, safe='')}/release"
-    call(api, "POST", path, {"reason": reason}, token=token)
+    body: dict[str, Any] = {"reason": reason}
+    if require_preflight:
+        body["require_preflight"] = True
+    answer = call(api, "POST", path, body, token=token)
     print(f"{node} released: it no longer counts toward the drain cap", file=out)
+    if require_preflight and isinstance(answer, dict) and answer.get("preflight"):
+        print(answer["preflight"], file=out)
     return 0
 
 

@@ -87,5 +87,24 @@ class LadderStep(Protocol):
     """A small training job's steps across the group (one rung of the scaling ladder)."""
 
     def run(self, group: Group, steps: int) -> Measurement:
-        """``ladder_throughput`` (samples/s for the whole group, measured on node rank 0)."""
+        """``ladder_throughput`` (samples/s for the whole group, measured on node rank 0).
+
+        While it runs, the agent reads every GPU's utilisation through NVML every 0.2 s (from
+        0.2 s after the start) for ``gpu_utilisation``: a rung shorter than that gives no
+        utilisation (could_not_run), so a simulated runner keeps its GPUs busy that long.
+        """
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightRunners:
+    """The runners one agent carries checks out with.
+
+    A missing one makes its checks could_not_run on this node (no GPUs to measure, no HCAs).
+    """
+
+    pair: PairBandwidth | None = None
+    host: HostBandwidth | None = None
+    collective: Collective | None = None
+    ib: IbBandwidth | None = None
+    ladder: LadderStep | None = None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import structlog
 
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent
+from agent.preflight.runners import PreflightRunners
 from agent.sim.bmc import SimRedfishService
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import Fault, FaultKind, apply_fault
@@ -17,7 +18,7 @@ from agent.sources.bmc_redfish import RedfishBmc
 from agent.sources.sysfs_io import FdBudget
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from pathlib import Path
 
     from agent.agent import Agent
@@ -26,12 +27,19 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agent.sim")
 
 
-def sim_hardware(node: SimNode) -> Hardware:
+# What measures a simulated node's pre-flight checks (agent/sim/preflight.py builds the
+# simulator's; tests may pass fixed-value runners): the node's name and hardware in, runners out.
+RunnersFor: TypeAlias = "Callable[[str, SimNode], PreflightRunners]"
+
+
+def sim_hardware(node: SimNode, preflight: PreflightRunners | None = None) -> Hardware:
     """The sources of a simulated node, as the agent's composition root takes them.
 
-    The BMC is the agent's own Redfish reader over the simulated BMC's documents.
+    The BMC is the agent's own Redfish reader over the simulated BMC's documents; ``preflight``
+    measures its pre-flight checks (None: no runners, those checks could not run).
     """
     return Hardware(
+        preflight=preflight or PreflightRunners(),
         nvml=node.nvml,
         sysfs_root=node.sysfs.root,
         kmsg=node.kmsg,
@@ -60,6 +68,7 @@ class SimCluster:
         job_socket_dir: Path | None = None,
         state_dir: Path | None = None,
         nvml_call_timeout: float = 5.0,
+        preflight: RunnersFor | None = None,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
 
@@ -78,6 +87,7 @@ class SimCluster:
         self._ticker: asyncio.Task[None] | None = None
         # The agents share one process here: a small shared budget of kept-open sysfs files.
         self.fds = FdBudget(256)
+        self._preflight = preflight
         self.job_sockets: dict[str, Path] = {}
         for name in names:
             node = SimNode(name, root / name / "sys", clock)
@@ -102,7 +112,14 @@ class SimCluster:
             )
             self.nodes[name] = node
             self.configs[name] = cfg
-            self.agents[name] = build_agent(cfg, sim_hardware(node), clock, fd_budget=self.fds)
+            self.agents[name] = build_agent(
+                cfg, sim_hardware(node, self._runners(name)), clock, fd_budget=self.fds
+            )
+
+    def _runners(self, name: str) -> PreflightRunners | None:
+        if self._preflight is None:
+            return None
+        return self._preflight(name, self.nodes[name])
 
     def start(self) -> None:
         """Start every agent, and the clock that moves the simulated hardware's counters."""
@@ -138,7 +155,7 @@ class SimCluster:
         await self.crash(name)
         agent = build_agent(
             self.configs[name],
-            sim_hardware(self.nodes[name]),
+            sim_hardware(self.nodes[name], self._runners(name)),
             self._clock,
             fd_budget=self.fds,
         )

@@ -50,6 +50,10 @@ class SimGpu:
     processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
     resets: int = 0
     reset_fails: bool = False  # the driver cannot reset it (nvidia-smi answers an error)
+    ecc_mode: int = 1  # current ECC mode (1 enabled)
+    ecc_mode_pending: int = 1  # what it becomes after the next reset
+    persistence_mode: int = 1
+    vbios_version: str = "96.00.99.00.01"
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.sim.devices import SimGpu
 
 DRIVER_VERSION: Final = "570.133.20"
+CUDA_DRIVER_VERSION: Final = 12080  # what nvmlSystemGetCudaDriverVersion answers: CUDA 12.8
 NVML_VERSION: Final = "12.570.133.20"
 
 SUCCESS: Final = 0
@@ -157,6 +158,7 @@ class SimNvmlLibrary:
         self.gpus = gpus  # the node's, shared: faults change them in place
         self.driver_loaded = driver_loaded
         self.driver_version = DRIVER_VERSION  # a node may run another (the driver_version fault)
+        self.cuda_driver_version = CUDA_DRIVER_VERSION
         self._init_count = 0
         self._lock = threading.Lock()
         self.calls = 0
@@ -407,6 +409,24 @@ class SimNvmlLibrary:
         """Return the compute processes on the GPU."""
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [SimProcess(pid) for pid in gpu.processes]
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802 - pynvml's name
+        """Return the CUDA version the driver supports, as NVML encodes it (12080: 12.8)."""
+        self._ready()
+        return self.cuda_driver_version
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:  # noqa: ANN401, N802
+        """Return ``[current, pending]`` ECC modes, as pynvml does (1 enabled, 0 disabled)."""
+        gpu = self._gpu(handle, "nvmlDeviceGetEccMode")
+        return [gpu.ecc_mode, gpu.ecc_mode_pending]
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:  # noqa: ANN401, N802
+        """Return 1 when persistence mode is on."""
+        return self._value(handle, "nvmlDeviceGetPersistenceMode", lambda g: g.persistence_mode)
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:  # noqa: ANN401, N802
+        """Return the VBIOS version string."""
+        return self._gpu(handle, "nvmlDeviceGetVbiosVersion").vbios_version
 
     # ---- events ------------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ _AER = {
 GEN5 = "32.0 GT/s PCIe"
 H100_PCI_IDS = {"vendor": "0x10de", "device": "0x2330", "class": "0x030200"}
 PCIE_SWITCH_IDS = {"vendor": "0x1000", "device": "0xc030", "class": "0x060400"}
+CX7_PCI_IDS = {"vendor": "0x15b3", "device": "0x1021", "class": "0x020700"}
+SIM_HCA_FIRMWARE = "28.39.1002"  # a ConnectX-7 firmware version, as fw_ver prints it
 ROOT_PORT_IDS = {"vendor": "0x8086", "device": "0x352a", "class": "0x060400"}
 
 
@@ -94,6 +96,8 @@ class SimSysfsTree:
         loaded driver); later writes change only the counters they name.
         """
         base = self._port(device, port)
+        if not (base.parent.parent / "fw_ver").exists():  # a new HCA: its firmware and function
+            self.write_hca(device, fw_ver=SIM_HCA_FIRMWARE, pci_function=self._new_hca_function())
         if not (base / "counters").is_dir():
             (base / "counters").mkdir(parents=True)
             (base / "hw_counters").mkdir()
@@ -110,6 +114,25 @@ class SimSysfsTree:
             self._write(base / "counters" / name, str(value))
         for name, value in (hw_counters or {}).items():
             self._write(base / "hw_counters" / name, str(value))
+
+    def _new_hca_function(self) -> str:
+        """A PCI function for the next HCA, on a root bus of its own (domain 0001)."""
+        hcas = self.root / "class" / "infiniband"
+        count = sum(1 for _ in hcas.iterdir()) if hcas.is_dir() else 0
+        bus = 0x10 + count % 0xE0
+        bdf = f"0001:{bus:02x}:00.0"
+        self.write_pci_function(bdf, host_bridge=f"pci0001:{bus:02x}", attrs=CX7_PCI_IDS)
+        return bdf
+
+    def write_hca(self, device: str, *, fw_ver: str, pci_function: str | None = None) -> None:
+        """Write an HCA's ``fw_ver`` and, given its PCI function, its ``device`` link to it."""
+        base = self.root / "class" / "infiniband" / device
+        base.mkdir(parents=True, exist_ok=True)
+        self._write(base / "fw_ver", fw_ver)
+        link = base / "device"
+        if pci_function is not None and not link.is_symlink():
+            target = self._pci_link(normalize_bus_id(pci_function)).resolve(strict=True)
+            link.symlink_to(os.path.relpath(target, base))
 
     def add_ib_counters(
         self,

@@ -117,6 +117,21 @@ class GpuReading:
         return tuple(bool(link.up) for link in self.nvlinks)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What pre-flight's quick checks read of a GPU that polls do not. ``None``: unsupported."""
+
+    ecc_enabled: bool | None  # the current ECC mode (a pending change shows after a reset)
+    ecc_pending: bool | None
+    persistence_mode: bool | None
+    vbios_version: str | None
+
+
+def cuda_version_text(version: int) -> str:
+    """NVML's CUDA driver version (``12080``) as people write it (``12.8``)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 @dataclass(slots=True)
 class _Plan:
     """What one GPU supports, probed once."""
@@ -333,6 +348,42 @@ class NvmlSource:
             partial(self._lib.nvmlDeviceGetComputeRunningProcesses, handle),
         )
         return [int(p.pid) for p in processes]
+
+    def cuda_driver_version(self) -> int | None:
+        """The CUDA version the driver supports (``12080`` for 12.8); None when not known."""
+        return self.guard.run("nvmlSystemGetCudaDriverVersion", self._cuda_driver_version)
+
+    def _cuda_driver_version(self) -> int | None:
+        try:
+            return int(
+                self._call(
+                    "nvmlSystemGetCudaDriverVersion", self._lib.nvmlSystemGetCudaDriverVersion
+                ),
+            )
+        except NvmlError as exc:
+            if exc.code in _UNSUPPORTED:
+                return None
+            raise
+
+    def facts(self, gpu: GpuIdentity) -> GpuFacts:
+        """ECC mode, persistence mode and VBIOS of one GPU (GpuLostError when it is gone)."""
+        return self.guard.run(f"facts of GPU {gpu.index}", partial(self._facts, gpu))
+
+    def _facts(self, gpu: GpuIdentity) -> GpuFacts:
+        lib = self._lib
+        h = self._handle(gpu.index)
+        plan = _Plan()  # asked rarely: probe afresh, keeping the poll's plan as it is
+        ecc = self._optional(plan, "ecc_mode", partial(lib.nvmlDeviceGetEccMode, h))
+        persistence = self._optional(
+            plan, "persistence_mode", partial(lib.nvmlDeviceGetPersistenceMode, h)
+        )
+        vbios = self._optional(plan, "vbios", partial(lib.nvmlDeviceGetVbiosVersion, h))
+        return GpuFacts(
+            ecc_enabled=None if ecc is None else int(ecc[0]) == FEATURE_ENABLED,
+            ecc_pending=None if ecc is None else int(ecc[1]) == FEATURE_ENABLED,
+            persistence_mode=None if persistence is None else persistence == FEATURE_ENABLED,
+            vbios_version=None if vbios is None else str(vbios),
+        )
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
         """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""

@@ -118,6 +118,11 @@ class NvmlLibrary(Protocol):
         self,
         handle: Any,  # noqa: ANN401
     ) -> Sequence[ProcessInfo]: ...
+    # pre-flight's quick checks (agent/preflight/quick.py)
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...  # noqa: D102, N802
+    def nvmlDeviceGetEccMode(self, handle: Any) -> Sequence[int]: ...  # noqa: ANN401, D102, N802
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str: ...  # noqa: ANN401, D102, N802
     def nvmlEventSetCreate(self) -> Any: ...  # noqa: ANN401, D102, N802
     def nvmlEventSetFree(self, eventSet: Any) -> None: ...  # noqa: ANN401, D102, N802, N803
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...  # noqa: ANN401, D102, N802

@@ -204,6 +204,22 @@ class SysfsReader:
             link_downed=downed,
         )
 
+    def ib_port_rate(self, device: str, port: int) -> str:
+        """The port's ``rate`` file now (e.g. ``400 Gb/sec (4X NDR)``), cut to the wire's bound."""
+        return self._read(f"{self._ib}/{device}/ports/{port}/rate")[:MAX_TEXT]
+
+    def hca_firmware(self, device: str) -> str:
+        """The HCA's firmware version (its ``fw_ver`` file, e.g. ``28.39.1002``)."""
+        return self._read(f"{self._ib}/{device}/fw_ver")[:MAX_TEXT]
+
+    def hca_pci_function(self, device: str) -> str | None:
+        """The PCI function (``dddd:bb:dd.f``) behind the HCA's ``device`` link; None if none."""
+        try:
+            target = Path(f"{self._ib}/{device}/device").readlink()
+        except OSError:
+            return None
+        return target.name or None
+
     def ib_port_counters(self, device: str, port: int) -> IbPortCounters:
         """Read every file of the port's ``counters/`` and ``hw_counters/`` directories.
 

@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from collector.api import incidents as incidents_api
+from collector.api import preflight as preflight_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
     from collector.api.auth import ChangeGuard
     from collector.api.incidents import DrainKeeper, SilenceWriter
+    from collector.api.preflight import PreflightDesk
     from collector.export.exposition import NodeExposition
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
@@ -234,6 +236,7 @@ class ApiServer:
         local_names: Iterable[str] | None = None,
         limits: ConnectionLimits | None = None,
         nodes: NodeExposition | None = None,
+        preflight: PreflightDesk | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -252,6 +255,7 @@ class ApiServer:
         self._nodes = nodes
         self._silences = silences
         self._drains = drains
+        self._preflight = preflight  # pre-flight runs and checked releases (None: none)
         self._clock = clock
         self._hosts = HostNames.build(
             listen_host=host,
@@ -432,6 +436,8 @@ class ApiServer:
     def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
         if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
             return self._jobs_json(unquote(path.removeprefix("/api/v1/jobs").lstrip("/")))
+        if path == preflight_api.PREFIX or path.startswith(preflight_api.PREFIX + "/"):
+            return preflight_api.get(path, query, self._journal, self._preflight)
         return self._get_fleet_json(path, query)
 
     def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
@@ -490,6 +496,10 @@ class ApiServer:
             if not req.begin_answer():
                 return
             incidents_api.check_body(body, length)
+            if preflight_api.claims(req.command, path, body):
+                status, answer = preflight_api.change(path, body, self._preflight)
+                self._json(req, status, answer)
+                return
             status, answer = incidents_api.change(
                 req.command,
                 path,

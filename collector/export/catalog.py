@@ -1081,6 +1081,68 @@ _INGEST = _specs(
     ],
 )
 
+_PREFLIGHT = _specs(
+    "Pre-flight",
+    [
+        (
+            "fleetwatch_preflight_node_verdict",
+            "gauge",
+            "",
+            NODE,
+            (
+                "The node's verdict in the newest finished pre-flight run that qualified it: "
+                "0 pass, 1 warn, 2 fail, 3 could not run."
+            ),
+        ),
+        (
+            "fleetwatch_preflight_node_checked_timestamp_seconds",
+            "gauge",
+            "seconds",
+            NODE,
+            "Unix time that run finished.",
+        ),
+        (
+            "fleetwatch_preflight_runs_total",
+            "counter",
+            "",
+            ("verdict",),
+            "Pre-flight runs finished since the collector started, by the run's verdict.",
+        ),
+        (
+            "fleetwatch_preflight_runs_running",
+            "gauge",
+            "",
+            (),
+            "Pre-flight runs in progress.",
+        ),
+        (
+            "fleetwatch_preflight_latest_verdict",
+            "gauge",
+            "",
+            (),
+            "The newest finished run's verdict: 0 pass, 1 warn, 2 fail, 3 could not run.",
+        ),
+        (
+            "fleetwatch_preflight_latest_timestamp_seconds",
+            "gauge",
+            "seconds",
+            (),
+            "Unix time the newest run finished.",
+        ),
+        (
+            "fleetwatch_preflight_results_refused_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "Pre-flight results, or measurements in them, refused, by reason: "
+                "invalid_preflight_result, unknown_task, unknown_check, bad_component, "
+                "bad_value, bad_text."
+            ),
+        ),
+    ],
+)
+
 CATALOG: Final[tuple[MetricSpec, ...]] = (
     *_NODES,
     *_BMC,
@@ -1091,6 +1153,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     *_COLLECTOR,
     *_RELOADS,
     *_INGEST,
+    *_PREFLIGHT,
 )
 BY_NAME: Final[dict[str, MetricSpec]] = {spec.name: spec for spec in CATALOG}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -36,6 +37,7 @@ from fleetwatch.wire.settings import MAX_MESSAGE_BYTES
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import Inventory, SampleScreen, WireError, validate_hello
 from fleetwatch.wire.validate_jobs import validate_job_report
+from fleetwatch.wire.validate_preflight import ScreenedResult, screen_result
 
 if TYPE_CHECKING:
     from collector.ingest.throttle import Budget, IngestLimits, NodeIngest
@@ -179,6 +181,8 @@ class StreamSession:
         self._context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage] | None = None
         self._write_lock = asyncio.Lock()
         self._commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
+        self._preflight: dict[str, asyncio.Future[ScreenedResult]] = {}
+        self.peer_host = ""  # the agent's address as this end sees it (pre-flight rendezvous)
         self._ingest: NodeIngest | None = None
         self._events: StreamEvents | None = None
         self._last_report_ms = 0
@@ -202,9 +206,45 @@ class StreamSession:
         finally:
             self._commands.pop(command.command_id, None)
 
+    async def preflight(self, task: pb.PreflightTask, timeout_s: float) -> ScreenedResult:
+        """Send a pre-flight task and wait for its result (TimeoutError if none comes in time).
+
+        ConnectionError when the stream closes first. Only a result from this node's own
+        stream, naming a task sent on it, answers it.
+        """
+        waiter: asyncio.Future[ScreenedResult] = asyncio.get_running_loop().create_future()
+        self._preflight[task.task_id] = waiter
+        try:
+            await self._send(pb.CollectorMessage(preflight_task=task))
+            return await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            self._preflight.pop(task.task_id, None)
+
+    def _preflight_result(self, result: pb.PreflightResult) -> None:
+        """Screen a result; refused ones (and refused measurements) are counted by reason."""
+        stats = self._stats.preflight_refused
+        try:
+            screened = screen_result(result)
+        except WireError as exc:
+            stats[exc.reason] += 1
+            self._warnings.warn("preflight_result_refused", reason=exc.reason, error=str(exc))
+            return
+        for reason, count in screened.rejected.items():
+            stats[reason] += count
+            self._warnings.warn(
+                "preflight_measurement_refused", reason=reason, error=screened.examples[reason]
+            )
+        waiter = self._preflight.get(screened.task_id)
+        if waiter is None or waiter.done():
+            stats["unknown_task"] += 1
+            self._warnings.warn("preflight_result_refused", reason="unknown_task")
+            return
+        waiter.set_result(screened)
+
     async def run(self, context: grpc.aio.ServicerContext[bytes, pb.CollectorMessage]) -> None:
         """Serve the stream until the agent goes away or breaks the contract."""
         peer = context.peer()
+        self.peer_host = peer_host(peer)
         self._stats.streams_active += 1
         self._stats.streams_total += 1
         try:
@@ -228,6 +268,9 @@ class StreamSession:
             for waiter in self._commands.values():
                 if not waiter.done():
                     waiter.set_exception(ConnectionError("the agent's stream closed"))
+            for pending in self._preflight.values():
+                if not pending.done():
+                    pending.set_exception(ConnectionError("the agent's stream closed"))
             self._stats.streams_active -= 1
             if self._node and self._registry.release(self._node):
                 self._fleet.on_disconnect(self._node)
@@ -392,6 +435,8 @@ class StreamSession:
             self._stats.job_steps += len(message.job_report.steps)
             if self._jobs is not None:
                 self._jobs.ingest(self._node, message.job_report)
+        elif body == "preflight_result":
+            self._preflight_result(message.preflight_result)
         elif body == "command_result":
             result = message.command_result
             log.info("command_result", node=self._node, id=result.command_id, ok=result.ok)
@@ -446,6 +491,16 @@ class StreamSession:
 
     async def _ack(self, seq: int) -> None:
         await self._send(pb.CollectorMessage(ack=pb.Ack(boot_id=self._boot_id, seq=seq)))
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string (``ipv4:10.0.0.5:51234`` -> ``10.0.0.5``); "" if none."""
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return ""
 
 
 def check_identity(

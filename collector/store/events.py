@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.store.incidents import IncidentStore
+from collector.store.preflight import PreflightStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -161,6 +162,10 @@ class EventReader:
         """Run a read of the incident, action or silence tables."""
         return self._run(lambda db: fn(IncidentStore(db)))
 
+    def read_preflight(self, fn: Callable[[PreflightStore], T]) -> T:
+        """Run a read of the pre-flight tables."""
+        return self._run(lambda db: fn(PreflightStore(db)))
+
     def count(self) -> int:
         """How many events the journal holds."""
         return self._run(lambda db: int(db.rows("SELECT COUNT(*) FROM events")[0][0]))
@@ -181,6 +186,7 @@ class EventStore:
         self.collector = collector
         self.where = where
         self.incidents = IncidentStore(db)
+        self.preflight = PreflightStore(db)
 
     @property
     def shared(self) -> bool:

@@ -22,6 +22,7 @@ import structlog
 
 from collector.exceptions import JournalError
 from collector.store.events import EventReader, EventStore
+from collector.store.preflight import PG_SCHEMA as PREFLIGHT_PG
 from collector.store.sql import MIGRATION_LOCK, PgConn, Row, SqlConn
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.store.postgres")
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 CONNECT_TIMEOUT_S: Final = 10
 
 # Version N is reached by running MIGRATIONS[N - 1] on version N - 1.
@@ -118,6 +119,7 @@ CREATE TABLE fleet_state (
     value         BIGINT  NOT NULL
 );
 """,
+    PREFLIGHT_PG,  # 2: the pre-flight tables (collector/store/preflight.py)
 )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from collector.exceptions import JournalError
 from collector.store.events import EventReader, EventRow, EventStore, NodeRow
 from collector.store.incidents import SCHEMA_V2
+from collector.store.preflight import SQLITE_SCHEMA as PREFLIGHT_SQLITE
 from collector.store.sql import SqlConn, SqliteConn
 
 __all__ = ["EventRow", "JournalReader", "NodeRow", "SqliteStore"]
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 # 3: events_by_received (the rules' history is read back at start); 4: nodes.collector, and
-# the collectors and fleet_state tables (shared with the PostgreSQL schema's queries).
-SCHEMA_VERSION: Final = 4
+# the collectors and fleet_state tables (shared with the PostgreSQL schema's queries); 5: the
+# pre-flight tables (collector/store/preflight.py).
+SCHEMA_VERSION: Final = 5
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -105,12 +107,12 @@ class SqliteStore(EventStore):
             raise JournalError(msg)
         if version == SCHEMA_VERSION:
             return
-        # Versions 1 to 3 only created tables and indexes (IF NOT EXISTS: safe to replay);
-        # version 4 adds a column, which must happen once.
+        # Versions 1 to 3 and 5 only create tables and indexes (IF NOT EXISTS: safe to
+        # replay); version 4 adds a column, which must happen once.
         add_collector = version >= 1 and not _has_column(conn, "nodes", "collector")
         conn.executescript(
             f"BEGIN; {_SCHEMA} {SCHEMA_V2} "
-            f"{_V4_ADD_COLUMN if add_collector else ''} {_V4_TABLES} "
+            f"{_V4_ADD_COLUMN if add_collector else ''} {_V4_TABLES} {PREFLIGHT_SQLITE} "
             f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;",
         )
 

@@ -8,6 +8,7 @@ defined here; ``docs/preflight.md`` describes each check.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -142,3 +143,12 @@ class Measurement:
 EXIT_PASS: Final = 0
 EXIT_FAIL: Final = 1
 EXIT_COULD_NOT_RUN: Final = 2
+
+
+_RATE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+def parse_rate_gbps(text: str) -> float | None:
+    """An IB port's sysfs ``rate`` (``400 Gb/sec (4X NDR)``) in Gb/s; None when it names none."""
+    match = _RATE.match(text)
+    return float(match.group(1)) if match else None

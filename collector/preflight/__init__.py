@@ -1,0 +1,1 @@
+"""Pre-flight on the collector: plan, run over the agents, judge, localise, journal, hold."""

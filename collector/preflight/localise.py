@@ -1,0 +1,248 @@
+"""Localisation: narrow a failed result to the node, GPU, GPU pair, IB port or cable to blame.
+
+From the results the plan already gathered, no extra round where they suffice:
+
+* ``ib_write_bw`` (rails): the ring pairing gives every node two partners per rail. A pair that
+  fails where one end fails with every partner blames that end's port (``ib_port``); where both
+  ends pass with their other partners it blames the link between the two (``cable``: neither
+  node is held out, the cable is); where neither end has another partner (two nodes) it stays a
+  ``pair``. A port the quick check found below its rate explains its rail's failures.
+* GPU pairs (``p2p_bw``/``p2p_bidir_bw``) inside a node: a GPU in most of its failing pairs (and
+  at least two) is the ``gpu`` to blame (its NVLinks); otherwise each failing pair is a
+  ``gpu_pair`` (low peer-to-peer bandwidth with no NVLink down, say).
+* A failed multi-node all-reduce or ladder rung already explained by a node above names it; the
+  first ladder rung that fails names the nodes it added (``ladder_rung``); what is left is
+  ``unexplained`` and the orchestrator's bisection (:mod:`collector.preflight.orchestrator`)
+  halves the nodes until the slow half is one node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from fleetwatch.preflight.vocabulary import Check, Verdict, worst
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from collector.preflight.judge import Judged
+
+_RAIL: Final = re.compile(r"rail:(?P<rail>[^:]+):(?P<server>.+?)-(?P<client>[^-]+)$")
+_GPU_PAIR: Final = re.compile(r"gpu:(\d+)-gpu:(\d+)")
+_BAD: Final = frozenset({Verdict.FAIL})
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """What localisation blames, with the evidence; ``node`` "" when no one node is to blame."""
+
+    kind: str  # node, gpu, gpu_pair, ib_port, cable, pair, ladder_rung, unexplained
+    node: str
+    component: str
+    check: str
+    verdict: Verdict
+    reason: str
+    nodes: tuple[str, ...] = ()
+    evidence: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The journal's and the API's form."""
+        return {
+            "kind": self.kind,
+            "node": self.node,
+            "nodes": list(self.nodes or ((self.node,) if self.node else ())),
+            "component": self.component,
+            "check": self.check,
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+            "evidence": self.evidence[:16],
+        }
+
+
+def localise(judged: Sequence[Judged], nodes: Sequence[str]) -> list[Suspect]:
+    """Every suspect the results point at."""
+    found = _rails(judged) + _gpu_pairs(judged)
+    found += _groups(judged, nodes, {s.node for s in found if s.node})
+    return found
+
+
+def _shown(j: Judged) -> str:
+    value = "no value" if j.m.value is None else f"{j.m.value:.4g} {j.m.unit}".strip()
+    return f"{j.m.component} on {j.node}: {value} ({j.verdict})"
+
+
+def _rails(judged: Sequence[Judged]) -> list[Suspect]:  # noqa: C901 - one pass per kind of blame
+    # (rail, server, client) -> the worst verdict both ends reported, and the evidence
+    pairs: dict[tuple[str, str, str], list[Judged]] = defaultdict(list)
+    for j in judged:
+        if j.m.check == Check.IB_WRITE_BW:
+            match = _RAIL.fullmatch(j.m.component)
+            if match is not None:
+                pairs[match["rail"], match["server"], match["client"]].append(j)
+    low_ports = {
+        (j.node, j.m.component.removeprefix("ib:"))
+        for j in judged
+        if j.m.check == Check.IB_PORT and j.verdict in _BAD
+    }
+    bad_pair = {key: worst([j.verdict for j in js]) in _BAD for key, js in pairs.items()}
+    partners: dict[tuple[str, str], list[tuple[str, bool]]] = defaultdict(list)
+    for (rail, server, client), bad in bad_pair.items():
+        partners[server, rail].append((client, bad))
+        partners[client, rail].append((server, bad))
+
+    def bad_everywhere(node: str, rail: str) -> bool:
+        mine = partners[node, rail]
+        return len(mine) >= 2 and all(bad for _, bad in mine)  # noqa: PLR2004 - two partners
+
+    def alone(node: str, rail: str) -> bool:
+        return len(partners[node, rail]) < 2  # noqa: PLR2004
+
+    out: list[Suspect] = []
+    blamed: set[tuple[str, str]] = set()
+    for (rail, server, client), bad in sorted(bad_pair.items()):
+        if not bad:
+            continue
+        evidence = [_shown(j) for j in pairs[rail, server, client]]
+        ends = [n for n in (server, client) if (n, rail) in low_ports or bad_everywhere(n, rail)]
+        for node in ends:
+            if (node, rail) in blamed:
+                continue
+            blamed.add((node, rail))
+            others = [f"with {p}: {'low' if b else 'fine'}" for p, b in partners[node, rail]]
+            why = (
+                f"IB port {rail} of {node} is below its rate"
+                if (node, rail) in low_ports
+                else f"ib_write_bw on {rail} of {node} is low with every partner"
+            )
+            out.append(
+                Suspect(
+                    "ib_port", node, f"ib:{rail}", Check.IB_WRITE_BW.value, Verdict.FAIL, why,
+                    evidence=evidence + others,
+                ),
+            )  # fmt: skip
+        if ends:
+            continue
+        if alone(server, rail) or alone(client, rail):
+            why = (
+                f"ib_write_bw on {rail} between {server} and {client} is low; with no other "
+                "partner on this rail, the run cannot tell which end"
+            )
+            out.append(
+                Suspect(
+                    "pair", "", f"rail:{rail}:{server}-{client}", Check.IB_WRITE_BW.value,
+                    Verdict.FAIL, why, nodes=(server, client), evidence=evidence,
+                ),
+            )  # fmt: skip
+            continue
+        why = (
+            f"ib_write_bw on {rail} between {server} and {client} is low while both test fine "
+            "with other partners: the link between them (cable, transceiver or switch port)"
+        )
+        out.append(
+            Suspect(
+                "cable", "", f"rail:{rail}:{server}-{client}", Check.IB_WRITE_BW.value,
+                Verdict.FAIL, why, nodes=(server, client), evidence=evidence,
+            ),
+        )  # fmt: skip
+    return out
+
+
+def _gpu_pairs(judged: Sequence[Judged]) -> list[Suspect]:
+    bad: dict[str, dict[tuple[int, int], list[Judged]]] = defaultdict(lambda: defaultdict(list))
+    gpus: dict[str, set[int]] = defaultdict(set)
+    for j in judged:
+        if j.m.check not in (Check.P2P_BW, Check.P2P_BIDIR_BW):
+            continue
+        match = _GPU_PAIR.fullmatch(j.m.component)
+        if match is None:
+            continue
+        a, b = sorted((int(match[1]), int(match[2])))
+        gpus[j.node].update((a, b))
+        if j.verdict in _BAD:
+            bad[j.node][a, b].append(j)
+    out: list[Suspect] = []
+    for node, pairs in sorted(bad.items()):
+        count = len(gpus[node])
+        in_bad: dict[int, int] = defaultdict(int)
+        for a, b in pairs:
+            in_bad[a] += 1
+            in_bad[b] += 1
+        culprits = {g for g, k in in_bad.items() if k >= 2 and k * 2 > count - 1}  # noqa: PLR2004
+        for gpu in sorted(culprits):
+            evidence = [_shown(j) for (a, b), js in pairs.items() if gpu in (a, b) for j in js]
+            why = f"GPU {gpu} of {node} is low with {in_bad[gpu]} of its {count - 1} peers"
+            out.append(
+                Suspect(
+                    "gpu", node, f"gpu:{gpu}", Check.P2P_BW.value, Verdict.FAIL, why,
+                    evidence=evidence,
+                ),
+            )  # fmt: skip
+        for (a, b), js in sorted(pairs.items()):
+            if a in culprits or b in culprits:
+                continue
+            why = f"GPUs {a} and {b} of {node} are low together and fine with every other peer"
+            out.append(
+                Suspect(
+                    "gpu_pair", node, f"gpu:{a}-gpu:{b}", js[0].m.check.value, Verdict.FAIL, why,
+                    evidence=[_shown(j) for j in js],
+                ),
+            )  # fmt: skip
+    return out
+
+
+def _groups(judged: Sequence[Judged], nodes: Sequence[str], blamed: set[str]) -> list[Suspect]:
+    out: list[Suspect] = []
+    order = sorted(nodes)
+    failing_rungs = sorted(
+        int(j.m.component.split(":", 1)[1])
+        for j in judged
+        if j.m.check == Check.LADDER_EFFICIENCY and j.verdict in _BAD
+    )
+    node_fails = sorted(
+        {j.node for j in judged if not j.shared and j.verdict in _BAD} | blamed,
+    )
+    group_fails = [
+        j
+        for j in judged
+        if j.m.check in (Check.ALLREDUCE_MULTI, Check.LADDER_EFFICIENCY) and j.verdict in _BAD
+    ]
+    if not group_fails:
+        return out
+    if node_fails:
+        why = (
+            "the multi-node results are explained by the nodes that failed on their own: "
+            + ", ".join(node_fails)
+        )
+        out.append(
+            Suspect(
+                "explained", "", "nodes", group_fails[0].m.check.value, Verdict.FAIL, why,
+                nodes=tuple(node_fails), evidence=[_shown(j) for j in group_fails],
+            ),
+        )  # fmt: skip
+        return out
+    if failing_rungs:
+        k = failing_rungs[0]
+        previous = max((r for r in (2**i for i in range(32)) if r < k), default=1)
+        added = tuple(order[previous:k])
+        why = (
+            f"scaling first falls short going from {previous} to {k} nodes: the nodes added "
+            f"there ({', '.join(added)}) or the fabric between them"
+        )
+        out.append(
+            Suspect(
+                "ladder_rung", "", f"nodes:{k}", Check.LADDER_EFFICIENCY.value, Verdict.FAIL, why,
+                nodes=added, evidence=[_shown(j) for j in group_fails],
+            ),
+        )  # fmt: skip
+        return out
+    why = "a multi-node result failed and no node, GPU or rail failed on its own"
+    out.append(
+        Suspect(
+            "unexplained", "", "nodes", group_fails[0].m.check.value, Verdict.FAIL, why,
+            nodes=tuple(order), evidence=[_shown(j) for j in group_fails],
+        ),
+    )  # fmt: skip
+    return out

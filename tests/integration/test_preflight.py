@@ -1,0 +1,352 @@
+"""Pre-flight end to end: real agents on simulated nodes, real gRPC, SQLite and HTTP on loopback.
+
+The measured checks run on small fixed-value runners (hardware stand-ins implementing the runner
+interfaces); the quick checks read the simulated NVML and sysfs through the agent's own sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from agent.preflight.runners import Group, PreflightRunners, Rail
+from agent.sim.cluster import SimCluster
+from collector.main import CollectorService
+from collector.preflight.plan import PlanTimes
+from fleetwatch import cli_preflight
+from fleetwatch.clock import SystemClock
+from fleetwatch.preflight.vocabulary import Check, Measurement
+from fleetwatch.testing import wait_until
+from tests.integration.fleet_harness import actions, api, kinds
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+    from pathlib import Path
+
+    from agent.sim.hardware import SimNode
+    from collector.config import CollectorConfig
+    from fleetwatch.webhook_receiver import WebhookReceiver
+
+pytestmark = pytest.mark.integration
+
+NODES = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+
+
+@dataclass
+class Fixed:
+    """One node's hardware stand-in: fixed figures; ``hang`` blocks the pair test."""
+
+    p2p: float = 380.0
+    bidir: float = 745.0
+    host: float = 55.0
+    node_busbw: float = 480.0
+    multi_busbw: float = 370.0
+    ib: float = 395.0
+    per_node: float = 1000.0  # ladder samples/s per node (perfect scaling)
+    low_pairs: dict[tuple[int, int], float] = field(default_factory=dict)
+    hang: threading.Event | None = None
+
+    def measure_pairs(self, gpus: Sequence[int]) -> list[Measurement]:
+        out = []
+        for i in gpus:
+            for j in gpus:
+                if i != j:
+                    value = self.low_pairs.get((min(i, j), max(i, j)), self.p2p)
+                    out.append(Measurement(Check.P2P_BW, f"gpu:{i}-gpu:{j}", value, "GB/s"))
+                    if i < j:
+                        both = 2 * value if (i, j) in self.low_pairs else self.bidir
+                        out.append(
+                            Measurement(Check.P2P_BIDIR_BW, f"gpu:{i}-gpu:{j}", both, "GB/s")
+                        )
+        return out
+
+
+class Pair:
+    def __init__(self, f: Fixed) -> None:
+        self.f = f
+
+    def measure(self, gpus: Sequence[int], timeout_s: float) -> list[Measurement]:
+        if self.f.hang is not None:
+            self.f.hang.wait(timeout_s + 30)
+        return self.f.measure_pairs(gpus)
+
+
+class Host:
+    def __init__(self, f: Fixed) -> None:
+        self.f = f
+
+    def measure(self, gpus: Sequence[int], timeout_s: float) -> list[Measurement]:  # noqa: ARG002
+        return [
+            Measurement(check, f"gpu:{g}", self.f.host, "GB/s")
+            for g in gpus
+            for check in (Check.H2D_BW, Check.D2H_BW)
+        ]
+
+
+class Coll:
+    def __init__(self, f: Fixed) -> None:
+        self.f = f
+
+    def all_reduce(self, group: Group) -> Measurement:
+        if len(group.nodes) == 1:
+            return Measurement(Check.ALLREDUCE_NODE, "node", self.f.node_busbw, "GB/s")
+        comp = f"nodes:{len(group.nodes)}"
+        return Measurement(Check.ALLREDUCE_MULTI, comp, self.f.multi_busbw, "GB/s")
+
+
+class Ib:
+    def __init__(self, f: Fixed) -> None:
+        self.f = f
+
+    def serve(self, rail: Rail, tcp_port: int, timeout_s: float) -> Measurement:  # noqa: ARG002
+        return Measurement(Check.IB_WRITE_BW, f"ib:{rail.device}/{rail.port}", self.f.ib, "Gb/s")
+
+    def connect(
+        self,
+        rail: Rail,
+        server_addr: str,  # noqa: ARG002
+        tcp_port: int,  # noqa: ARG002
+        timeout_s: float,  # noqa: ARG002
+    ) -> Measurement:
+        return Measurement(Check.IB_WRITE_BW, f"ib:{rail.device}/{rail.port}", self.f.ib, "Gb/s")
+
+
+class Ladder:
+    """A training step keeps the node's (simulated) GPUs busy while it runs."""
+
+    def __init__(self, f: Fixed, node: SimNode) -> None:
+        self.f = f
+        self.node = node
+
+    def run(self, group: Group, steps: int) -> Measurement:  # noqa: ARG002
+        for gpu in self.node.gpus:
+            gpu.util_gpu = 96
+        time.sleep(1.5)  # the executor reads utilisation every second while a rung runs
+        for gpu in self.node.gpus:
+            gpu.util_gpu = 0
+        thr = self.f.per_node * len(group.nodes)
+        return Measurement(Check.LADDER_THROUGHPUT, f"nodes:{len(group.nodes)}", thr, "samples/s")
+
+
+def runners_of(figures: dict[str, Fixed]) -> Callable[[str, SimNode], PreflightRunners]:
+    def make(name: str, node: SimNode) -> PreflightRunners:
+        f = figures.setdefault(name, Fixed())
+        return PreflightRunners(
+            pair=Pair(f), host=Host(f), collective=Coll(f), ib=Ib(f), ladder=Ladder(f, node)
+        )
+
+    return make
+
+
+@dataclass
+class Bed:
+    service: CollectorService
+    cluster: SimCluster
+    figures: dict[str, Fixed]
+    receiver: WebhookReceiver
+
+
+@pytest.fixture
+async def bed(
+    collector_config: Callable[..., CollectorConfig], receiver: WebhookReceiver, tmp_path: Path
+) -> AsyncIterator[Bed]:
+    config = collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1)
+    service = CollectorService(config, SystemClock())
+    service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=20, ib_s=20, ladder_s=20)
+    service.preflight.answer_margin_s = 3.0
+    await service.start()
+    figures: dict[str, Fixed] = {}
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.1,
+        heartbeat_interval=0.3,
+        preflight=runners_of(figures),
+    )
+    cluster.start()
+    try:
+        await wait_until(
+            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+            what="agents connected",
+        )
+        yield Bed(service, cluster, figures, receiver)
+    finally:
+        for f in figures.values():
+            if f.hang is not None:
+                f.hang.set()
+        await cluster.stop()
+        await service.stop(grace=0)
+
+
+def cli(bed: Bed, *argv: str) -> tuple[int, str]:
+    """``fleetwatch preflight ...`` in-process against the collector's real HTTP API."""
+    out = io.StringIO()
+    api_url = f"http://127.0.0.1:{bed.service.http_port}"
+    args = cli_preflight_args(api_url, argv)
+    code = cli_preflight.run_command(args, lambda: None, out)
+    return code, out.getvalue()
+
+
+def cli_preflight_args(api_url: str, argv: Sequence[str]) -> Any:
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli_preflight.add_parser(sub, api_url)
+    return parser.parse_args(["preflight", *argv])
+
+
+async def run_cli(bed: Bed, *argv: str) -> tuple[int, str]:
+    return await asyncio.to_thread(cli, bed, *argv)
+
+
+class TestQuickAndStandard:
+    async def test_a_healthy_fleet_passes_and_lands_in_journal_and_api(self, bed: Bed):
+        """quick then standard over the API and the CLI: exit 0, every node pass, the judged
+        results journaled (quick checks read from the simulated NVML and sysfs), and the API's
+        run shows each node's checks."""
+        code, text = await run_cli(bed, "run", "--level", "quick", "--nodes", "gpu-[01-04]")
+        assert code == 0, text
+        assert "PASS" in text
+        code, text = await run_cli(bed, "run", "--level", "standard")
+        assert code == 0, text
+        status, listing = await asyncio.to_thread(api, bed.service, "GET", "/api/v1/preflight")
+        assert status == 200
+        runs = listing["runs"]
+        assert [r["level"] for r in runs] == ["standard", "quick"]
+        assert all(r["verdict"] == "pass" for r in runs)
+        status, detail = await asyncio.to_thread(
+            api, bed.service, "GET", f"/api/v1/preflight/{runs[0]['id']}"
+        )
+        assert status == 200
+        assert set(detail["nodes"]) == set(NODES)
+        checks = detail["nodes"]["gpu-02"]["checks"]
+        assert checks["nvlink_up"] == "pass"
+        assert checks["ib_port"] == "pass"
+        assert checks["nic_firmware"] == "pass"
+        assert checks["p2p_bw"] == "pass"
+        assert checks["allreduce_node"] == "pass"
+        rows = await bed.service.journal.do(lambda s: s.preflight.results(runs[0]["id"]))
+        ecc = [r for r in rows if r.check == "ecc_mode" and r.node == "gpu-03"]
+        assert len(ecc) == 8
+        assert {r.value for r in ecc} == {1.0}
+        assert all(r.gate for r in ecc)
+        assert bed.receiver.deliveries() == []  # nothing held out
+
+    async def test_dry_run_prints_the_plan_and_runs_nothing(self, bed: Bed):
+        code, text = await run_cli(bed, "run", "--level", "full", "--dry-run")
+        assert code == 0, text
+        assert "ib_write_bw mlx5_0/1 server with" in text
+        assert "ladder on 4 nodes" in text
+        runs = await bed.service.journal.do(lambda s: s.preflight.runs())
+        assert runs == []
+
+
+class TestFailures:
+    async def test_a_failing_node_exits_1_and_is_drained_naming_the_check(self, bed: Bed):
+        """ECC off on one GPU of gpu-02: the run fails (exit 1), gpu-02 alone fails, and it is
+        drained through the ordinary drain action with the check in the reason."""
+        bed.cluster.nodes["gpu-02"].gpus[5].ecc_mode = 0
+        code, text = await run_cli(bed, "run", "--level", "quick")
+        assert code == 1, text
+        assert "ecc_mode gpu:5" in text
+        await wait_until(
+            lambda: ("drain_request", "gpu-02") in kinds(bed.receiver), what="drain request"
+        )
+        drains = [d for d in bed.receiver.deliveries() if d.body["kind"] == "drain_request"]
+        assert len(drains) == 1
+        assert "preflight_ecc_mode" in drains[0].body["payload"]["reason"]
+        assert set(bed.service.dispatcher.drained) == {"gpu-02"}
+        # show reads the journal and exits by the verdict too
+        code, text = await run_cli(bed, "show")
+        assert code == 1
+        assert "gpu-02" in text
+
+    async def test_release_can_require_a_passing_quick_run(self, bed: Bed):
+        bed.cluster.nodes["gpu-04"].gpus[0].persistence_mode = 0
+        code, _ = await run_cli(bed, "run", "--level", "quick", "--nodes", "gpu-04")
+        assert code == 1
+        await wait_until(lambda: "gpu-04" in bed.service.dispatcher.drained, what="drained")
+        body = {"reason": "fixed", "require_preflight": True}
+        path = "/api/v1/drains/gpu-04/release"
+        status, answer = await asyncio.to_thread(api, bed.service, "POST", path, body)
+        assert status == 409
+        assert "has not passed" in answer["error"]
+        bed.cluster.nodes["gpu-04"].gpus[0].persistence_mode = 1
+        code, _ = await run_cli(bed, "run", "--level", "quick", "--nodes", "gpu-04")
+        assert code == 0
+        status, answer = await asyncio.to_thread(api, bed.service, "POST", path, body)
+        assert status == 200, answer
+        assert "gpu-04" not in bed.service.dispatcher.drained
+
+    async def test_a_node_that_is_not_connected_could_not_run(self, bed: Bed):
+        """An agent gone: its checks could not run, naming the node; exit 2, never a pass."""
+        await bed.cluster.crash("gpu-03")
+        await wait_until(
+            lambda: bed.service.grpc.registry.session("gpu-03") is None, what="stream gone"
+        )
+        code, text = await run_cli(bed, "run", "--level", "quick")
+        assert code == 2, text
+        assert "node gpu-03 is not connected" in text
+        run = (await bed.service.journal.do(lambda s: s.preflight.runs()))[0]
+        assert run.verdict == "could_not_run"
+        assert run.node_verdicts is not None
+        assert run.node_verdicts["gpu-03"] == "could_not_run"
+        assert run.node_verdicts["gpu-01"] == "pass"
+
+    async def test_a_node_that_never_answers_could_not_run(self, bed: Bed):
+        """A tool that hangs past the round's time: the node is could_not_run, the rest pass."""
+        bed.figures["gpu-01"].hang = threading.Event()
+        bed.service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=2)
+        bed.service.preflight.answer_margin_s = 1.0
+        code, text = await run_cli(bed, "run", "--level", "standard")
+        assert code == 2, text
+        run = (await bed.service.journal.do(lambda s: s.preflight.runs()))[0]
+        assert run.node_verdicts is not None
+        assert run.node_verdicts["gpu-01"] == "could_not_run"
+        assert run.node_verdicts["gpu-02"] == "pass"
+        rows = await bed.service.journal.do(lambda s: s.preflight.results(run.id))
+        errors = {r.error for r in rows if r.node == "gpu-01" and r.check == "p2p_bw"}
+        assert any("gpu-01" in e for e in errors), errors
+
+    async def test_a_node_running_a_job_refuses(self, bed: Bed):
+        """Compute processes on a GPU: the agent refuses the task; could_not_run, exit 2."""
+        bed.cluster.nodes["gpu-04"].gpus[2].processes = [4242]
+        code, text = await run_cli(bed, "run", "--level", "quick")
+        assert code == 2, text
+        assert "a job is running here" in text
+        assert bed.cluster.agents["gpu-04"].link._preflight is not None
+        assert bed.cluster.agents["gpu-04"].link._preflight.refused["job_running"] == 1
+
+    async def test_a_low_gpu_pair_is_localised_to_the_pair(self, bed: Bed):
+        bed.figures["gpu-02"] = bed.figures.get("gpu-02", Fixed())
+        bed.figures["gpu-02"].low_pairs[3, 6] = 120.0
+        code, _ = await run_cli(bed, "run", "--level", "standard")
+        assert code == 1
+        run = (await bed.service.journal.do(lambda s: s.preflight.runs()))[0]
+        blamed = [(s["kind"], s["node"], s["component"]) for s in run.suspects or []]
+        assert ("gpu_pair", "gpu-02", "gpu:3-gpu:6") in blamed
+        assert run.node_verdicts is not None
+        assert [n for n, v in run.node_verdicts.items() if v == "fail"] == ["gpu-02"]
+
+
+class TestFull:
+    async def test_full_runs_ib_pairs_collective_and_ladder(self, bed: Bed):
+        code, text = await run_cli(bed, "run", "--level", "full")
+        assert code == 0, text
+        run = (await bed.service.journal.do(lambda s: s.preflight.runs()))[0]
+        rows = await bed.service.journal.do(lambda s: s.preflight.results(run.id))
+        rails = {r.component for r in rows if r.check == "ib_write_bw"}
+        # 4 nodes in a ring: 4 pairs, 8 rails each
+        assert len(rails) == 4 * 8
+        eff = sorted((r.component, r.value) for r in rows if r.check == "ladder_efficiency")
+        assert eff == [("nodes:2", 1.0), ("nodes:4", 1.0)]
+        assert any(r.check == "allreduce_multi" and r.verdict == "pass" for r in rows)
