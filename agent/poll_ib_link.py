@@ -144,9 +144,12 @@ class IbLinkPoller:
         Run after the port states are in ``result`` (only active ports are judged).
         """
         rates: dict[tuple[str, int], IbRate] = {}
+        layers: dict[tuple[str, int], str] = {}
         for port in ports:
             try:
-                rates[port.device, port.port] = self._reader.rate(port.device, port.port)
+                link = self._reader.link(port.device, port.port)
+                rates[port.device, port.port] = link.rate
+                layers[port.device, port.port] = link.link_layer or port.link_layer
             except SourceError as exc:
                 errors["sysfs"] += 1
                 log.warning(
@@ -157,18 +160,20 @@ class IbLinkPoller:
             for p in ports
             if result.samples.get((Target.ib_port(p.device, p.port), "ib_state")) == ACTIVE
         }
-        self._rates(ports, rates, active, result, now_ms)
+        self._rates(ports, rates, layers, active, result, now_ms)
         for port in ports:
-            if port.link_layer == ETHERNET and (port.device, port.port) in active:
+            key = (port.device, port.port)
+            if layers.get(key) == ETHERNET and key in active:
                 self._gids(port, result, now_ms, errors)
         if self._pci is not None:
             self._nic_pcie(self._pci, ports, result, now_ms, errors)
             self._nvswitch_pcie(self._pci, result, now_ms, errors)
 
-    def _rates(
+    def _rates(  # noqa: PLR0913, PLR0917 - one poll's readings of every port
         self,
         ports: tuple[IbPortInfo, ...],
         rates: dict[tuple[str, int], IbRate],
+        layers: dict[tuple[str, int], str],
         active: set[tuple[str, int]],
         result: PollResult,
         now_ms: int,
@@ -183,7 +188,7 @@ class IbLinkPoller:
             best = self._best.get(key)
             if best is None or rate.gbps > best.gbps:
                 self._best[key] = seen
-            group = (port.link_layer, self._reader.hca_kind(port.device))
+            group = (layers[key], self._reader.hca_kind(port.device))
             top = peers.get(group)
             if top is None or rate.gbps > top.gbps:
                 peers[group] = seen
@@ -200,7 +205,7 @@ class IbLinkPoller:
                 result.samples[target, "ib_rate_low"] = 0
                 self._low[key] = False
                 continue
-            group = (port.link_layer, self._reader.hca_kind(port.device))
+            group = (layers[key], self._reader.hca_kind(port.device))
             expected = max(self._best[key], peers[group], key=lambda e: e.gbps)
             low = rate.gbps < expected.gbps - _EPSILON
             result.samples[target, "ib_rate_expected_gbps"] = expected.gbps

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from agent.sim import host_faults
 from agent.sim.bmc import FANS as SIM_FANS
 from agent.sim.bmc import PSUS as SIM_PSUS
 from fleetwatch.config_file import read_data_file, short_repr
@@ -76,6 +77,15 @@ class FaultKind(StrEnum):
     IB_RATE_LOW = "ib_rate_low"
     BAD_CABLE = "bad_cable"
     DRIVER_VERSION = "driver_version"
+    # The kernel's other hardware lines, a NIC's PCIe link, a RoCE port's GIDs (host_faults.py).
+    MCE = "mce"
+    FS_ERROR = "fs_error"
+    FS_READ_ONLY = "fs_read_only"
+    SXID = "sxid"
+    SXID_FATAL = "sxid_fatal"
+    AER_UNRECOVERED = "aer_unrecovered"
+    NIC_PCIE_DOWNGRADE = "nic_pcie_downgrade"
+    ROCE_GID_MISSING = "roce_gid_missing"
     # The node's BMC (agent/sim/bmc.py): what its Redfish service and SEL then say.
     FAN_FAILURE = "fan_failure"
     PSU_FAILURE = "psu_failure"
@@ -113,6 +123,14 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.IB_RATE_LOW: {"port": int, "rate": int},
     FaultKind.BAD_CABLE: {"peer": str, "port": int, "factor": float},
     FaultKind.DRIVER_VERSION: {"version": str},
+    FaultKind.MCE: {"cpu": int},
+    FaultKind.FS_ERROR: {"device": str},
+    FaultKind.FS_READ_ONLY: {"device": str},
+    FaultKind.SXID: {"switch": int, "sxid": int},
+    FaultKind.SXID_FATAL: {"switch": int, "sxid": int},
+    FaultKind.AER_UNRECOVERED: {"gpu": int},
+    FaultKind.NIC_PCIE_DOWNGRADE: {"port": int, "gen": int, "width": int},
+    FaultKind.ROCE_GID_MISSING: {"port": int},
     FaultKind.FAN_FAILURE: {"fan": int},
     FaultKind.PSU_FAILURE: {"psu": int},
     FaultKind.PSU_REDUNDANCY_LOST: {},
@@ -171,6 +189,16 @@ class Fault:
                 f" ({p['factor']:g} of the bandwidth)"
             ),
             FaultKind.DRIVER_VERSION: lambda: f"runs driver {p['version']}",
+            FaultKind.MCE: lambda: f"CPU {p['cpu']} logs a machine check",
+            FaultKind.FS_ERROR: lambda: f"ext4 errors on {p['device']}",
+            FaultKind.FS_READ_ONLY: lambda: f"{p['device']} remounted read-only after errors",
+            FaultKind.SXID: lambda: f"NVSwitch {p['switch']} logs non-fatal SXid {p['sxid']}",
+            FaultKind.SXID_FATAL: lambda: f"NVSwitch {p['switch']} logs fatal SXid {p['sxid']}",
+            FaultKind.AER_UNRECOVERED: lambda: f"GPU {p['gpu']} PCIe error recovery fails",
+            FaultKind.NIC_PCIE_DOWNGRADE: lambda: (
+                f"NIC of mlx5_{p['port']} PCIe link at Gen{p['gen']} x{p['width']}"
+            ),
+            FaultKind.ROCE_GID_MISSING: lambda: f"RoCE port mlx5_{p['port']}/1 has no RoCE v2 GID",
             FaultKind.FAN_FAILURE: lambda: f"BMC: fan {p['fan']} stops",
             FaultKind.PSU_FAILURE: lambda: f"BMC: power supply {p['psu']} fails",
             FaultKind.PSU_REDUNDANCY_LOST: lambda: (
@@ -423,6 +451,16 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.IB_RATE_LOW: lambda n, p: n.ib_rate(p["port"], p["rate"]),
     FaultKind.BAD_CABLE: lambda n, p: n.bad_cable(p["peer"], p["port"], p["factor"]),
     FaultKind.DRIVER_VERSION: lambda n, p: n.driver_version(p["version"]),
+    FaultKind.MCE: lambda n, p: host_faults.machine_check(n, p["cpu"]),
+    FaultKind.FS_ERROR: lambda n, p: host_faults.fs_error(n, p["device"], read_only=False),
+    FaultKind.FS_READ_ONLY: lambda n, p: host_faults.fs_error(n, p["device"], read_only=True),
+    FaultKind.SXID: lambda n, p: host_faults.sxid(n, p["switch"], p["sxid"], fatal=False),
+    FaultKind.SXID_FATAL: lambda n, p: host_faults.sxid(n, p["switch"], p["sxid"], fatal=True),
+    FaultKind.AER_UNRECOVERED: lambda n, p: host_faults.aer_unrecovered(n, p["gpu"]),
+    FaultKind.NIC_PCIE_DOWNGRADE: lambda n, p: host_faults.nic_pcie_downgrade(
+        n, p["port"], gen=p["gen"], width=p["width"]
+    ),
+    FaultKind.ROCE_GID_MISSING: lambda n, p: host_faults.roce_gid_missing(n, p["port"]),
     FaultKind.FAN_FAILURE: lambda n, p: n.bmc.fail_fan(p["fan"]),
     FaultKind.PSU_FAILURE: lambda n, p: n.bmc.fail_psu(p["psu"]),
     FaultKind.PSU_REDUNDANCY_LOST: lambda n, _: n.bmc.lose_feed(),

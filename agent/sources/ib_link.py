@@ -24,10 +24,10 @@ from typing import Final
 
 from agent.exceptions import SourceError
 from agent.pci import normalize_bus_id
-from agent.sources.sysfs_io import list_dir, read_files, read_text
+from agent.sources.sysfs_io import list_dir, read_files
 from fleetwatch.wire.validate import MAX_TEXT
 
-__all__ = ["IbLinkReader", "IbRate", "RoceGids", "parse_ib_rate"]
+__all__ = ["IbLinkReader", "IbRate", "PortLink", "RoceGids", "parse_ib_rate"]
 
 _RATE: Final = re.compile(
     r"(?P<gbps>\d{1,6}(?:\.\d{1,3})?) Gb/sec(?: \((?P<width>\d{1,2})X ?(?P<speed>[A-Z0-9]*)\))?"
@@ -64,6 +64,14 @@ def parse_ib_rate(text: str) -> IbRate:
 
 
 @dataclass(frozen=True, slots=True)
+class PortLink:
+    """How a port runs now: its rate and its link layer (``InfiniBand`` or ``Ethernet``)."""
+
+    rate: IbRate
+    link_layer: str
+
+
+@dataclass(frozen=True, slots=True)
 class RoceGids:
     """The port's GID table: entries with an address, and of them the RoCE v2 ones."""
 
@@ -81,23 +89,30 @@ class IbLinkReader:
         self.root = root
         self._ib = root / "class" / "infiniband"
         self._kinds: dict[str, str] = {}
-        self._functions: dict[str, str | None] = {}
+        self._functions: dict[str, str] = {}
 
-    def rate(self, device: str, port: int) -> IbRate:
-        """The port's current rate.
+    def link(self, device: str, port: int) -> PortLink:
+        """The port's current rate and link layer (``InfiniBand`` or ``Ethernet``).
+
+        Both are read each time: a port's link type follows its HCA's configuration, which can
+        change without the agent restarting.
 
         Raises:
-            SourceError: the file cannot be read or holds no rate.
+            SourceError: the rate cannot be read or is no rate.
         """
-        path = f"{self._ib}/{device}/ports/{port}/rate"
+        base = f"{self._ib}/{device}/ports/{port}"
+        batch = read_files(base, ("rate", "link_layer"))
+        raw = batch.data.get("rate")
+        if raw is None:
+            msg = f"cannot read {base}/rate"
+            raise SourceError("sysfs", msg)
         try:
-            return parse_ib_rate(read_text(path))
-        except OSError as exc:
-            msg = f"cannot read {path}: {exc.strerror or exc}"
-            raise SourceError("sysfs", msg) from exc
+            rate = parse_ib_rate(raw.decode("ascii", "replace"))
         except ValueError as exc:
-            msg = f"{path}: {exc}"
+            msg = f"{base}/rate: {exc}"
             raise SourceError("sysfs", msg) from exc
+        layer = batch.data.get("link_layer", b"").decode("ascii", "replace").strip()
+        return PortLink(rate, layer[:MAX_TEXT])
 
     def hca_kind(self, device: str) -> str:
         """``hca_type/board_id`` of the HCA ("" for what is absent): ports of one kind of card."""
@@ -114,13 +129,14 @@ class IbLinkReader:
 
     def hca_function(self, device: str) -> str | None:
         """The PCI function (``dddd:bb:dd.f``) behind the HCA; None when it has none."""
-        if device not in self._functions:
+        found = self._functions.get(device)
+        if found is None:  # not kept while absent: a function can appear later
             try:
                 name = (self._ib / device / "device").readlink().name
-                self._functions[device] = normalize_bus_id(name)
+                found = self._functions[device] = normalize_bus_id(name)
             except (OSError, ValueError):
-                self._functions[device] = None
-        return self._functions[device]
+                return None
+        return found
 
     def roce_gids(self, device: str, port: int) -> RoceGids:
         """Count the port's GID entries with an address, and the RoCE v2 ones among them.

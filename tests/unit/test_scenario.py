@@ -127,6 +127,10 @@ def example_params(kind: FaultKind) -> dict[str, Any]:
         "factor": 1.3,
         "rate": 200,
         "version": "535.183.01",
+        "cpu": 12,
+        "device": "nvme0n1p2",
+        "switch": 2,
+        "sxid": 20034,
     }
     if kind in (FaultKind.P2P_LOW, FaultKind.BAD_CABLE):
         values["factor"] = 0.5
@@ -160,9 +164,19 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.SLOW_GPU: [],
     # No error counter shows these: no events, no samples move (pre-flight measures them).
     FaultKind.P2P_LOW: [],
-    FaultKind.IB_RATE_LOW: [],
     FaultKind.BAD_CABLE: [],
     FaultKind.DRIVER_VERSION: [],
+    # Read every counter interval: a port below its rate, a NIC's PCIe link, RoCE GIDs.
+    FaultKind.IB_RATE_LOW: [(EventKind.IB_RATE_LOW, 0)],
+    FaultKind.NIC_PCIE_DOWNGRADE: [(EventKind.PCIE_LINK_DEGRADED, 0)],
+    FaultKind.ROCE_GID_MISSING: [(EventKind.ROCE_GID_MISSING, 0)],
+    # The kernel's other hardware lines (the SXid carries its number in xid).
+    FaultKind.MCE: [(EventKind.MACHINE_CHECK, 0)],
+    FaultKind.FS_ERROR: [(EventKind.FS_ERROR, 0)],
+    FaultKind.FS_READ_ONLY: [(EventKind.FS_ERROR, 0), (EventKind.FS_READ_ONLY, 0)],
+    FaultKind.SXID: [(EventKind.SXID, 20034)],
+    FaultKind.SXID_FATAL: [(EventKind.SXID_FATAL, 20034)],
+    FaultKind.AER_UNRECOVERED: [(EventKind.PCIE_AER, 0), (EventKind.PCIE_AER_UNRECOVERED, 0)],
 }
 
 # The sample each fault must move (GPU 2, its link 5, or port mlx5_1), and to what.
@@ -178,6 +192,10 @@ EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
     FaultKind.GPU_LOST: ("gpu", "gpu_present", 0),
     FaultKind.NVML_HANG: ("node", "agent_nvml_hung", 1),
     FaultKind.NVML_HANG_CLEAR: ("node", "agent_nvml_hung", 0),
+    FaultKind.IB_RATE_LOW: ("port", "ib_rate_low", 1),
+    FaultKind.NIC_PCIE_DOWNGRADE: ("port", "nic_pcie_link_degraded", 1),
+    FaultKind.ROCE_GID_MISSING: ("port", "roce_gid_missing", 1),
+    FaultKind.AER_UNRECOVERED: ("gpu", "aer_nonfatal_total", 1),
 }
 
 # What the inventory (the Hello) of an agent started after the fault says.
