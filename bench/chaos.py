@@ -17,15 +17,23 @@ What runs, all on loopback and all real but the hardware:
 * a relay between every agent and the collector (``bench/helpers/chaos_net.py``) that can cut
   nodes off.
 
-For ``--duration`` seconds (per seed) this process appends Xid lines to the nodes' kernel logs, each with a
-unique marker, at ``--rate`` a second (application Xids, which the built-in rules answer with a
-notification per GPU incident; and one Xid 61 per node at a random moment, which the rules answer
-with a drain and a notification). Meanwhile it kills the collector with SIGKILL
+With ``--journal postgres`` the journal is one PostgreSQL database on a server of its own
+(``bench/helpers/chaos_journal.py``, durable), shared by ``--collectors`` collector processes
+(2); each node streams to one of them. The database server is itself taken down during the run,
+``--db-kills`` times with SIGKILL and ``--db-restarts`` times with a clean stop, and started
+again on the same data a few seconds later. A collector that ends on its own (one started while
+the database is down cannot open its journal) is started again a second later, as systemd would,
+and counted (``collector_exits``).
+
+For ``--duration`` seconds (per seed) this process appends Xid lines to the nodes' kernel logs,
+each with a unique marker, at ``--rate`` a second (application Xids, which the built-in rules
+answer with a notification per GPU incident; and one Xid 61 per node at a random moment, which
+the rules answer with a drain and a notification). Meanwhile it kills a collector with SIGKILL
 ``--collector-kills`` times and starts it again, kills an agent with SIGKILL ``--agent-kills``
 times and starts it again on the same spool (the same boot), and cuts groups of nodes off for a
 few seconds ``--partitions`` times. Then it lets everything run undisturbed until every marker is
-in the journal or nothing has come in for ``--settle`` seconds, stops the collector and reads its
-journal file.
+in the journal or nothing has come in for ``--settle`` seconds, stops the collectors and reads
+the journal.
 
 Figures: ``events_lost`` (markers injected but not journaled) and ``events_duplicated`` (journal
 rows beyond one per marker); ``actions_duplicated``: actions carried out twice for one fault,
@@ -46,7 +54,6 @@ import re
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -55,7 +62,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.sim.devices import H100_BUSES, SimGpu
 from agent.sim.kmsg_file import KmsgFileWriter
@@ -64,7 +71,11 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers.actions import webhook_actions_toml
+from helpers.chaos_journal import ChaosJournal, PostgresJournal, SqliteJournal
 from helpers.chaos_net import PartitionRelay
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +90,8 @@ MARKER: Final = re.compile(r"chaos-event-(\d+)")
 NETWORK_RULES: Final = frozenset({"node_unreachable"})
 PR_SET_PDEATHSIG: Final = 1
 DEFAULT_SEEDS: Final = [7, 8, 9]
+SHARED_SEED_OFFSET: Final = 1_000_003
+DB_DOWN_S: Final = (0.5, 4.0)  # how long the database stays down each time
 # A seed fails when any of these is not 0.
 BAD_KEYS: Final = ("events_lost", "events_duplicated", "actions_duplicated", "actions_missing")
 # Summed over the seeds in the last line.
@@ -172,17 +185,18 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
 
-def write_collector_config(workdir: Path, receiver_url: str, port: int, nodes: int) -> Path:
+def write_collector_config(  # noqa: PLR0913 - one collector's whole config
+    workdir: Path, name: str, receiver_url: str, *, port: int, nodes: int, journal: ChaosJournal
+) -> Path:
     secret_file = workdir / "webhook.secret"
     secret_file.write_bytes(SECRET + b"\n")
-    path = workdir / "collector.toml"
+    path = workdir / f"{name}.toml"
     path.write_text(
         f"""\
 [collector]
 listen = "127.0.0.1:{port}"
 http = "127.0.0.1:{free_port()}"
-journal = "{workdir / "journal.db"}"
-
+{journal.config_lines(name)}
 # Every node is drained once by the design of the run: lift the caps that would hold drains
 # back (they are tested elsewhere), keep the per-node cooldown that stops a second drain.
 {
@@ -257,28 +271,6 @@ class Injector:
         gpu = self._rng.randrange(GPUS_PER_NODE)
         self._write(node, gpu, DRAIN_XID, "PMU breakpoint")
         self.injected.drain_nodes.add(node)
-
-
-def journal_markers(db: Path) -> Counter[int]:
-    """How many journal rows carry each marker (read-only, beside a running collector)."""
-    uri = f"file:{db}?mode=ro"
-    counts: Counter[int] = Counter()
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=30)
-    except sqlite3.Error:
-        return counts
-    try:
-        for (detail,) in conn.execute(
-            "SELECT detail FROM events WHERE detail LIKE '%chaos-event-%'"
-        ):
-            match = MARKER.search(str(detail))
-            if match:
-                counts[int(match[1])] += 1
-    except sqlite3.Error:
-        pass
-    finally:
-        conn.close()
-    return counts
 
 
 @dataclass(slots=True)
@@ -388,21 +380,41 @@ class Run:
         self.args = args
         self.workdir = workdir
         self.rng = random.Random(seed)
+        # what a SQLite run does not draw (which collector, the database's restarts) comes from
+        # a generator of its own, so a seed's SQLite run is the same as before these existed
+        self.rng_shared = random.Random(seed + SHARED_SEED_OFFSET)
         self.nodes = [f"node-{i:03d}" for i in range(1, args.agents + 1)]
-        self.port = free_port()
         self.receiver = WebhookReceiver(clock=SystemClock(), secret=SECRET)
         self.receiver.start()
-        cfg = write_collector_config(workdir, self.receiver.url, self.port, len(self.nodes))
+        self.journal: ChaosJournal
+        if args.journal == "postgres":
+            self.journal = PostgresJournal()
+            names = [f"c{i}" for i in range(1, args.collectors + 1)]
+        else:
+            self.journal = SqliteJournal(workdir / "journal.db")
+            names = ["collector"]
         fleetwatch = str(Path(sys.executable).parent / "fleetwatch")
-        self.collector = Child(
-            "collector", [fleetwatch, "collector", "--config", str(cfg)], workdir / "collector.log"
-        )
-        self.relay = PartitionRelay(self.port)
+        self.ports: dict[str, int] = {}
+        self.collectors: list[Child] = []
+        self.relays: list[PartitionRelay] = []
+        for name in names:
+            port = self.ports[name] = free_port()
+            cfg = write_collector_config(
+                workdir,
+                name,
+                self.receiver.url,
+                port=port,
+                nodes=len(self.nodes),
+                journal=self.journal,
+            )
+            argv = [fleetwatch, "collector", "--config", str(cfg)]
+            self.collectors.append(Child(name, argv, workdir / f"{name}.log"))
+            self.relays.append(PartitionRelay(port))
         self.dirs = {node: workdir / node for node in self.nodes}
         self.agents: dict[str, Child] = {}
-        for node, d in self.dirs.items():
+        for i, (node, d) in enumerate(self.dirs.items()):
             d.mkdir()
-            port = self.relay.add(node)
+            port = self.relays[i % len(self.relays)].add(node)  # each node has one collector
             argv = [
                 sys.executable,
                 str(CHAOS_NODE),
@@ -417,30 +429,27 @@ class Run:
         self.injector = Injector(self.dirs, self.rng)
         self.lock = threading.Lock()  # the injector's writers and the restarts
         self.collector_kills = 0
+        self.collector_exits = 0  # collectors that ended on their own (restarted, as systemd does)
         self.agent_kills = 0
         self.partitions = 0
+        self._restarts: list[tuple[float, Callable[[], None], str]] = []
 
     def start(self) -> None:
-        """The collector, then the agents, a little apart."""
-        self.collector.start()
-        if not wait_port(self.port, 60):
-            raise RuntimeError("the collector did not listen within 60 s; see collector.log")
+        """The collectors, then the agents, a little apart."""
+        for collector in self.collectors:
+            collector.start()
+            if not wait_port(self.ports[collector.name], 60):
+                msg = f"{collector.name} did not listen within 60 s; see {collector.log_path}"
+                raise RuntimeError(msg)
         for agent in self.agents.values():
             agent.start()
             time.sleep(0.05)
 
     def connected(self) -> int:
-        """Nodes the collector's journal knows (each said Hello at least once)."""
-        with contextlib.suppress(sqlite3.Error):
-            conn = sqlite3.connect(f"file:{self.workdir / 'journal.db'}?mode=ro", uri=True)
-            try:
-                return int(conn.execute("SELECT count(*) FROM nodes").fetchone()[0])
-            finally:
-                conn.close()
-        return 0
+        """Nodes the journal knows (each said Hello at least once)."""
+        return self.journal.nodes()
 
-    def chaos(self) -> None:
-        """The disturbed phase: inject throughout, kill and cut off on the plan."""
+    def _timeline(self) -> list[tuple[float, str, Target]]:
         plan = make_plan(self.args, self.nodes, self.rng)
         timeline: list[tuple[float, str, Target]] = []
         timeline += [(t, "kill_collector", None) for t in plan.collector_kills]
@@ -448,54 +457,98 @@ class Run:
         for t, length, nodes in plan.partitions:
             timeline += [(t, "partition", nodes), (t + length, "heal", nodes)]
         timeline += [(t, "drain_xid", node) for t, node in plan.drains]
+        if isinstance(self.journal, PostgresJournal):
+            downs = ["kill_db"] * self.args.db_kills + ["stop_db"] * self.args.db_restarts
+            self.rng_shared.shuffle(downs)
+            moments = spread(self.rng_shared, len(downs), self.args.duration * 0.8, 3.0)
+            timeline += [(t, what, None) for t, what in zip(moments, downs, strict=True)]
         timeline.sort(key=lambda item: item[0])
+        return timeline
+
+    def chaos(self) -> None:
+        """The disturbed phase: inject throughout, kill and cut off on the plan."""
+        timeline = self._timeline()
         began = time.monotonic()
         interval = 1.0 / self.args.rate
         next_inject = began
-        restarts: list[tuple[float, Child]] = []
         i = 0
         while (now := time.monotonic()) - began < self.args.duration:
             while i < len(timeline) and timeline[i][0] <= now - began:
-                self._disturb(timeline[i][1], timeline[i][2], now, restarts)
+                self._disturb(timeline[i][1], timeline[i][2], now)
                 i += 1
-            for item in [r for r in restarts if r[0] <= now]:
-                restarts.remove(item)
-                if not item[1].running():
-                    item[1].start()
+            self._run_restarts(now)
             while next_inject <= now:
                 self.injector.app_xid()
                 next_inject += interval
             time.sleep(min(0.02, max(0.0, next_inject - time.monotonic())))
-        for _, child in restarts:
+        self._run_restarts(float("inf"))
+        for relay in self.relays:
+            relay.heal(set(self.nodes))
+
+    def _run_restarts(self, now: float) -> None:
+        """Start what is due again, and collectors that ended on their own.
+
+        A collector cannot start while its database is down: systemd would start it again a
+        second later, and so does this.
+        """
+        for item in [r for r in self._restarts if r[0] <= now]:
+            self._restarts.remove(item)
+            item[1]()
+        pending = {what for _, _, what in self._restarts}
+        for collector in self.collectors:
+            if not collector.running() and collector.name not in pending:
+                self.collector_exits += 1
+                self._restarts.append(
+                    (time.monotonic() + 1.0, self._starter(collector), collector.name)
+                )
+
+    @staticmethod
+    def _starter(child: Child) -> Callable[[], None]:
+        def start() -> None:
             if not child.running():
                 child.start()
-        self.relay.heal(set(self.nodes))
 
-    def _disturb(
-        self, what: str, arg: Target, now: float, restarts: list[tuple[float, Child]]
-    ) -> None:
+        return start
+
+    def _disturb(self, what: str, arg: Target, now: float) -> None:
         if what == "kill_collector":
-            self.collector.kill()
+            several = len(self.collectors) > 1
+            collector = self.rng_shared.choice(self.collectors) if several else self.collectors[0]
+            collector.kill()
             self.collector_kills += 1
-            restarts.append((now + self.rng.uniform(0.0, 1.0), self.collector))
+            back = now + self.rng.uniform(0.0, 1.0)
+            self._restarts.append((back, self._starter(collector), collector.name))
         elif what == "kill_agent" and isinstance(arg, str):
             agent = self.agents[arg]
             if agent.running():
                 agent.kill()
                 self.agent_kills += 1
-                restarts.append((now + self.rng.uniform(0.2, 2.0), agent))
-        elif what == "partition" and isinstance(arg, frozenset):
-            self.relay.partition(set(arg))
-            self.partitions += 1
-        elif what == "heal" and isinstance(arg, frozenset):
-            self.relay.heal(set(arg))
+                back = now + self.rng.uniform(0.2, 2.0)
+                self._restarts.append((back, self._starter(agent), agent.name))
+        elif what in ("partition", "heal") and isinstance(arg, frozenset):
+            for relay in self.relays:
+                (relay.partition if what == "partition" else relay.heal)(set(arg))
+            self.partitions += what == "partition"
         elif what == "drain_xid" and isinstance(arg, str):
             self.injector.drain_xid(arg)
+        elif what in ("kill_db", "stop_db"):
+            self._take_db_down(killed=what == "kill_db", now=now)
+
+    def _take_db_down(self, *, killed: bool, now: float) -> None:
+        """SIGKILL or cleanly stop the database; it comes back a few seconds later."""
+        db = self.journal
+        if not isinstance(db, PostgresJournal) or not db.up:
+            return
+        if killed:
+            db.kill()
+        else:
+            db.shut_down()
+        down_s = self.rng_shared.uniform(*DB_DOWN_S)
+        self._restarts.append((now + down_s, db.bring_back, "database"))
 
     def settle(self) -> float:
         """Run undisturbed until every marker is journaled, or nothing new for ``--settle`` s."""
-        if not self.collector.running():
-            self.collector.start()
+        self._run_restarts(float("inf"))
         for agent in self.agents.values():
             if not agent.running():
                 agent.start()
@@ -503,7 +556,8 @@ class Run:
         began = last_change = time.monotonic()
         last = -1
         while time.monotonic() - last_change < self.args.settle:
-            got = len(journal_markers(self.workdir / "journal.db"))
+            self._run_restarts(time.monotonic())
+            got = len(self.journal.markers())
             if got != last:
                 last, last_change = got, time.monotonic()
             if got >= want:
@@ -519,14 +573,16 @@ class Run:
         return time.monotonic() - began
 
     def stop(self) -> None:
-        """Stop every process (agents first, all at once), the relay and the receiver."""
+        """Stop every process (agents first, all at once), the relays, receiver and database."""
         for agent in self.agents.values():
             if agent.proc is not None and agent.running():
                 agent.proc.terminate()
         for agent in self.agents.values():
             agent.stop()
-        self.collector.stop()
-        self.relay.stop()
+        for collector in self.collectors:
+            collector.stop()
+        for relay in self.relays:
+            relay.stop()
         self.receiver.stop()
 
 
@@ -548,6 +604,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated seeds, one run each (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, help="one seed only (same as --seeds N)")
+    parser.add_argument(
+        "--journal",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="sqlite: one collector's file; postgres: a server of its own, shared by collectors",
+    )
+    parser.add_argument("--collectors", type=int, default=2, help="with --journal postgres")
+    parser.add_argument("--db-kills", type=int, default=3, help="postgres SIGKILLs per seed")
+    parser.add_argument("--db-restarts", type=int, default=3, help="clean restarts per seed")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     args = parser.parse_args(argv)
     if args.seed is not None:
@@ -585,7 +650,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             f"kills, {run.partitions} partitions, {len(run.injector.injected.markers)} events"
         )
         settle_s = run.settle()
-        counts = journal_markers(workdir / "journal.db")
+        counts = run.journal.markers()
         injected = run.injector.injected
         lost = [m for m in injected.markers if counts[m] == 0]
         duplicated = sum(n - 1 for n in counts.values() if n > 1)
@@ -611,12 +676,20 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             "drains_expected": len(injected.drain_nodes),
             "drain_requests": actions.drains,
             "notifications": actions.notifications,
-            "collector_starts": run.collector.starts,
+            "collector_starts": sum(c.starts for c in run.collectors),
+            "collector_exits": run.collector_exits,
+            "journal": run.journal.kind,
+            **(
+                {"db_kills": run.journal.kills, "db_clean_restarts": run.journal.restarts}
+                if isinstance(run.journal, PostgresJournal)
+                else {}
+            ),
             "settle_s": round(settle_s, 1),
             "wall_s": round(time.monotonic() - began, 1),
         }
     finally:
         run.stop()
+        run.journal.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     say(json.dumps(result, sort_keys=True))

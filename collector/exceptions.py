@@ -5,7 +5,8 @@ Exception tree::
     CollectorError
     ├── ConfigError      (collector configuration is invalid; names the key)
     ├── JournalError     (the journal cannot be opened, migrated or written)
-    │   └── RowRefusedError  (the database refused one row; the rest of its commit went in)
+    │   ├── RowRefusedError  (the database refused one row; the rest of its commit went in)
+    │   └── JournalUnreachableError  (the database server cannot be reached: not a config error)
     └── SlurmError       (scontrol missing, timed out or failed; collector/actions/slurm.py)
 """
 
@@ -22,6 +23,14 @@ class ConfigError(CollectorError):
 
 class JournalError(CollectorError):
     """The journal cannot be used."""
+
+
+class JournalUnreachableError(JournalError):
+    """The journal's database server could not be reached while the collector started.
+
+    Not a configuration error: the collector exits with status 1 (not 2), so systemd starts it
+    again (``RestartPreventExitStatus=2`` would not).
+    """
 
 
 class RowRefusedError(JournalError):

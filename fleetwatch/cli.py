@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fleetwatch import __version__, cli_certs, cli_fleet, cli_preflight, cli_scan
+from fleetwatch import __version__, cli_certs, cli_fleet, cli_scan
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import LogFormat, configure_logging
 from fleetwatch.reload import Hangups
@@ -144,12 +144,6 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     release.add_argument("node")
     release.add_argument("--reason", default="", help="journaled with the release")
-    release.add_argument(
-        "--require-preflight",
-        action="store_true",
-        help="release only if the node passed a quick pre-flight run since it was drained",
-    )
-    cli_preflight.add_parser(sub, _default_api())
 
     silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
     silence.add_argument("--api", default=_default_api(), help=api_help)
@@ -403,14 +397,7 @@ def _run_api_tool(args: argparse.Namespace) -> int:
         return cli_api.jobs(api, args.job, as_json=args.json, out=out)
     if args.command == "drains":
         if args.drains_command == "release":
-            return cli_api.release(
-                api,
-                args.node,
-                args.reason,
-                out,
-                _token(args),
-                require_preflight=args.require_preflight,
-            )
+            return cli_api.release(api, args.node, args.reason, out, _token(args))
         return cli_api.drains(api, as_json=args.json, out=out)
     return _run_silence(cli_api, args)
 
@@ -431,10 +418,6 @@ def _run_silence(cli_api: Any, args: argparse.Namespace) -> int:  # noqa: ANN401
     return int(cli_api.silences(api, as_json=args.json, out=out))
 
 
-def _run_preflight(args: argparse.Namespace) -> int:
-    return cli_preflight.run_command(args, lambda: _token(args), sys.stdout)
-
-
 def _token(args: argparse.Namespace) -> str | None:
     """The API token for a change: ``--token-file``, else ``$FLEETWATCH_API_TOKEN``."""
     from fleetwatch.cli_api import read_token  # noqa: PLC0415
@@ -445,7 +428,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run a subcommand; errors in input end with a one-line message."""
     from agent.exceptions import AgentError  # noqa: PLC0415
-    from collector.exceptions import CollectorError  # noqa: PLC0415
+    from collector.exceptions import CollectorError, JournalUnreachableError  # noqa: PLC0415
     from fleetwatch.cli_api import ApiCallError  # noqa: PLC0415
     from fleetwatch.wire.validate import WireError  # noqa: PLC0415
     from rules.exceptions import RulesError  # noqa: PLC0415
@@ -467,12 +450,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "silence": _run_api_tool,
         "drains": _run_api_tool,
         "jobs": _run_api_tool,
-        "preflight": _run_preflight,
         "nodes": cli_fleet.run,
         "events": cli_fleet.run,
     }
     try:
         return runners[args.command](args)
+    except JournalUnreachableError as exc:  # no configuration error: systemd tries again
+        print(f"fleetwatch {args.command}: {exc}", file=sys.stderr)  # noqa: T201 - for people
+        return 1
     except (AgentError, CollectorError, RulesError, WireError, ApiCallError, ValueError) as exc:
         print(f"fleetwatch {args.command}: {exc}", file=sys.stderr)  # noqa: T201 - for people
         return 2

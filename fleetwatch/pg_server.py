@@ -6,6 +6,10 @@ The server is the real one from the distribution (``/usr/lib/postgresql/<version
 root, the server runs as the ``postgres`` user the package creates (or ``nobody``).
 
 ``durable=False`` turns fsync off, which suits tests; benchmarks keep the server's defaults.
+:meth:`PgServer.kill` (SIGKILL), :meth:`PgServer.shut_down` (a clean stop) and
+:meth:`PgServer.restart` take the server down and bring it back on the same data and port, for
+tests and benchmarks of a database restart (keep it ``durable`` for those: without fsync a killed
+server may lose commits it confirmed).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -75,23 +80,91 @@ class PgServer:
             msg = f"initdb failed: {done.stderr.decode(errors='replace')[-2000:]}"
             raise PgServerError(msg)
         self.port = free_port()
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start the server on the data directory :meth:`start` made; wait until it is ready."""
+        if self.base is None or self.bin_dir is None:
+            msg = "the server was never initialised (call start first)"
+            raise PgServerError(msg)
         settings = [
             f"port={self.port}",
             "listen_addresses=127.0.0.1",
-            f"unix_socket_directories={sockets}",
+            f"unix_socket_directories={self.base / 'run'}",
             "max_connections=200",
             "shared_buffers=64MB",
         ]
         if not self.durable:
             settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
-        args = [str(self.bin_dir / "postgres"), "-D", str(data)]
+        args = [str(self.bin_dir / "postgres"), "-D", str(self.base / "data")]
         for setting in settings:
             args += ["-c", setting]
-        with (self.base / "server.log").open("wb") as log:  # the child keeps its own copy
+        with (self.base / "server.log").open("ab") as log:  # the child keeps its own copy
             self._proc = subprocess.Popen(  # noqa: S603 - our own arguments
                 self._as_user(args), stdout=log, stderr=subprocess.STDOUT
             )
         self._wait_ready()
+
+    def _postmaster_pid(self) -> int | None:
+        """The running server's main process (``postmaster.pid``), or None when none runs."""
+        if self.base is None:
+            return None
+        try:
+            first = (self.base / "data" / "postmaster.pid").read_text().split("\n", 1)[0]
+            pid = int(first)
+        except (OSError, ValueError):
+            return None
+        return pid if Path(f"/proc/{pid}").exists() else None
+
+    def _wait_gone(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=START_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process of it at once, as a crash or the OOM killer would.
+
+        The data directory stays; :meth:`restart` starts the server on it again (it recovers from
+        its write-ahead log, so what it committed durably is kept).
+        """
+        pid = self._postmaster_pid()
+        if pid is not None:
+            for child in _children(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._wait_gone()
+
+    def shut_down(self) -> None:
+        """Stop the server cleanly (fast shutdown: sessions are ended, work is checkpointed).
+
+        The data directory stays; :meth:`restart` starts the server on it again.
+        """
+        pid = self._postmaster_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+        self._wait_gone()
+
+    def restart(self) -> None:
+        """Start the server again on its data directory and port; wait until it is ready.
+
+        After :meth:`kill` or :meth:`shut_down`.
+        """
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._postmaster_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # a killed server's processes are still going away
+        self._launch()
+
+    @property
+    def running(self) -> bool:
+        """Whether the server's main process is alive."""
+        return self._postmaster_pid() is not None
 
     def _wait_ready(self) -> None:
         import psycopg  # noqa: PLC0415 - only where a server runs
@@ -147,9 +220,23 @@ class PgServer:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+        if self._postmaster_pid() is not None:  # run as another user: runuser went, not it
+            self.shut_down()
         if self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
             self.base = None
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``)."""
+    out: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the command may hold spaces and parentheses: the fields after its last ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
 
 
 def _unprivileged_user() -> str:

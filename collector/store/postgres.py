@@ -15,14 +15,14 @@ server dropped it, so a restarted or failed-over database costs the calls that w
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import psycopg
 import structlog
 
-from collector.exceptions import JournalError
+from collector.exceptions import JournalError, JournalUnreachableError
 from collector.store.events import EventReader, EventStore
-from collector.store.preflight import PG_SCHEMA as PREFLIGHT_PG
 from collector.store.sql import MIGRATION_LOCK, PgConn, Row, SqlConn
 
 if TYPE_CHECKING:
@@ -31,8 +31,21 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.store.postgres")
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 1
 CONNECT_TIMEOUT_S: Final = 10
+# How long a starting collector waits for a server it cannot reach (below systemd's
+# TimeoutStartSec of 60 s), and what says that a connection failed for that reason.
+UNREACHABLE_WAIT_S: Final = 30.0
+UNREACHABLE_SIGNS: Final = (
+    "connection refused",
+    "could not connect",
+    "timeout expired",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "server closed the connection",
+    "no such file or directory",
+)
 
 # Version N is reached by running MIGRATIONS[N - 1] on version N - 1.
 MIGRATIONS: Final = (
@@ -119,7 +132,6 @@ CREATE TABLE fleet_state (
     value         BIGINT  NOT NULL
 );
 """,
-    PREFLIGHT_PG,  # 2: the pre-flight tables (collector/store/preflight.py)
 )
 
 
@@ -178,14 +190,23 @@ def describe(dsn: str) -> str:
 class PostgresStore(EventStore):
     """The journal in a PostgreSQL database that several collectors may share."""
 
-    def __init__(self, dsn: str, *, password: str | None = None, collector: str = "") -> None:
-        """Connect and migrate; :class:`JournalError` names what failed (never the password)."""
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        password: str | None = None,
+        collector: str = "",
+        wait_s: float = UNREACHABLE_WAIT_S,
+    ) -> None:
+        """Connect and migrate; :class:`JournalError` names what failed (never the password).
+
+        A server that cannot be reached (down, restarting, still recovering) is tried again for
+        ``wait_s`` seconds, each failure logged (``journal_unreachable``); after that
+        :class:`JournalUnreachableError`, which is no configuration error (the collector exits
+        with status 1 and systemd starts it again).
+        """
         where = describe(dsn)
-        try:
-            db = PgConn(connector(dsn, password))
-        except psycopg.Error as exc:
-            msg = f"cannot open the journal at {where}: {_first_line(exc)}"
-            raise JournalError(msg) from exc
+        db = _open(connector(dsn, password), where, wait_s)
         try:
             migrate(db, where)
         except psycopg.Error as exc:
@@ -216,6 +237,32 @@ class PostgresReader(EventReader):
         if self._db is not None:
             with contextlib.suppress(psycopg.Error):
                 self._db.close()
+
+
+def _unreachable(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` says the server could not be reached now (rather than refused us)."""
+    text = str(exc).lower()
+    return isinstance(exc, psycopg.OperationalError) and any(
+        sign in text for sign in UNREACHABLE_SIGNS
+    )
+
+
+def _open(connect: Callable[[], psycopg.Connection[Row]], where: str, wait_s: float) -> PgConn:
+    """The first connection, waiting up to ``wait_s`` for a server that cannot be reached."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.2
+    while True:
+        try:
+            return PgConn(connect)
+        except psycopg.Error as exc:
+            msg = f"cannot open the journal at {where}: {_first_line(exc)}"
+            if not _unreachable(exc):
+                raise JournalError(msg) from exc
+            if time.monotonic() + pause > deadline:
+                raise JournalUnreachableError(msg) from exc
+            log.warning("journal_unreachable", journal=where, error=_first_line(exc), retry_s=pause)
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
 
 
 def _first_line(exc: BaseException) -> str:
