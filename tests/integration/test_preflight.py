@@ -350,3 +350,93 @@ class TestFull:
         eff = sorted((r.component, r.value) for r in rows if r.check == "ladder_efficiency")
         assert eff == [("nodes:2", 1.0), ("nodes:4", 1.0)]
         assert any(r.check == "allreduce_multi" and r.verdict == "pass" for r in rows)
+
+
+class TestHostileAndCutShort:
+    async def test_hostile_results_are_refused_and_counted_and_never_pass(self, bed: Bed):
+        """A rogue agent answers its task with a NaN, an unknown check and a result for a task
+        never sent to it: each is refused and counted by reason, its stream stays open, what
+        it sent that was fine is judged, and what it left out could not run."""
+        import grpc  # noqa: PLC0415
+
+        from fleetwatch.wire import settings  # noqa: PLC0415
+        from fleetwatch.wire.v1 import fleetwatch_pb2 as pb  # noqa: PLC0415
+
+        service = bed.service
+        port = service.grpc_port
+        hello = pb.Hello(node="rogue-1", boot_id="b-1", protocol_version=1)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
+                settings.STREAM_METHOD,
+            )()
+            await call.write(pb.AgentMessage(hello=hello).SerializeToString())
+            await wait_until(
+                lambda: service.grpc.registry.session("rogue-1") is not None, what="rogue in"
+            )
+            run = asyncio.ensure_future(service.preflight.run("quick", "rogue-1"))
+            task = None
+            while task is None:
+                raw = await call.read()
+                assert isinstance(raw, bytes)
+                message = pb.CollectorMessage.FromString(raw)
+                if message.WhichOneof("body") == "preflight_task":
+                    task = message.preflight_task
+            stray = pb.PreflightResult(run_id=task.run_id, task_id="pf-other.task")
+            answer = pb.PreflightResult(
+                run_id=task.run_id,
+                task_id=task.task_id,
+                measurements=[
+                    pb.PreflightMeasurement(
+                        check="ecc_mode", component="gpu:0", value=float("nan")
+                    ),
+                    pb.PreflightMeasurement(check="rm_rf", component="node", value=1),
+                    pb.PreflightMeasurement(check="driver_version", component="node", text="570.1"),
+                ],
+            )
+            for result in (stray, answer):
+                await call.write(pb.AgentMessage(preflight_result=result).SerializeToString())
+            row = await run
+            assert service.grpc.registry.session("rogue-1") is not None  # not thrown off
+            await call.done_writing()
+        refused = dict(service.stats.preflight_refused)
+        assert refused == {"unknown_task": 1, "bad_value": 1, "unknown_check": 1}
+        assert row.verdict == "could_not_run"  # gpu_count never came
+        rows = await service.journal.do(lambda s: s.preflight.results(row.id))
+        assert {(r.check, r.verdict) for r in rows} == {
+            ("driver_version", "pass"),
+            ("gpu_count", "could_not_run"),
+        }
+        status, text = await asyncio.to_thread(api_text, service, "/metrics")
+        assert status == 200
+        assert 'fleetwatch_preflight_results_refused_total{reason="bad_value"} 1.0' in text
+
+    async def test_a_run_cut_short_is_journaled_as_could_not_run(self, bed: Bed):
+        """The collector stops mid-run (a tool hangs): the run is journaled could_not_run, cut
+        short, never pass; a run left running by a collector that died is closed at start."""
+        bed.figures["gpu-02"].hang = threading.Event()
+        plan = await bed.service.preflight.submit("standard", "all")
+        await wait_until(
+            lambda: bed.service.preflight.live[plan.run_id].round_index == 1, what="round 2"
+        )
+        await bed.service.preflight.stop()
+        row = await bed.service.journal.do(lambda s: s.preflight.run(plan.run_id))
+        assert row is not None
+        assert row.verdict == "could_not_run"
+        assert "cut short" in row.detail
+        assert set((row.node_verdicts or {}).values()) == {"could_not_run"}
+        # a run row left unfinished (its collector died) is closed by the next start
+        from collector.store.preflight import RunRow  # noqa: PLC0415
+
+        orphan = RunRow("pf-orphan-1", "quick", ("gpu-01",), 1, collector=bed.service.peers.name)
+        await bed.service.journal.do(lambda s: s.preflight.start_run(orphan))
+        await bed.service.preflight.start()
+        closed = await bed.service.journal.do(lambda s: s.preflight.run("pf-orphan-1"))
+        assert closed is not None
+        assert closed.verdict == "could_not_run"
+
+
+def api_text(service: CollectorService, path: str) -> tuple[int, str]:
+    import urllib.request  # noqa: PLC0415
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{service.http_port}{path}", timeout=5) as r:
+        return r.status, r.read().decode()
