@@ -1,6 +1,6 @@
 """The nodes' series for ``/metrics``: rendered once per change, kept, and split into shards.
 
-A node's text is rendered (:func:`collector.export.node_text.render_node`) when it changed, and at
+A node's text is rendered (:class:`collector.export.node_text.NodeLines`) when it changed, and at
 most once per ``render_interval_s`` while only its samples and times change; a change that must
 show at once (a Hello, an event, the node's reachability or stream, its state) renders it on the
 next scrape. Between renders every scrape reuses the node's pieces, one per family, which are
@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from collector.export.node_text import NODE_FAMILIES, render_node
+from collector.export.node_text import NODE_FAMILIES, NodeLines
 from collector.model.node_states import NodeFlags, node_state
 
 if TYPE_CHECKING:
@@ -156,6 +156,7 @@ class NodeExposition:
         self._held_elsewhere = held_elsewhere
         self._lock = threading.Lock()
         self._texts: dict[str, _NodeText] = {}
+        self._lines: dict[str, NodeLines] = {}
         self._bodies: dict[int, _ShardBody] = {}
         self.plan = ShardPlan(nodes_per_shard)
         self.renders = 0  # node texts rendered, for tests and the benchmark
@@ -190,11 +191,16 @@ class NodeExposition:
             ):
                 return old
             self.renders += 1
-            return _NodeText(changed, urgent, state, now, render_node(node, state, self._xid_class))
+            lines = self._lines.get(name)
+            if lines is None:
+                lines = self._lines[name] = NodeLines()
+            pieces = lines.render(node, state, self._xid_class)
+            return _NodeText(changed, urgent, state, now, pieces)
 
         text = self._fleet.read_node(name, read)
         if text is None:
             self._texts.pop(name, None)
+            self._lines.pop(name, None)
         else:
             self._texts[name] = text
         return text
@@ -212,6 +218,7 @@ class NodeExposition:
             texts = self._pieces(names)
             for gone in self._texts.keys() - set(names):
                 del self._texts[gone]
+                self._lines.pop(gone, None)
         return join_families([t.pieces for t in texts], fmt)
 
     def shard(self, shard: int, fmt: str, *, gzipped: bool) -> bytes | None:

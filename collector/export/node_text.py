@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from collector.model.state import GpuState, NodeState, PortState
-    from fleetwatch.model import SampleValue
 
 # The per-node families, in the order a scrape gives them (the catalog's).
 NODE_FAMILIES: Final[tuple[MetricSpec, ...]] = tuple(
@@ -122,10 +121,141 @@ _PORT_UP, _PORT_STATE, _PORT_ERRORS, _PORT_HW = (
 )
 
 
+# What one sample line is made of: (family index, which of the node's signal dicts, signal,
+# scale, the line up to its value). Built once per node shape, see NodeLines.
+Row = tuple[int, int, str, float, str]
+
+
+def _signal_rows(lbl: str, di: int, rows: Iterable[tuple[int, str, str, float]]) -> list[Row]:
+    return [(i, di, signal, scale, f"{prefix}{{{lbl}}} ") for i, prefix, signal, scale in rows]
+
+
+def _labelled_rows(lbl: str, di: int, rows: Iterable[tuple[int, str, str]]) -> list[Row]:
+    return [(i, di, signal, 1.0, line.format(lbl)) for i, line, signal in rows]
+
+
+_NODE_SIGNAL_ROWS: Final = tuple((i, metric, signal, 1.0) for i, metric, signal in _AGENT_ROWS)
+_NODE_LABELLED_ROWS: Final = tuple(
+    (
+        _SOURCE_ERRORS,
+        f'fleetwatch_agent_source_errors_total{{{{{{}},source="{source}"}}}} ',
+        f"agent_source_errors_{source}",
+    )
+    for source in AGENT_SOURCES
+) + tuple(
+    (
+        _REFUSED,
+        f'fleetwatch_agent_job_reports_refused_total{{{{{{}},reason="{reason}"}}}} ',
+        REFUSED_SIGNAL_PREFIX + reason,
+    )
+    for reason in REFUSAL_REASONS
+)
+_GPU_SIGNAL_ROWS: Final = _GPU_GAUGE_ROWS
+_PORT_SIGNAL_ROWS: Final = tuple((i, metric, signal, 1.0) for i, metric, signal in _PORT_ROWS)
+_PORT_LABELLED_ROWS: Final = tuple(
+    (_PORT_ERRORS, line, signal) for line, signal in _PORT_ERROR_ROWS
+) + tuple((_PORT_HW, line, signal) for line, signal in _PORT_HW_ROWS)
+
+
 def render_node(node: NodeState, state: str, xid_class: Callable[[int], str]) -> tuple[bytes, ...]:
     """Every series of ``node`` (in ``state``), one piece per family of :data:`NODE_FAMILIES`."""
-    out: list[list[str]] = [[] for _ in NODE_FAMILIES]
-    lbl = f'node="{escape(node.name)}"'
+    return NodeLines().render(node, state, xid_class)
+
+
+class NodeLines:
+    """One node's text, kept between renders, redone only where values changed.
+
+    A sample line is formatted again only when its value changed (formatting a float is most of
+    what a line costs), a family's piece encoded again only when one of its lines changed.
+
+    The lines drawn from the node's signal dicts (its agent's, each GPU's, each port's) follow
+    a plan made from the signals present, made again when a signal appears or the node's GPUs
+    or ports change; the others (states, identities, event counts, sums over NVLinks) are
+    written each time.
+    """
+
+    __slots__ = ("_lines", "_pieces", "_plain", "_rows", "_shape", "_values")
+
+    def __init__(self) -> None:
+        """No plan yet: the first render makes one."""
+        self._shape: tuple[object, ...] | None = None
+        self._rows: list[Row] = []
+        self._values: list[object] = []
+        self._lines: list[str | None] = []
+        self._plain: list[list[str]] = []
+        self._pieces: list[bytes] = []
+
+    def _plan(
+        self, lbl: str, gpus: list[tuple[str, GpuState]], ports: list[tuple[str, PortState]]
+    ) -> None:
+        rows = _signal_rows(lbl, 0, _NODE_SIGNAL_ROWS) + _labelled_rows(lbl, 0, _NODE_LABELLED_ROWS)
+        for di, (glbl, _) in enumerate(gpus, start=1):
+            rows += _signal_rows(glbl, di, _GPU_SIGNAL_ROWS)
+            rows += _labelled_rows(glbl, di, _GPU_LABELLED_ROWS)
+        for di, (plbl, _) in enumerate(ports, start=1 + len(gpus)):
+            rows += _signal_rows(plbl, di, _PORT_SIGNAL_ROWS)
+            rows += _labelled_rows(plbl, di, _PORT_LABELLED_ROWS)
+        self._rows = rows
+        self._values = [None] * len(rows)
+        self._lines = [None] * len(rows)
+        self._plain = []
+        self._pieces = []
+
+    def render(
+        self, node: NodeState, state: str, xid_class: Callable[[int], str]
+    ) -> tuple[bytes, ...]:
+        """Every series of ``node`` (in ``state``), one piece per family."""
+        lbl = f'node="{escape(node.name)}"'
+        gpus = [
+            (f'{lbl},gpu="{gpu.index}"', gpu)
+            for gpu in sorted(node.gpus.values(), key=lambda g: g.index)
+        ]
+        ports = [
+            (f'{lbl},device="{escape(port.device)}",port="{port.port}"', port)
+            for port in node.ports.values()
+        ]
+        dicts = [node.signals, *(g.signals for _, g in gpus), *(p.signals for _, p in ports)]
+        shape = (lbl, tuple(node.gpus), tuple(node.ports), tuple(len(d) for d in dicts))
+        if shape != self._shape:
+            self._plan(lbl, gpus, ports)
+            self._shape = shape
+        out: list[list[str]] = [[] for _ in NODE_FAMILIES]
+        _node(out, lbl, node, state)
+        for glbl, gpu in gpus:
+            _gpu(out, glbl, gpu, xid_class)
+        for plbl, port in ports:
+            _port(out, plbl, port)
+        plain = [lines[:] for lines in out]  # the lines written each time, before the rows
+        values, lines = self._values, self._lines
+        changed = [False] * len(out)
+        for k, (i, di, signal, scale, prefix) in enumerate(self._rows):
+            value = dicts[di].get(signal)
+            if value == values[k] and value is not None:
+                line = lines[k]
+            else:
+                changed[i] = True
+                values[k] = value
+                line = lines[k] = (
+                    None
+                    if value is None or value.__class__ is str
+                    else f"{prefix}{float(value) * scale!r}\n"
+                )
+            if line is not None:
+                out[i].append(line)
+        old_plain, old_pieces = self._plain, self._pieces
+        pieces = [
+            old_pieces[i]
+            if old_pieces and not changed[i] and plain[i] == old_plain[i]
+            else _spelled("".join(lines)).encode()
+            if lines
+            else b""
+            for i, lines in enumerate(out)
+        ]
+        self._plain, self._pieces = plain, pieces
+        return tuple(pieces)
+
+
+def _node(out: list[list[str]], lbl: str, node: NodeState, state: str) -> None:
     out[_UP].append(f"fleetwatch_node_up{{{lbl}}} {float(node.reachable)!r}\n")
     out[_CONNECTED].append(f"fleetwatch_node_connected{{{lbl}}} {float(node.connected)!r}\n")
     out[_SEEN].append(
@@ -141,36 +271,6 @@ def render_node(node: NodeState, state: str, xid_class: Callable[[int], str]) ->
     add = out[_EVENTS].append
     for kind, count in sorted(node.events.items()):
         add(f'fleetwatch_node_events_total{{{lbl},kind="{escape(kind)}"}} {float(count)!r}\n')
-    _agent(out, lbl, node.signals)
-    for gpu in sorted(node.gpus.values(), key=lambda g: g.index):
-        _gpu(out, f'{lbl},gpu="{gpu.index}"', gpu, xid_class)
-    for port in node.ports.values():
-        _port(out, f'{lbl},device="{escape(port.device)}",port="{port.port}"', port)
-    return tuple(_spelled("".join(lines)).encode() if lines else b"" for lines in out)
-
-
-def _agent(out: list[list[str]], lbl: str, signals: dict[str, SampleValue]) -> None:
-    get = signals.get
-    for i, metric, signal in _AGENT_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            out[i].append(f"{metric}{{{lbl}}} {float(value)!r}\n")
-    add = out[_SOURCE_ERRORS].append
-    for source in AGENT_SOURCES:
-        value = get(f"agent_source_errors_{source}")
-        if value is not None and value.__class__ is not str:
-            add(
-                f'fleetwatch_agent_source_errors_total{{{lbl},source="{source}"}} '
-                f"{float(value)!r}\n"
-            )
-    add = out[_REFUSED].append
-    for reason in REFUSAL_REASONS:
-        value = get(REFUSED_SIGNAL_PREFIX + reason)
-        if value is not None and value.__class__ is not str:
-            add(
-                f'fleetwatch_agent_job_reports_refused_total{{{lbl},reason="{reason}"}} '
-                f"{float(value)!r}\n"
-            )
 
 
 def _gpu(
@@ -196,16 +296,7 @@ def _gpu(
             f'fleetwatch_gpu_xid_errors_total{{{lbl},xid="{xid}",'
             f'class="{escape(xid_class(xid))}"}} {float(count)!r}\n'
         )
-    get = gpu.signals.get
-    for i, metric, signal, scale in _GPU_GAUGE_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            out[i].append(f"{metric}{{{lbl}}} {float(value) * scale!r}\n")
-    for i, line, signal in _GPU_LABELLED_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            out[i].append(f"{line.format(lbl)}{float(value)!r}\n")
-    reasons = get("clock_event_reasons")
+    reasons = gpu.signals.get("clock_event_reasons")
     if reasons is not None and reasons.__class__ is not str:
         bits = int(reasons)
         add = out[_THROTTLED].append
@@ -218,17 +309,15 @@ def _gpu(
 
 
 def _nvlink_errors(add: Callable[[str], None], lbl: str, gpu: GpuState) -> None:
-    """The GPU's NVLink error counters, summed over its links (one pass over the links)."""
-    totals: list[float | None] = [None] * len(_NVLINK_SIGNALS)
-    for values in gpu.link_signals.values():
-        for k, signal in enumerate(_NVLINK_SIGNALS):
-            value = values.get(signal)
-            if value is not None and value.__class__ is not str:
-                total = totals[k]
-                totals[k] = float(value) if total is None else total + float(value)
-    for (kind, _), total in zip(NVLINK_ERRORS, totals, strict=True):
-        if total is not None:
-            add(f'fleetwatch_gpu_nvlink_errors_total{{{lbl},type="{kind}"}} {float(total)!r}\n')
+    """The GPU's NVLink error counters, summed over its links."""
+    links = gpu.link_signals.values()
+    for kind, signal in NVLINK_ERRORS:
+        values = [v for d in links if (v := d.get(signal)) is not None and v.__class__ is not str]
+        if values:
+            add(
+                f'fleetwatch_gpu_nvlink_errors_total{{{lbl},type="{kind}"}} '
+                f"{float(sum(values))!r}\n"  # type: ignore[arg-type]
+            )
 
 
 def _port(out: list[list[str]], lbl: str, port: PortState) -> None:
@@ -237,18 +326,3 @@ def _port(out: list[list[str]], lbl: str, port: PortState) -> None:
         f'fleetwatch_ib_port_state{{{lbl},state="{escape(port.state)}",'
         f'phys_state="{escape(port.phys_state)}"}} 1.0\n'
     )
-    get = port.signals.get
-    for i, metric, signal in _PORT_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            out[i].append(f"{metric}{{{lbl}}} {float(value)!r}\n")
-    add = out[_PORT_ERRORS].append
-    for line, signal in _PORT_ERROR_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            add(f"{line.format(lbl)}{float(value)!r}\n")
-    add = out[_PORT_HW].append
-    for line, signal in _PORT_HW_ROWS:
-        value = get(signal)
-        if value is not None and value.__class__ is not str:
-            add(f"{line.format(lbl)}{float(value)!r}\n")
