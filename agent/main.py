@@ -27,6 +27,7 @@ from agent.peer_identity import PeerResolver
 from agent.poll_bmc import BmcPoller
 from agent.preflight.executor import PreflightExecutor
 from agent.preflight.quick import QuickChecks
+from agent.preflight.real import real_runners
 from agent.preflight.runners import PreflightRunners
 from agent.sampler import Sampler
 from agent.self_limits import ProcessUsage, SelfLimits
@@ -123,6 +124,7 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
         kmsg_cursor=cursor,
         gpu_reset=NvidiaSmiReset(cfg.nvidia_smi) if cfg.gpu_reset else None,
         bmc=open_bmc(cfg.bmc),
+        preflight=real_runners(),
     )
 
 

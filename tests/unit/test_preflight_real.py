@@ -347,3 +347,23 @@ def test_no_shell_is_involved(tmp_path):
     run = run_tool(["/bin/echo", f"; touch {marker}"], 5.0)
     assert run.stdout.strip() == f"; touch {marker}"
     assert not marker.exists()
+
+
+def test_a_real_agent_carries_the_real_runners(tmp_path):
+    from agent.config import AgentConfig  # noqa: PLC0415
+    from agent.main import real_hardware  # noqa: PLC0415
+
+    cfg = AgentConfig(node="n1", state_dir=None, kmsg_path="", udev=False, gpu_reset=False)
+    runners = real_hardware(cfg).preflight
+    assert None not in (
+        runners.pair,
+        runners.host,
+        runners.collective,
+        runners.ib,
+        runners.ladder,
+    )
+    assert runners.ib is not None
+    # the real ib_write_bw, on a machine with no RDMA device: the tool's own reason
+    got = runners.ib.serve(Rail("mlx5_9", 1), 18515, 20.0)
+    assert got.value is None
+    assert "ib_write_bw" in got.error
