@@ -25,6 +25,8 @@ import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import structlog
+
 from agent.sources.bmc import (
     BmcError,
     BmcReading,
@@ -42,6 +44,8 @@ from agent.sources.bmc import (
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+log = structlog.get_logger("agent.bmc")
 
 MAX_BODY: Final = 8 << 20  # a Redfish document is kilobytes; a BMC sending more is broken
 MAX_PAGES: Final = 50  # a collection's pages followed (Members@odata.nextLink) per read
@@ -266,6 +270,7 @@ class RedfishBmc:
         self._address = address
         self._chassis: list[str] | None = None
         self._sel: str | None = None
+        self._no_sel = False  # the service has no SEL log service: not looked for again
 
     @property
     def address(self) -> str:
@@ -341,15 +346,22 @@ class RedfishBmc:
                 temps.append(parse_temperature(sensor, len(temps)))
 
     def read_sel(self, after: int | None) -> SelRead:
-        """The SEL's entries past ``after``."""
+        """The SEL's entries past ``after`` (none, for a service that has no SEL)."""
+        if self._no_sel:
+            return SelRead([], 0)
         if self._sel is None:
             self._sel = self._find_sel()
+            if not self._sel:
+                self._no_sel = True
+                log.info("bmc_has_no_sel", bmc=self._address)
+                return SelRead([], 0)
         entries: list[SelEntry] = []
         for doc in self._pages(self._sel):
             entries.extend(entry for entry in map(parse_sel_entry, _items(doc, "Members")) if entry)
         return new_entries(entries, after)
 
     def _find_sel(self) -> str:
+        """The SEL's ``Entries`` path; "" when the service has none (it answered, without one)."""
         get = self._transport.get
         root = get(ROOT)
         for owner in ("Managers", "Systems"):
@@ -362,8 +374,7 @@ class RedfishBmc:
                     entries = _link(service, "Entries")
                     if is_sel and entries is not None:
                         return entries
-        msg = "no SEL log service under the Managers or Systems"
-        raise BmcError(msg)
+        return ""
 
     def _members(self, path: str) -> list[str]:
         found: list[str] = []

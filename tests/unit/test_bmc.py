@@ -223,3 +223,82 @@ class TestRedfishParsing:
     async def test_a_missing_document_is_a_bmc_error(self):
         with pytest.raises(BmcError, match="404"):
             SimRedfishService(SimBmc()).get("/redfish/v1/Nothing")
+
+
+class DictService:
+    """A Redfish service of the newer shape (ThermalSubsystem, PowerSubsystem, Sensors), paged."""
+
+    def __init__(self, docs: dict[str, dict[str, object]]) -> None:
+        self.docs = docs
+
+    def get(self, path: str) -> dict[str, object]:
+        if path not in self.docs:
+            msg = f"GET {path}: HTTP 404"
+            raise BmcError(msg)
+        return self.docs[path]
+
+
+def newer_shape() -> dict[str, dict[str, object]]:
+    c = "/redfish/v1/Chassis/GPU_Board"
+    fans = f"{c}/ThermalSubsystem/Fans"
+    psus = f"{c}/PowerSubsystem/PowerSupplies"
+    sensors = f"{c}/Sensors"
+    return {
+        "/redfish/v1/": {"Chassis": {"@odata.id": "/redfish/v1/Chassis"}},
+        "/redfish/v1/Chassis": {"Members": [{"@odata.id": c}]},
+        c: {
+            "ThermalSubsystem": {"@odata.id": f"{c}/ThermalSubsystem"},
+            "PowerSubsystem": {"@odata.id": f"{c}/PowerSubsystem"},
+            "Sensors": {"@odata.id": sensors},
+        },
+        f"{c}/ThermalSubsystem": {"Fans": {"@odata.id": fans}},
+        fans: {
+            "Members": [{"@odata.id": f"{fans}/0"}],
+            "Members@odata.nextLink": f"{fans}?$skip=1",
+        },
+        f"{fans}?$skip=1": {"Members": [{"@odata.id": f"{fans}/1"}]},
+        f"{fans}/0": {"Name": "Fan 0", "SpeedPercent": {"Reading": 60, "SpeedRPM": 11000}},
+        f"{fans}/1": {
+            "Name": "Fan 1",
+            "SpeedPercent": {"Reading": 0, "SpeedRPM": 0},
+            "Status": {"State": "Enabled", "Health": "Critical"},
+        },
+        f"{c}/PowerSubsystem": {"PowerSupplies": {"@odata.id": psus}},
+        psus: {"Members": [{"@odata.id": f"{psus}/0"}, {"@odata.id": f"{psus}/1"}]},
+        f"{psus}/0": {"Name": "PSU 0", "Status": {"State": "Enabled", "Health": "OK"}},
+        f"{psus}/1": {"Name": "PSU 1", "Status": {"State": "Enabled", "Health": "Critical"}},
+        sensors: {"Members": [{"@odata.id": f"{sensors}/inlet"}, {"@odata.id": f"{sensors}/v"}]},
+        f"{sensors}/inlet": {
+            "Name": "Inlet Temp",
+            "ReadingType": "Temperature",
+            "Reading": 31.5,
+            "PhysicalContext": "Intake",
+            "Thresholds": {"UpperCritical": {"Reading": 45}},
+        },
+        f"{sensors}/v": {"Name": "12V", "ReadingType": "Voltage", "Reading": 12.1},
+    }
+
+
+async def test_the_newer_subsystems_and_paged_collections_are_read():
+    reading = RedfishBmc(DictService(newer_shape()), "b").read()
+    assert [(f.name, f.rpm, f.failed) for f in reading.fans] == [
+        ("Fan_0", 11000, False),
+        ("Fan_1", 0, True),
+    ]
+    assert [(p.name, p.failed) for p in reading.psus] == [("PSU_0", False), ("PSU_1", True)]
+    (inlet,) = reading.temperatures  # the voltage sensor is not a temperature
+    assert (inlet.name, inlet.celsius, inlet.upper_critical, inlet.place.value) == (
+        "Inlet_Temp",
+        31.5,
+        45,
+        "inlet",
+    )
+    service = DictService(newer_shape())
+    poller = BmcPoller(RedfishBmc(service, "b"))
+    result = await poller.poll(1)
+    # two supplies, one failed: all but one needed, so no spare is left
+    assert result.samples[NODE, "bmc_psu_redundancy_lost"] == 1
+    # A service without an SEL is no error, and is not searched again.
+    assert result.samples[NODE, "agent_source_errors_bmc"] == 0
+    del service.docs["/redfish/v1/"]["Chassis"]  # the root is only read to find the SEL now
+    assert (await poller.poll(2)).samples[NODE, "bmc_up"] == 1
