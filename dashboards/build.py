@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import fleet_overview, job_health, node_detail, reliability
+from dashboards import fleet_overview, job_health, node_detail, preflight, reliability
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -26,6 +26,7 @@ DASHBOARDS: Final[tuple[Callable[[], Dashboard], ...]] = (
     node_detail.build,
     job_health.build,
     reliability.build,
+    preflight.build,
 )
 
 

@@ -43,6 +43,20 @@ MAY_BE_EMPTY = {
         "the demo's agents send nothing the collector refuses, and a rejection reason gets its "
         "series with the first rejection"
     ),
+    # The pre-flight series exist once a run finished; this demo starts no pre-flight run.
+    **{
+        ("fleetwatch-preflight", f"panel '{title}'"): "no pre-flight run in this demo"
+        for title in (
+            "Newest run",
+            "Since the newest run",
+            "Nodes held back",
+            "Nodes by their newest qualification",
+            "Qualification over time",
+            "Runs by verdict",
+            "Nodes by verdict",
+            "Results refused",
+        )
+    },
 }
 
 

@@ -63,12 +63,13 @@ class TestGenerated:
         assert names == sorted(p.name for p in DASHBOARDS)
         assert len(capsys.readouterr().out.splitlines()) == len(names)
 
-    def test_there_are_the_four_dashboards(self):
-        """Fleet overview, node detail, job health and reliability are all generated."""
+    def test_there_are_the_five_dashboards(self):
+        """Fleet overview, node detail, job health, reliability and pre-flight are generated."""
         assert [p.stem for p in DASHBOARDS] == [
             "fleetwatch-fleet-overview",
             "fleetwatch-job-health",
             "fleetwatch-node-detail",
+            "fleetwatch-preflight",
             "fleetwatch-reliability",
         ]
 
