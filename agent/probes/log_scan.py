@@ -56,6 +56,9 @@ _KMSG: Final = re.compile(r"\d+,\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
 _JOURNAL_MARKER: Final = re.compile(r"-- .* --$|-- No entries --$")
 _KERNEL_IDENTS: Final = frozenset({"kernel", "kern"})
 _MAX_LINE: Final = 64 * 1024  # longer is no kernel line: parse its start only
+# Consecutive AER lines are folded in blocks of at most this many, so an AER storm of millions of
+# lines in a row holds this many in memory, not the storm.
+MAX_AER_BLOCK: Final = 10_000
 _UNRECOVERED: Final = EventKind.PCIE_AER_UNRECOVERED
 _FINAL: Final = frozenset({AerOutcome.FAILED, AerOutcome.RECOVERED})
 
@@ -156,7 +159,7 @@ class LogScanner:
         aer = parse_aer_line(line.text)
         if aer is not None:
             block = self._block
-            if block is None or block.host != line.host:
+            if block is None or block.host != line.host or len(block.lines) >= MAX_AER_BLOCK:
                 self._flush_aer()
                 block = self._block = _AerBlock(line.host, line.when)
             block.lines.append(aer)

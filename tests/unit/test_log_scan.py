@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.log_scan import LogScanner, split_prefix
+from agent.probes.log_scan import MAX_AER_BLOCK, LogScanner, split_prefix
 from fleetwatch.cli_scan import EXIT_CLEAN, EXIT_FAULTS, EXIT_UNREADABLE, scan
 from rules.xid_catalog import load_catalog
 
@@ -137,6 +137,31 @@ class TestScanFiles:
         assert "after AER nonfatal: transaction; CmpltTO" in unrecovered[0].detail
         assert unrecovered[0].first == "Tue Nov 25 05:02:17 2026"
         assert unrecovered[0].last == "Tue Nov 25 05:02:18 2026"
+
+
+class TestStorm:
+    def test_an_aer_storm_is_read_in_bounded_blocks_and_still_counted(self):
+        """A million-line AER storm in a row is folded a block at a time, each report counted."""
+        scanner = LogScanner(load_catalog())
+        report = (
+            "[  100.000001] pcieport 0000:15:01.0: AER: Corrected error received: 0000:18:00.0",
+            (
+                "[  100.000002] nvidia 0000:18:00.0: PCIe Bus Error: severity=Corrected, "
+                "type=Physical Layer, (Receiver ID)"
+            ),
+            (
+                "[  100.000003] nvidia 0000:18:00.0:   device [10de:2330] error status/mask="
+                "00000001/0000e000"
+            ),
+            "[  100.000004] nvidia 0000:18:00.0:    [ 0] RxErr                  (First)",
+        )
+        reports = 3_000  # 12,000 lines: two blocks
+        scanner.feed_all(line for _ in range(reports) for line in report)
+        assert scanner._block is not None
+        assert len(scanner._block.lines) <= MAX_AER_BLOCK
+        (finding,) = scanner.findings()
+        assert (finding.kind, finding.component) == ("pcie_aer", "0000:18:00.0")
+        assert finding.count == reports
 
 
 class TestCommand:
