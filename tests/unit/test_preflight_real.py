@@ -367,3 +367,16 @@ def test_a_real_agent_carries_the_real_runners(tmp_path):
     got = runners.ib.serve(Rail("mlx5_9", 1), 18515, 20.0)
     assert got.value is None
     assert "ib_write_bw" in got.error
+
+
+def test_without_torch_the_fallback_says_so(tmp_path):
+    # a torch package that cannot be imported, ahead of the real one on the workers' path
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no torch on this node')\n")
+    runners = real_runners(search_path=str(tmp_path), env={"PYTHONPATH": str(shadow.parent)})
+    got = runners.host.measure([0], 60.0)  # type: ignore[union-attr]
+    assert got
+    assert all(m.value is None for m in got)
+    assert all("torch is not installed for" in m.error for m in got), got[0].error
+    assert "no torch on this node" in got[0].error

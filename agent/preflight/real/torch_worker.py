@@ -41,8 +41,11 @@ class CannotRunError(Exception):
 
 def _torch() -> Any:  # noqa: ANN401 - torch is imported lazily, typed where it is used
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    import torch  # noqa: PLC0415 - only the worker loads torch
-
+    try:
+        import torch  # noqa: PLC0415 - only the worker loads torch
+    except ImportError as exc:
+        msg = f"torch is not installed for {sys.executable} ({exc})"
+        raise CannotRunError(msg) from exc
     return torch
 
 
