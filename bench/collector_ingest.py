@@ -48,6 +48,18 @@ of the first webhook naming the node minus the write of the fault's first messag
 parses and acks (grpcio and protobuf, nothing of the collector), and reports its CPU beside the
 collector's (``floor``, ``cpu_vs_floor``): the peer the collector's cost is compared with.
 
+With Prometheus: ``--scrape-sizes`` (4,096 nodes; 1,024 with ``--quick``) run again, judged the
+same way, while Debian's real Prometheus (``bench/ingest/prom.py``, on the load's CPU) scrapes
+every series through the collector's shard targets (found by HTTP service discovery) every
+``--scrape-interval`` seconds (15) through warm-up and window: ``max_nodes_at_1hz_with_scrape`` is
+the largest of them kept up with (a lower bound: only these sizes run, to stay near the 10-minute
+budget; ``--scrape-sizes 4096 5120 6144 8192`` searches further). ``scrape_cpu_s_per_1000_nodes``
+and ``scrape_cpu_ratio_vs_prometheus_client`` come from ``bench/ingest/scrape.py``, in this
+process: a fleet model of ``--scrape-cpu-nodes`` nodes (1,024) filled from the recording, one full
+pass over every shard (OpenMetrics, gzip) right after every node sent a Report, against
+prometheus_client's ``generate_latest`` rendering the same series, medians of
+``--scrape-cpu-rounds`` (5).
+
 ``--profile`` runs py-spy on the collector during the window of ``--profile-nodes`` nodes and
 prints the top functions. ``--quick``: 256 and 1,024 nodes, short windows, no fault run.
 """
@@ -73,6 +85,7 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_to_action import SECRET
 from ingest.procs import Cores, log, record
+from ingest.scrape import measure as measure_scrape
 from ingest.size import (
     GPUS_PER_NODE,
     GROWTH_LIMIT_MS,
@@ -82,9 +95,12 @@ from ingest.size import (
     Context,
     run_size,
 )
+from ingest.wire import Recording
 
 SIZES = (256, 1024, 4096, 8192)
 QUICK_SIZES = (256, 1024)
+SCRAPE_SIZES = (4096,)
+QUICK_SCRAPE_SIZES = (1024,)
 FAULT_NODES = 2048
 BISECT_STEP = 128
 TARGET_NODES = 4096
@@ -238,6 +254,15 @@ def parse_args() -> argparse.Namespace:
     add("--fault-timeout", type=float, default=30.0, help="s to wait for a fault's webhook")
     add("--scrape-max-nodes", type=int, default=1024, help="time a /metrics scrape up to")
     add(
+        "--scrape-sizes",
+        type=int,
+        nargs="*",
+        help="sizes run again with Prometheus scraping (default 4096; none: no such run)",
+    )
+    add("--scrape-interval", type=float, default=15.0, help="Prometheus' scrape interval, s")
+    add("--scrape-cpu-nodes", type=int, default=1024, help="nodes of the exposition CPU pass")
+    add("--scrape-cpu-rounds", type=int, default=5, help="rounds of the exposition CPU pass")
+    add(
         "--floor",
         action="store_true",
         help="run each size again against bench/ingest/floor.py (gRPC and parsing only)",
@@ -258,7 +283,12 @@ def parse_args() -> argparse.Namespace:
         args.sizes = args.sizes or list(QUICK_SIZES)
         args.warmup, args.window = min(args.warmup, 5.0), min(args.window, 10.0)
         args.bisect, args.faults = 0, 0
+        if args.scrape_sizes is None:
+            args.scrape_sizes = list(QUICK_SCRAPE_SIZES)
+        args.scrape_cpu_nodes, args.scrape_cpu_rounds = min(args.scrape_cpu_nodes, 256), 3
     args.sizes = args.sizes or list(SIZES)
+    if args.scrape_sizes is None:
+        args.scrape_sizes = list(SCRAPE_SIZES)
     return args
 
 
@@ -278,6 +308,47 @@ def run_sizes(ctx: Context) -> tuple[list[dict[str, Any]], list[int]]:
         rows.append(row)
     bisect_sizes(rows, ctx.args.bisect, ctx)
     return rows, not_run
+
+
+def run_scraped_sizes(ctx: Context) -> list[dict[str, Any]]:
+    """The ``--scrape-sizes`` again, Prometheus scraping every series meanwhile."""
+    rows = []
+    for nodes in ctx.args.scrape_sizes:
+        log(f"size {nodes} with Prometheus scraping every {ctx.args.scrape_interval:g} s ...")
+        row = run_size(ctx, nodes, scraped=True)
+        show_row(row)
+        log(
+            f"  Prometheus: {row.get('prometheus_targets_up')} of "
+            f"{row.get('prometheus_targets')} targets up, {row.get('prometheus_samples_per_round')}"
+            f" samples a round, largest target {row.get('prometheus_largest_target_samples')},"
+            f" slowest scrape {row.get('prometheus_scrape_duration_max_s')} s"
+        )
+        rows.append(row)
+    return rows
+
+
+def with_scrape(
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    scraped: list[dict[str, Any]],
+    scrape_cpu: dict[str, Any],
+) -> None:
+    """The figures with Prometheus attached, and the exposition's CPU against prometheus_client."""
+    kept = [r for r in scraped if r["kept_up"]]
+    best = max(kept, key=lambda r: r["nodes"]) if kept else None
+    result["max_nodes_at_1hz_with_scrape"] = best["nodes"] if best else None
+    result["cpu_cores_at_max_with_scrape"] = best["collector_cpu_cores"] if best else None
+    result["scrape_sizes"] = scraped
+    result["scrape_interval_s"] = args.scrape_interval
+    if best is None:
+        why = (
+            "no --scrape-sizes run"
+            if not scraped
+            else "no size of --scrape-sizes was kept up with while Prometheus scraped: "
+            + "; ".join(f"{r['nodes']}: {r.get('why_not')}" for r in scraped)
+        )
+        result["why"] = "; ".join(filter(None, [result.get("why"), why]))
+    result |= scrape_cpu
 
 
 def run_fault_size(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -369,7 +440,12 @@ def main() -> None:
         cores = Cores.pick()
     except RuntimeError as exc:
         keys = ("max_nodes_at_1hz", "cpu_cores_at_max", "rss_mb_per_1000_nodes")
-        failed = dict.fromkeys((*keys, "fault_to_action_p99_ms_at_2048"))
+        scrape_keys = (
+            "max_nodes_at_1hz_with_scrape",
+            "scrape_cpu_s_per_1000_nodes",
+            "scrape_cpu_ratio_vs_prometheus_client",
+        )
+        failed = dict.fromkeys((*keys, "fault_to_action_p99_ms_at_2048", *scrape_keys))
         print(json.dumps(failed | {"why": str(exc)}, sort_keys=True), flush=True)
         raise SystemExit(1) from exc
     os.sched_setaffinity(0, {cores.load})  # before any thread starts: they inherit it
@@ -390,6 +466,16 @@ def main() -> None:
         rows, not_run = run_sizes(ctx)
         fault_row = run_fault_size(ctx, rows)
         floor = run_floor(ctx, rows) if args.floor else None
+        scraped = run_scraped_sizes(ctx)
+        log(f"exposition CPU: {args.scrape_cpu_nodes} nodes, {args.scrape_cpu_rounds} rounds ...")
+        scrape_cpu = measure_scrape(
+            Recording.load(recording), args.scrape_cpu_nodes, args.scrape_cpu_rounds
+        )
+        log(
+            f"  a full pass: {scrape_cpu['scrape_cpu_s_per_1000_nodes']} s per 1,000 nodes, "
+            f"ratio {scrape_cpu['scrape_cpu_ratio_vs_prometheus_client']} against "
+            "prometheus_client's generate_latest"
+        )
     finally:
         receiver.stop()
         if args.workdir is None:
@@ -400,6 +486,7 @@ def main() -> None:
     result["sizes_not_run"] = not_run
     if floor is not None:
         with_floor(result, rows, floor)
+    with_scrape(result, args, scraped, scrape_cpu)
     result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, sort_keys=True), flush=True)
 

@@ -6,6 +6,7 @@ timed as ``bench/fault_to_action.py`` times them) and the collector's profile (p
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -39,6 +40,7 @@ from fault_to_action import (
 from helpers.sim_fleet import percentile
 
 from ingest.procs import Collector, Cores, Load, core_busy_s, log, pinned, wait_connected
+from ingest.prom import Prometheus
 from ingest.wire import node_name
 
 if TYPE_CHECKING:
@@ -91,6 +93,10 @@ def judge(row: dict[str, Any]) -> list[str]:
     late = row["load_late_p99_ms"]
     if late is not None and late > LATE_LIMIT_MS:
         why.append(f"the load itself ran late (p99 {late:.0f} ms): not judged")
+    if row.get("scraped_by_prometheus"):
+        up, total = row.get("prometheus_targets_up"), row.get("prometheus_targets")
+        if not total or up != total:
+            why.append(f"Prometheus: {up} of {total} targets up")
     return why
 
 
@@ -227,15 +233,38 @@ class Context:
     collector_command: list[str]
 
 
-def run_size(ctx: Context, nodes: int, *, faults: bool = False) -> dict[str, Any]:  # noqa: PLR0915
+def start_prometheus(
+    ctx: Context, collector: Collector, workdir: Path, row: dict[str, Any]
+) -> Prometheus:
+    """Debian's Prometheus on the load's CPU, scraping every target of the collector.
+
+    Return once it scraped each (the time that took is in ``row``).
+    """
+    interval = ctx.args.scrape_interval
+    prometheus = Prometheus.start(workdir / "prometheus", collector.base, ctx.cores.load, interval)
+    targets = http_get(collector.base + "/api/v1/scrape_targets", timeout_s=60)
+    shards = len(json.loads(targets)) - 1
+    row["prometheus_scrape_interval_s"] = interval
+    row["prometheus_first_round_s"] = round(prometheus.wait_scraped(shards, 4 * interval + 60), 1)
+    return prometheus
+
+
+def run_size(  # noqa: C901, PLR0912, PLR0915 - one size, start to end
+    ctx: Context, nodes: int, *, faults: bool = False, scraped: bool = False
+) -> dict[str, Any]:
+    """Run and judge one size; ``scraped``: Prometheus scrapes every series meanwhile."""
     args = ctx.args
     row: dict[str, Any] = {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE}
-    workdir = ctx.workdir / f"nodes-{nodes}{'-faults' if faults else ''}"
+    if scraped:
+        row["scraped_by_prometheus"] = True
+    suffix = "-faults" if faults else "-scraped" if scraped else ""
+    workdir = ctx.workdir / f"nodes-{nodes}{suffix}"
     collector = Collector.start(
         workdir, ctx.receiver.url, nodes, ctx.cores.collector, ctx.collector_command
     )
     load: Load | None = None
     spy: subprocess.Popen[bytes] | None = None
+    prometheus: Prometheus | None = None
     try:
         time.sleep(2.0)
         rss_idle = collector.rss_mb()
@@ -250,6 +279,10 @@ def run_size(ctx: Context, nodes: int, *, faults: bool = False) -> dict[str, Any
             "cpu_cores_collector_c"
         ]
         log(f"  {nodes} nodes in after {row['connect_s']} s; warming up {args.warmup:g} s")
+        if scraped:
+            prometheus = start_prometheus(ctx, collector, workdir, row)
+            children["prometheus"] = psutil.Process(prometheus.proc.pid)
+            log(f"  Prometheus scraped every target once after {row['prometheus_first_round_s']} s")
         time.sleep(args.warmup)
         profiling = args.profile and nodes == args.profile_nodes and not faults
         if profiling:
@@ -282,7 +315,10 @@ def run_size(ctx: Context, nodes: int, *, faults: bool = False) -> dict[str, Any
             summary = profile_summary(workdir / "profile.txt")
             row["profile"] = summary
             row["profile_file"] = str(workdir / "profile.txt")
-        if not faults and nodes <= args.scrape_max_nodes:
+        if prometheus is not None:
+            row["prometheus_cpu_cores"] = cpu.get("cpu_cores_prometheus_w")
+            row.update(prometheus.figures())
+        if not faults and not scraped and nodes <= args.scrape_max_nodes:
             row.update(scrape(collector))
         if faults:
             row.update(run_faults(ctx, load, collector, nodes))
@@ -299,6 +335,8 @@ def run_size(ctx: Context, nodes: int, *, faults: bool = False) -> dict[str, Any
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
+        if prometheus is not None:
+            prometheus.stop()
         if load is not None:
             load.stop()
         collector.stop()

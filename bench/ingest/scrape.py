@@ -1,0 +1,156 @@
+"""What one full pass over every series costs: the collector's exposition against prometheus_client.
+
+A fleet model is filled from the recording (each node's Hello, its first Report, then a steady
+Report), in this process: the figure is the exposition's own CPU, without the load's or gRPC's.
+The peer is prometheus_client's ``generate_latest`` over a registry holding the same series (the
+same families and samples, collected once beforehand), so both render the same text.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from collector.export.catalog import SERIES_PER_NODE_BUDGET
+from collector.export.exposition import (
+    OPENMETRICS,
+    RENDER_INTERVAL_S,
+    SHARD_SAMPLES,
+    TEXT,
+    NodeExposition,
+)
+from collector.export.fleet import FleetCollector
+from collector.export.node_text import NODE_FAMILIES
+from collector.model.fleet import FleetModel
+from collector.stats import CollectorStats
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from ingest.wire import NodeWire
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from prometheus_client.metrics_core import Metric
+
+    from ingest.wire import Recording
+
+NODE_FAMILY_NAMES: Final = frozenset(spec.name.removesuffix("_total") for spec in NODE_FAMILIES)
+
+
+def fill_fleet(fleet: FleetModel, recording: Recording, nodes: int) -> list[NodeWire]:
+    """Add ``nodes`` generated nodes to ``fleet``: Hello, first Report and one steady Report."""
+    wires = [NodeWire(recording, i) for i in range(nodes)]
+    now = time.time()
+    for i, wire in enumerate(wires):
+        hello = pb.AgentMessage.FromString(wire.hello(recording, int(now * 1000))).hello
+        fleet.on_hello(hello, time.monotonic(), now)
+        first = pb.Report.FromString(wire.render(recording.first))
+        fleet.apply_report(wire.name, first)
+        steady = recording.steady[i % len(recording.steady)]
+        fleet.apply_report(wire.name, pb.Report.FromString(wire.render(steady)))
+    return wires
+
+
+def move(fleet: FleetModel, recording: Recording, wires: list[NodeWire], step: int) -> None:
+    """Every node sends its next steady Report (what one second of a busy fleet changes)."""
+    for i, wire in enumerate(wires):
+        steady = recording.steady[(i + step) % len(recording.steady)]
+        fleet.apply_report(wire.name, pb.Report.FromString(wire.render(steady)))
+
+
+class Frozen(Collector):
+    """Yields families collected once (prometheus_client renders them on each pass)."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        """Hold ``metrics``."""
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        """The held families."""
+        yield from self._metrics
+
+
+def frozen_registry(metrics: list[Metric]) -> CollectorRegistry:
+    """A registry yielding ``metrics``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Frozen(metrics))
+    return registry
+
+
+def cpu(fn: Callable[[], object]) -> float:
+    """Process CPU seconds one call of ``fn`` took."""
+    began = time.process_time()
+    fn()
+    return time.process_time() - began
+
+
+def full_pass(exposition: NodeExposition, fmt: str) -> int:
+    """Every shard once, gzipped, as Prometheus asks for them; return the bytes served."""
+    total = 0
+    for shard in exposition.shards():
+        body = exposition.shard(shard, fmt, gzipped=True)
+        total += len(body or b"")
+    return total
+
+
+def measure(recording: Recording, nodes: int, rounds: int) -> dict[str, Any]:
+    """The exposition's CPU for a full pass over ``nodes`` nodes' series, against prometheus_client.
+
+    Each round: every node sends its next steady Report (so every node changed), then one full
+    pass over every shard as Prometheus asks (OpenMetrics, gzip), a second pass with nothing
+    changed, and prometheus_client's ``generate_latest`` over the same series (FleetCollector's
+    families, collected beforehand) and with the collecting. Medians over the rounds.
+    """
+    fleet = FleetModel()
+    wires = fill_fleet(fleet, recording, nodes)
+    clock = [0.0]
+    exposition = NodeExposition(
+        fleet,
+        monotonic=lambda: clock[0],
+        nodes_per_shard=SHARD_SAMPLES // SERIES_PER_NODE_BUDGET,
+    )
+    reference = FleetCollector(fleet, CollectorStats())
+    changed, unchanged, text_only, theirs, theirs_collect = [], [], [], [], []
+    series = 0
+    for step in range(rounds):
+        move(fleet, recording, wires, step + 1)
+        clock[0] += RENDER_INTERVAL_S  # the render interval has passed: every node is redone
+        changed.append(cpu(lambda: full_pass(exposition, OPENMETRICS)))
+        unchanged.append(cpu(lambda: full_pass(exposition, OPENMETRICS)))
+        clock[0] += RENDER_INTERVAL_S
+        move(fleet, recording, wires, step + 1)
+        text_only.append(cpu(lambda: exposition.everything(TEXT)))
+        metrics = [m for m in reference.collect() if m.name in NODE_FAMILY_NAMES]
+        registry = frozen_registry(metrics)
+        theirs.append(cpu(lambda: generate_latest(registry)))  # noqa: B023 - called at once
+        theirs_collect.append(
+            cpu(lambda: generate_latest(frozen_registry(list(reference.collect()))))
+        )
+        series = sum(len(m.samples) for m in metrics)
+    med = statistics.median
+    per_1000 = 1000 / nodes
+    ours = med(changed)
+    return {
+        "scrape_cpu_nodes": nodes,
+        "scrape_cpu_series": series,
+        "scrape_cpu_shards": len(exposition.shards()),
+        "scrape_cpu_rounds": rounds,
+        "scrape_cpu_s_per_1000_nodes": round(ours * per_1000, 4),
+        "scrape_cpu_unchanged_s_per_1000_nodes": round(med(unchanged) * per_1000, 4),
+        "scrape_cpu_render_only_s_per_1000_nodes": round(med(text_only) * per_1000, 4),
+        "prometheus_client_generate_latest_s_per_1000_nodes": round(med(theirs) * per_1000, 4),
+        "prometheus_client_collect_and_generate_s_per_1000_nodes": round(
+            med(theirs_collect) * per_1000, 4
+        ),
+        "scrape_cpu_ratio_vs_prometheus_client": round(ours / med(theirs), 3),
+        "scrape_cpu_ratio_vs_prometheus_client_collect": round(ours / med(theirs_collect), 3),
+        "scrape_cpu_definition": (
+            "CPU of one full pass over every shard target (OpenMetrics, gzip level 1) right after "
+            "every node sent a Report and the render interval passed (every node rendered "
+            "anew), in this process; against prometheus_client.generate_latest over the same "
+            "series (FleetCollector's families collected beforehand), medians over the rounds"
+        ),
+    }
