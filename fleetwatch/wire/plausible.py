@@ -99,6 +99,7 @@ PCIE_SPEED_GTS: Final = Plausible("number", 0, 256)
 # The node's BMC: counts of its parts, and readings no working machine goes past.
 BMC_PARTS: Final = Plausible("number", 0, 1000)
 BMC_TEMPERATURE: Final = Plausible("number", -60, 200)
+IB_RATE_GBPS: Final = Plausible("number", 0, 100_000)  # 12X XDR is 2,400 Gb/s
 
 EXACT: Final[dict[str, Plausible]] = {
     "temperature_celsius": Plausible("number", -40, 150),
@@ -138,6 +139,24 @@ EXACT: Final[dict[str, Plausible]] = {
     "bmc_outlet_temperature_celsius": BMC_TEMPERATURE,
     "bmc_temperature_max_celsius": BMC_TEMPERATURE,
     "bmc_temperatures_critical": BMC_PARTS,
+    # heat, and links read every counter interval (not counters: the "ib_" prefix would say so)
+    "temperature_slowdown_celsius": Plausible("number", -40, 150),
+    "clocks_hw_slowdown": FLAG,
+    "clocks_sw_thermal_slowdown": FLAG,
+    "clocks_hw_thermal_slowdown": FLAG,
+    "clocks_hw_power_brake": FLAG,
+    "ib_rate_gbps": IB_RATE_GBPS,
+    "ib_rate_expected_gbps": IB_RATE_GBPS,
+    "ib_link_width": Plausible("number", 0, 32),
+    "ib_rate_low": FLAG,
+    "roce_v2_gids": Plausible("number", 0, 65_536),
+    "roce_gid_missing": FLAG,
+    "nic_pcie_link_width": PCIE_WIDTH,
+    "nic_pcie_link_width_max": PCIE_WIDTH,
+    "nic_pcie_link_speed_gts": PCIE_SPEED_GTS,
+    "nic_pcie_link_speed_gts_max": PCIE_SPEED_GTS,
+    "nic_pcie_link_degraded": FLAG,
+    "nvswitch_pcie_links_degraded": Plausible("number", 0, 1_000),
 }
 # Checked in order, before the prefixes: a rate of an IB counter is a rate, not a counter.
 SUFFIXES: Final[tuple[tuple[str, Plausible], ...]] = (

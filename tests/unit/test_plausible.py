@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from agent.probes.gpu_signals import GPU_SIGNALS, NVLINK_SIGNALS
+from agent.poll_ib_link import IB_LINK_SIGNALS, NODE_LINK_SIGNALS
+from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.wire.plausible import (
     ANY,
@@ -86,6 +87,14 @@ class TestTable:
         """No per-GPU or per-link signal of the agent falls through to 'anything goes'."""
         for signal in (*GPU_SIGNALS, *NVLINK_SIGNALS, "gpu_present", "pcie_link_width_max"):
             assert rule_for(signal) is not ANY, signal
+
+    def test_link_and_heat_signals_are_not_taken_for_counters(self):
+        """A rate or a flag that drops is no counter reset (the "ib_" prefix means counters)."""
+        for signal in (*CLOCK_REASON_SIGNALS, *IB_LINK_SIGNALS, *NODE_LINK_SIGNALS):
+            assert rule_for(signal) is not ANY, signal
+            assert not is_counter(signal), signal
+        assert value_problem("ib_rate_low", 2) is not None
+        assert value_problem("ib_rate_gbps", 400.0) is None
 
     def test_counters_are_known_as_counters(self):
         """Counters (whose decrease is a reset) are told from gauges and flags."""
