@@ -340,6 +340,40 @@ PANELS: Final = (
         ],
         unit="cps",
     ),
+    Row("BMC"),
+    Timeseries(
+        "Fans",
+        "Fans the node's BMC reports, those failed (critical, or at or below their critical "
+        "speed), and the slowest one's RPM.",
+        [
+            (f"fleetwatch_bmc_fans{N}", "fans"),
+            (f"fleetwatch_bmc_fans_failed{N}", "failed"),
+            (f"fleetwatch_bmc_fan_rpm_min{N} / 1000", "slowest (kRPM)"),
+        ],
+        width=THIRD,
+    ),
+    Timeseries(
+        "Power supplies",
+        "Supplies working, needed and failed; redundancy lost is 1 while no spare is left.",
+        [
+            (f"fleetwatch_bmc_psus_working{N}", "working"),
+            (f"fleetwatch_bmc_psus_needed{N}", "needed"),
+            (f"fleetwatch_bmc_psus_failed{N}", "failed"),
+            (f"fleetwatch_bmc_psu_redundancy_lost{N}", "redundancy lost"),
+        ],
+        width=THIRD,
+    ),
+    Timeseries(
+        "Air and sensors",
+        "The BMC's warmest inlet and outlet sensors and its warmest sensor of all.",
+        [
+            (f"fleetwatch_bmc_inlet_temperature_celsius{N}", "inlet"),
+            (f"fleetwatch_bmc_outlet_temperature_celsius{N}", "outlet"),
+            (f"fleetwatch_bmc_temperature_max_celsius{N}", "warmest"),
+        ],
+        unit="celsius",
+        width=THIRD,
+    ),
     Row("Agent"),
     Timeseries(
         "Outbox",
@@ -360,7 +394,7 @@ PANELS: Final = (
     ),
     Timeseries(
         "Source read errors",
-        "Failed reads per rate interval, by source (nvml, sysfs, kmsg, udev).",
+        "Failed reads per rate interval, by source (nvml, sysfs, kmsg, udev, bmc).",
         [(f"increase(fleetwatch_agent_source_errors_total{N}{RATE})", "{{source}}")],
         width=THIRD,
     ),
