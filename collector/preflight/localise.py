@@ -10,10 +10,9 @@ From the results the plan already gathered, no extra round where they suffice:
 * GPU pairs (``p2p_bw``/``p2p_bidir_bw``) inside a node: a GPU in most of its failing pairs (and
   at least two) is the ``gpu`` to blame (its NVLinks); otherwise each failing pair is a
   ``gpu_pair`` (low peer-to-peer bandwidth with no NVLink down, say).
-* A failed multi-node all-reduce or ladder rung already explained by a node above names it; the
-  first ladder rung that fails names the nodes it added (``ladder_rung``); what is left is
-  ``unexplained`` and the orchestrator's bisection (:mod:`collector.preflight.orchestrator`)
-  halves the nodes until the slow half is one node.
+* A failed multi-node all-reduce or ladder rung already explained by a node above names it
+  (``explained``); the first ladder rung that fails names the nodes it added (``ladder_rung``);
+  what is left is ``unexplained``, naming every node of the run.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class Fixed:
     per_node: float = 1000.0  # ladder samples/s per node (perfect scaling)
     low_pairs: dict[tuple[int, int], float] = field(default_factory=dict)
     hang: threading.Event | None = None
+    entered: threading.Event = field(default_factory=threading.Event)
 
     def measure_pairs(self, gpus: Sequence[int]) -> list[Measurement]:
         out = []
@@ -72,6 +73,7 @@ class Pair:
         self.f = f
 
     def measure(self, gpus: Sequence[int], timeout_s: float) -> list[Measurement]:
+        self.f.entered.set()
         if self.f.hang is not None:
             self.f.hang.wait(timeout_s + 30)
         return self.f.measure_pairs(gpus)
@@ -350,6 +352,25 @@ class TestFull:
         eff = sorted((r.component, r.value) for r in rows if r.check == "ladder_efficiency")
         assert eff == [("nodes:2", 1.0), ("nodes:4", 1.0)]
         assert any(r.check == "allreduce_multi" and r.verdict == "pass" for r in rows)
+
+
+class TestAgentStaysResponsive:
+    async def test_events_flow_while_a_task_measures(self, bed: Bed):
+        """While gpu-03's pair test is held, an Xid on gpu-03 still reaches the journal: the
+        task runs on a thread of its own, the agent's loop polls and streams meanwhile."""
+        figures = bed.figures["gpu-03"]
+        figures.hang = threading.Event()
+        run = asyncio.ensure_future(bed.service.preflight.run("standard", "gpu-03"))
+        await asyncio.to_thread(figures.entered.wait, 30)
+        bed.cluster.nodes["gpu-03"].xid(1, 13)
+        await wait_until(
+            lambda: [r.xid for r in bed.service.reader.events(node="gpu-03")] == [13],
+            what="the Xid journaled while the task runs",
+        )
+        assert not run.done()
+        figures.hang.set()
+        row = await run
+        assert row.verdict == "pass"
 
 
 class TestHostileAndCutShort:
