@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from agent.preflight.runners import PreflightRunners
 from agent.sim.bandwidth import BandwidthModel, ModelError, Noise
 from fleetwatch.preflight.vocabulary import Check, Measurement
 
@@ -69,6 +70,7 @@ class _Meeting:
     error: str = ""
     evidence: str = ""
     busy: dict[tuple[str, int], float] = field(default_factory=dict)  # a rung's GPU shares
+    compute: Callable[[_Meeting], tuple[float, str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,17 @@ class SimFabric:
             ladder=SimLadderStep(self, node),
         )
 
+    def runners_for(self, name: str, node: SimNode) -> PreflightRunners:
+        """Take ``node`` into the fabric; its runners as the agent takes them.
+
+        What :class:`agent.sim.cluster.SimCluster` calls for each node it builds.
+        """
+        self.nodes[name] = node
+        r = self.runners(name)
+        return PreflightRunners(
+            pair=r.pair, host=r.host, collective=r.collective, ib=r.ib, ladder=r.ladder
+        )
+
     def spend(self, node: str, what: str, seconds: float, scope: tuple[str, ...] = ()) -> None:
         """Note that ``node`` ran ``what`` for ``seconds`` of (simulated) tool time."""
         with self._lock:
@@ -170,9 +183,12 @@ class SimFabric:
         member: str,
         expected: int,
         timeout_s: float,
-        compute: Callable[[_Meeting], tuple[float, str]],
+        compute: Callable[[_Meeting], tuple[float, str]] | None,
     ) -> _Meeting:
         """Join meeting ``key``; the last of ``expected`` members to come computes the figure.
+
+        The figure is what the ``compute`` a member brought (an ``ib_write_bw`` client brings it,
+        its server none) makes of the meeting.
 
         Returns the meeting once it is done, or (with ``error`` set) when ``timeout_s`` (at most
         :attr:`meet_wait_s` of real time) passes first.
@@ -180,12 +196,17 @@ class SimFabric:
         with self._lock:
             meeting = self._meetings.setdefault(key, _Meeting(expected))
             meeting.arrived.add(member)
+            if compute is not None:
+                meeting.compute = compute
             last = len(meeting.arrived) >= meeting.expected and not meeting.done.is_set()
         if last:
-            try:
-                meeting.value, meeting.evidence = compute(meeting)
-            except ModelError as exc:
-                meeting.error = str(exc)
+            if meeting.compute is None:
+                meeting.error = "nobody measured"
+            else:
+                try:
+                    meeting.value, meeting.evidence = meeting.compute(meeting)
+                except ModelError as exc:
+                    meeting.error = str(exc)
             with self._lock:  # the next meeting of the same key is a new one
                 if self._meetings.get(key) is meeting:
                     del self._meetings[key]
@@ -342,7 +363,7 @@ class SimIbBandwidth(_NodeRunner):
                 Check.IB_WRITE_BW, component, None, "Gb/s", error=f"ib_write_bw failed: {crashed}"
             )
         key = self._key(rail, self.name, tcp_port)
-        met = self.fabric.meet(key, self.name, 2, timeout_s, lambda _: (0.0, ""))
+        met = self.fabric.meet(key, self.name, 2, timeout_s, None)
         peer = next((n for n in sorted(met.arrived) if n != self.name), "?")
         if met.value is None and not met.error:
             met.error = "no client connected"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -303,3 +304,36 @@ def test_pairs_behind_one_address_find_their_planned_server(tmp_path: Path):
     )
     assert {m.component for m in again} == {"rail:mlx5_0/1:n0-n3"}
     assert all(m.value is not None and m.value > 380 for m in again)
+
+
+@pytest.mark.parametrize("first", ["server", "client"])
+def test_either_end_may_come_first(first: str, tmp_path: Path):
+    """The figure is the client's measurement whichever end reaches the test last."""
+    fabric = _fabric(tmp_path, 2)
+    s, c = fabric.runners("n0").ib, fabric.runners("n1").ib
+    rail = Rail("mlx5_6", 1)
+    box: list[Measurement] = []
+    early = threading.Thread(
+        target=lambda: box.append(
+            s.serve(rail, 7, 30.0) if first == "server" else c.connect(rail, "n0", 7, 30.0)
+        )
+    )
+    early.start()
+    while fabric.waiting([("ib", "n0", "mlx5_6", 1, 7)], 0.0) != 0:
+        time.sleep(0.001)
+    late = c.connect(rail, "n0", 7, 30.0) if first == "server" else s.serve(rail, 7, 30.0)
+    early.join()
+    assert late.value == box[0].value
+    assert late.value is not None
+    assert late.value > 380
+
+
+def test_a_cluster_node_joins_the_fabric_with_every_runner(tmp_path: Path):
+    """What SimCluster calls per node: the node joins, and every runner interface is filled."""
+    fabric = SimFabric({}, seed=1)
+    node = SimNode("gpu-a", tmp_path / "a", FakeClock())
+    got = fabric.runners_for("gpu-a", node)
+    assert fabric.nodes == {"gpu-a": node}
+    assert None not in (got.pair, got.host, got.collective, got.ib, got.ladder)
+    assert got.host is not None
+    assert len(got.host.measure([0], 10.0)) == 2
