@@ -167,6 +167,7 @@ def check_agent(path: Path, clock: Clock) -> Outcome:
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
     """Load ``path`` as the collector does at start, with ``environ`` for webhook secrets."""
     from collector.ingest.tls import tls_material  # noqa: PLC0415
+    from fleetwatch.preflight.gates import GatesFileError, load_gates  # noqa: PLC0415
     from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
 
     cfg, problems = _load_collector(path)
@@ -177,6 +178,10 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         rule_count = len(load_rules(list(cfg.rules)).rules)
     except RulesError as exc:
         problems.extend(f"rules: {line}" for line in str(exc).splitlines())
+    try:
+        load_gates(cfg.preflight_gates)
+    except GatesFileError as exc:
+        problems.extend(f"preflight_gates: {line}" for line in str(exc).splitlines())
     problems += _catalog_and_tls(
         cfg.xid_catalog,
         lambda: tls_material(cfg.server_tls()),
