@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 IPMI_SIM: Final = shutil.which("ipmi_sim") or "/usr/bin/ipmi_sim"
 IPMITOOL: Final = shutil.which("ipmitool") or "/usr/bin/ipmitool"
 MC: Final = "0x20"
-USER: Final = "admin"
+USER: Final = "fleetwatch"  # of IPMI's User privilege: it only reads
 PASSWORD: Final = "s3cret-ipmi"  # noqa: S105 - the simulator's, made up for the test
 
 # Sensor types, event/reading types and units (IPMI 2.0 tables 42-1, 42-3, 43-15).
@@ -159,7 +159,7 @@ def emulator_commands() -> str:
 
 
 def lan_conf(port: int, state: Path) -> str:
-    """The simulator's LAN configuration: one loopback channel, one admin user."""
+    """The simulator's LAN configuration: one loopback channel, one user who may only read."""
     auths = "none md2 md5 straight"
     return (
         f'name "fleetwatch-test"\n'
@@ -172,7 +172,7 @@ def lan_conf(port: int, state: Path) -> str:
         )
         + "    guid a123456789abcdefa123456789abcdef\n"
         "  endlan\n"
-        f'  user 2 true "{USER}" "{PASSWORD}" admin 10 {auths}\n'
+        f'  user 2 true "{USER}" "{PASSWORD}" user 10 {auths}\n'
     )
 
 
@@ -203,7 +203,8 @@ class IpmiSim:
 
     def ipmitool(self, *args: str) -> str:
         """What ``ipmitool`` prints for ``args`` against this BMC."""
-        argv = [IPMITOOL, "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(self.port)]
+        argv = [IPMITOOL, "-I", "lanplus", "-C", "3", "-L", "USER", "-H", "127.0.0.1"]
+        argv += ["-p", str(self.port)]
         argv += ["-U", USER, "-f", str(self.password_file), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
 

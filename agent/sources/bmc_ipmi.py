@@ -1,7 +1,8 @@
 """The BMC over IPMI, for machines without Redfish: ``ipmitool -I lanplus``.
 
-``ipmitool`` runs as an argument list (no shell) with a time limit. The password goes in a file
-(``-f``), never on the command line. Three listings are read:
+``ipmitool`` runs as an argument list (no shell) with a time limit, in a session of IPMI's User
+privilege (it only reads). The password goes in a file (``-f``), never on the command line.
+Three listings are read:
 
 - ``sensor``: every threshold sensor, ``name | reading | unit | status | lnr | lcr | lnc | unc |
   ucr | unr``; fans are those read in RPM, temperatures those in degrees C;
@@ -316,6 +317,8 @@ class IpmiBmc:
             "lanplus",
             "-C",
             str(cipher_suite),
+            "-L",  # the session's privilege: the User level reads sensors, the SDR and the SEL
+            "USER",
             "-H",
             host,
             "-p",

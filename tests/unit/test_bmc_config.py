@@ -65,7 +65,7 @@ class TestTable:
         fake.read()
         assert all("s3cret-bmc" not in arg for argv in ran for arg in argv)
         assert ran[0][ran[0].index("-f") + 1] == str(tmp_path / "password")
-        assert ran[0][:7] == ["ipmitool", "-I", "lanplus", "-C", "17", "-H", "bmc-17"]
+        assert ran[0][:9] == ["ipmitool", "-I", "lanplus", "-C", "17", "-L", "USER", "-H", "bmc-17"]
 
     @pytest.mark.parametrize(
         ("table", "message"),
