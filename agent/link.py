@@ -116,10 +116,22 @@ class CollectorLink:
         self.connections = 0
         self.failures = 0
         self._welcomed = False  # this attempt got its Welcome
+        self.cut_until = 0.0  # monotonic: no stream before then (see cut_off)
+
+    def cut_off(self, seconds: float) -> None:
+        """End the stream now and open none for ``seconds``: a network partition, simulated.
+
+        The agent goes on watching meanwhile; its events wait in the outbox and are sent when
+        the link comes back. For the simulator and tests: nothing in production calls it.
+        """
+        self.cut_until = self._clock.monotonic() + seconds
+        self._live.changed.set()  # the sender sees the cut at once
 
     async def run(self) -> None:
         """Connect, stream, and reconnect (to the next collector) with backoff, until cancelled."""
         while True:
+            if (cut := self.cut_until - self._clock.monotonic()) > 0:
+                await self._clock.sleep(cut)
             self.target = self.rotation.current
             self._publish()
             started = self._clock.monotonic()
@@ -295,6 +307,9 @@ class CollectorLink:
         last_write = self._clock.monotonic()
         first_report = True
         while True:
+            if self._clock.monotonic() < self.cut_until:
+                msg = "cut off from the collector (a simulated network partition)"
+                raise ConnectionError(msg)
             self._live.changed.clear()
             for event in self._outbox.after(sent_seq):
                 await self._write(call, lock, pb.AgentMessage(event=event))

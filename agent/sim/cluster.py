@@ -179,6 +179,8 @@ class SimCluster:
         """Make a fault happen."""
         if fault.kind == FaultKind.NODE_CRASH:
             await self.crash(fault.node)
+        elif fault.kind == FaultKind.AGENT_CUTOFF:
+            self.agents[fault.node].link.cut_off(fault.params["seconds"])
         else:
             apply_fault(fault, self.nodes[fault.node])
 

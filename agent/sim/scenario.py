@@ -40,6 +40,16 @@ SEL_SEVERITIES: Final = ("OK", "Warning", "Critical")
 _SEL_TEXT = re.compile(r"[ -~]{1,120}")
 # The rates an NDR port can train down to (Gb/s; what the kernel's ``rate`` file names).
 LOWER_IB_RATES: Final = (200, 100, 56, 40, 20, 10)
+# NVML clocks-event reasons of power (SW power cap, HW power brake) and of heat, and the SM
+# clock each holds an H100 at (thermal: what SimNode.thermal sets).
+POWER_CAP_REASON: Final = 0x4
+POWER_BRAKE_REASON: Final = 0x80
+THERMAL_REASON_BITS: Final = 0x20 | 0x40
+FULL_CLOCK_MHZ: Final = 1980
+THERMAL_CLOCK_MHZ: Final = 1305
+POWER_CLOCKS_MHZ: Final = {POWER_CAP_REASON: 1755, POWER_BRAKE_REASON: 1600}
+NORMAL_POWER_MW: Final = 118_000
+MIN_CAP_W, MAX_CAP_W = 100, 1000  # what nvidia-smi -pl accepts on data-centre GPUs, roughly
 
 
 class ScenarioError(ValueError):
@@ -92,6 +102,13 @@ class FaultKind(StrEnum):
     PSU_REDUNDANCY_LOST = "psu_redundancy_lost"
     INLET_HOT = "inlet_hot"
     SEL_EVENT = "sel_event"
+    # Power and resets (a GPU slowed less than by heat; a GPU the driver cannot reset), and a
+    # node's agent cut off from its collector for a while (it keeps watching and holds events).
+    POWER_BRAKE = "power_brake"
+    POWER_CAP = "power_cap"
+    POWER_CLEAR = "power_clear"
+    RESET_FAILS = "reset_fails"
+    AGENT_CUTOFF = "agent_cutoff"
 
 
 # The parameters each kind takes (all required), with their type.
@@ -136,6 +153,11 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.PSU_REDUNDANCY_LOST: {},
     FaultKind.INLET_HOT: {"celsius": float},
     FaultKind.SEL_EVENT: {"severity": str, "sensor": str, "message": str},
+    FaultKind.POWER_BRAKE: {"gpu": int},
+    FaultKind.POWER_CAP: {"gpu": int, "watts": int},
+    FaultKind.POWER_CLEAR: {"gpu": int},
+    FaultKind.RESET_FAILS: {"gpu": int},
+    FaultKind.AGENT_CUTOFF: {"seconds": float},
 }
 # Faults whose ``factor`` is a share of the healthy bandwidth, in (0, 1].
 _SHARE_FACTORS: Final = frozenset({FaultKind.P2P_LOW, FaultKind.BAD_CABLE})
@@ -208,6 +230,13 @@ class Fault:
             FaultKind.SEL_EVENT: lambda: (
                 f"BMC: SEL {p['severity']} entry ({p['sensor']}): {p['message']}"
             ),
+            FaultKind.POWER_BRAKE: lambda: f"GPU {p['gpu']} power brake (HW, clocks held down)",
+            FaultKind.POWER_CAP: lambda: f"GPU {p['gpu']} capped at {p['watts']} W",
+            FaultKind.POWER_CLEAR: lambda: f"GPU {p['gpu']} power back to normal",
+            FaultKind.RESET_FAILS: lambda: f"GPU {p['gpu']} can no longer be reset",
+            FaultKind.AGENT_CUTOFF: lambda: (
+                f"agent cut off from the collector for {p['seconds']:g} s"
+            ),
         }
         text = details.get(self.kind)
         args = ", ".join(f"{k}={v}" for k, v in p.items())
@@ -232,6 +261,8 @@ class Scenario:
             params = dict(f.params)
             if f.kind == FaultKind.IB_FLAP:
                 params["every"] = round(params["every"] * factor, 3)
+            if f.kind == FaultKind.AGENT_CUTOFF:
+                params["seconds"] = round(params["seconds"] * factor, 3)
             faults.append(replace(f, at_s=round(f.at_s * factor, 3), params=params))
         return replace(self, duration_s=duration_s, faults=tuple(faults))
 
@@ -357,6 +388,12 @@ def _check_new_kinds(
     if kind == FaultKind.INLET_HOT and not 0 < params["celsius"] <= MAX_INLET_C:
         msg = f"{where}: celsius must be above 0 and at most {MAX_INLET_C:g}"
         raise ScenarioError(msg + f", got {params['celsius']:g}")
+    if kind == FaultKind.POWER_CAP and not MIN_CAP_W <= params["watts"] <= MAX_CAP_W:
+        msg = f"{where}: watts must be {MIN_CAP_W} to {MAX_CAP_W}, got {params['watts']}"
+        raise ScenarioError(msg)
+    if kind == FaultKind.AGENT_CUTOFF and params["seconds"] <= 0:
+        msg = f"{where}: seconds must be more than 0, got {params['seconds']:g}"
+        raise ScenarioError(msg)
     if kind == FaultKind.BAD_CABLE and (params["peer"] not in nodes or params["peer"] == node):
         msg = f"{where}: peer {short_repr(params['peer'])} is not another of the scenario's nodes"
         raise ScenarioError(msg)
@@ -466,18 +503,42 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.PSU_REDUNDANCY_LOST: lambda n, _: n.bmc.lose_feed(),
     FaultKind.INLET_HOT: lambda n, p: n.bmc.heat_inlet(p["celsius"]),
     FaultKind.SEL_EVENT: lambda n, p: n.bmc.log(p["severity"], p["sensor"], p["message"]),
+    FaultKind.POWER_BRAKE: lambda n, p: _power(n, p["gpu"], POWER_BRAKE_REASON, None),
+    FaultKind.POWER_CAP: lambda n, p: _power(n, p["gpu"], POWER_CAP_REASON, p["watts"]),
+    FaultKind.POWER_CLEAR: lambda n, p: _power(n, p["gpu"], 0, None),
+    FaultKind.RESET_FAILS: lambda n, p: setattr(n.gpus[p["gpu"]], "reset_fails", True),
 }
+
+
+def _power(node: SimNode, index: int, reason: int, watts: int | None) -> None:
+    """A power brake or cap on a GPU (``reason`` 0 ends both), as NVML then reports it.
+
+    Both hold the SM clock down by less than thermal slowdown does (a simulated training rank
+    computes in proportion): a cap to 1,755 MHz and the board's power at the cap, a brake to
+    1,600 MHz. Heat still slows the GPU more while it lasts.
+    """
+    gpu = node.gpus[index]
+    gpu.clock_event_reasons &= ~(POWER_BRAKE_REASON | POWER_CAP_REASON)
+    gpu.clock_event_reasons |= reason
+    clock = POWER_CLOCKS_MHZ.get(reason, FULL_CLOCK_MHZ)
+    if gpu.clock_event_reasons & THERMAL_REASON_BITS:
+        clock = min(clock, THERMAL_CLOCK_MHZ)
+    gpu.sm_clock_mhz = clock
+    if watts is not None:
+        gpu.power_mw = watts * 1000
+    elif reason == 0:
+        gpu.power_mw = NORMAL_POWER_MW
 
 
 def apply_fault(fault: Fault, node: SimNode) -> None:
     """Make ``fault`` happen on ``node``.
 
-    A crash is the caller's to stage (it stops the agent); a flap is expanded by
-    :meth:`Scenario.timeline` into downs and ups.
+    A crash and a cut-off are the caller's to stage (they stop the agent, or its link); a flap
+    is expanded by :meth:`Scenario.timeline` into downs and ups.
     """
     action = _APPLY.get(fault.kind)
     if action is None:
-        if fault.kind in (FaultKind.NODE_CRASH, FaultKind.IB_FLAP):
+        if fault.kind in (FaultKind.NODE_CRASH, FaultKind.AGENT_CUTOFF, FaultKind.IB_FLAP):
             return
         msg = f"no simulator action for {fault.kind}"
         raise ScenarioError(msg)

@@ -51,6 +51,11 @@ DEMO_JOB = "demo-pretrain"
 TICK_S = 0.25
 DRAIN_TIMEOUT_S = 5.0
 RULES_INTERVAL_S = 0.25
+# The demo job checkpoints every this many steps; it dies of a port down for this share of the
+# scenario (NCCL's timeout, on demo time) and restarts after this share of it.
+DEMO_CHECKPOINT_STEPS = 40
+DEMO_NCCL_TIMEOUT_SHARE = 0.1
+DEMO_RESTART_SHARE = 0.25
 
 
 @dataclass(slots=True)
@@ -152,7 +157,7 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         ib_traffic_bytes_per_s=20e9,  # a training job keeps the fabric busy
         job_socket_dir=Path(sockets.name),
     )
-    job = _DemoJob(cluster, clock, sockets)
+    job = _DemoJob(cluster, clock, sockets, scenario.duration_s)
     _header(scenario, names, cfg, collector.http_port, notes=notes, out=out)
     pending = scenario.timeline()
     result.started_unix = clock.now()
@@ -208,16 +213,33 @@ async def _final_view(collector: CollectorService, result: DemoResult) -> None:
 
 
 class _DemoJob:
-    """The demo's training job: 8 ranks on every node, reporting through the agents' sockets."""
+    """The demo's training job: 8 ranks on every node, reporting through the agents' sockets.
+
+    It dies of a lost GPU, a crashed node or a port down past its NCCL timeout, and restarts
+    from its last checkpoint a while later on the healthy nodes (agent/sim/training.py); the
+    timeout and the delay are shares of the scenario's duration, like the rules' timing.
+    """
 
     def __init__(
-        self, cluster: SimCluster, clock: Clock, sockets: tempfile.TemporaryDirectory[str]
+        self,
+        cluster: SimCluster,
+        clock: Clock,
+        sockets: tempfile.TemporaryDirectory[str],
+        duration_s: float,
     ) -> None:
         self._cluster = cluster
         self._clock = clock
         self._sockets = sockets
         self.job = SimTrainingJob.on_nodes(
-            DEMO_JOB, list(cluster.nodes.values()), cluster.job_sockets, clock, compute_s=0.08
+            DEMO_JOB,
+            list(cluster.nodes.values()),
+            cluster.job_sockets,
+            clock,
+            compute_s=0.08,
+            checkpoint_every=DEMO_CHECKPOINT_STEPS,
+            node_up=cluster.running,
+            nccl_timeout_s=DEMO_NCCL_TIMEOUT_SHARE * duration_s,
+            restart_after_s=DEMO_RESTART_SHARE * duration_s,
         )
         self._task: asyncio.Task[None] | None = None
 

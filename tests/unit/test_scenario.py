@@ -131,6 +131,8 @@ def example_params(kind: FaultKind) -> dict[str, Any]:
         "device": "nvme0n1p2",
         "switch": 2,
         "sxid": 20034,
+        "watts": 300,
+        "seconds": 5.0,
     }
     if kind in (FaultKind.P2P_LOW, FaultKind.BAD_CABLE):
         values["factor"] = 0.5
@@ -177,6 +179,11 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.SXID: [(EventKind.SXID, 20034)],
     FaultKind.SXID_FATAL: [(EventKind.SXID_FATAL, 20034)],
     FaultKind.AER_UNRECOVERED: [(EventKind.PCIE_AER, 0), (EventKind.PCIE_AER_UNRECOVERED, 0)],
+    # Power slows the GPU (clock samples), a failing reset shows only when one is tried.
+    FaultKind.POWER_BRAKE: [],
+    FaultKind.POWER_CAP: [],
+    FaultKind.POWER_CLEAR: [],
+    FaultKind.RESET_FAILS: [],
 }
 
 # The sample each fault must move (GPU 2, its link 5, or port mlx5_1), and to what.
@@ -196,6 +203,9 @@ EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
     FaultKind.NIC_PCIE_DOWNGRADE: ("port", "nic_pcie_link_degraded", 1),
     FaultKind.ROCE_GID_MISSING: ("port", "roce_gid_missing", 1),
     FaultKind.AER_UNRECOVERED: ("gpu", "aer_nonfatal_total", 1),
+    FaultKind.POWER_BRAKE: ("gpu", "clocks_hw_power_brake", 1),
+    FaultKind.POWER_CAP: ("gpu", "sm_clock_mhz", 1755),
+    FaultKind.POWER_CLEAR: ("gpu", "sm_clock_mhz", 1980),
 }
 
 # What the inventory (the Hello) of an agent started after the fault says.
@@ -209,7 +219,8 @@ class TestEachFaultKind:
     def test_every_kind_has_an_expectation(self):
         """No fault kind is left untested (a crash is the collector's to see; the BMC's faults
         are played in tests/unit/test_scenario_bmc.py, through the agent's BMC poller)."""
-        assert set(EXPECTED) | set(BMC_EXPECTED) | {FaultKind.NODE_CRASH} == set(FaultKind)
+        staged = {FaultKind.NODE_CRASH, FaultKind.AGENT_CUTOFF}  # played in test_sim_faults
+        assert set(EXPECTED) | set(BMC_EXPECTED) | staged == set(FaultKind)
 
     @pytest.mark.parametrize("kind", sorted(EXPECTED))
     async def test_fault_shows_up_as_the_right_events_exactly_once(self, kind, tmp_path: Path):
@@ -247,6 +258,7 @@ class TestEachFaultKind:
             assert samples[target, signal] == pytest.approx(value)
         if kind == FaultKind.SLOW_GPU:
             assert node.gpus[2].slowdown == pytest.approx(1.3)
+        _check_power_and_reset(kind, node, samples)
         if kind == FaultKind.P2P_LOW:
             assert node.p2p_factors == {(2, 5): 0.5}
         if kind == FaultKind.BAD_CABLE:
@@ -264,6 +276,19 @@ class TestEachFaultKind:
                 }
             else:
                 assert inventory.driver_version == expected
+
+
+def _check_power_and_reset(kind: FaultKind, node: SimNode, samples: dict[Any, Any]) -> None:
+    """A brake holds the clock lower than a cap; a cap sets the power; a reset then fails."""
+    gpu = Target.gpu(node.gpus[2].uuid)
+    if kind == FaultKind.POWER_BRAKE:
+        assert samples[gpu, "sm_clock_mhz"] == 1600
+    if kind == FaultKind.POWER_CAP:
+        assert samples[gpu, "power_watts"] == pytest.approx(300)
+    if kind == FaultKind.RESET_FAILS:
+        ok, detail = node.reset_gpu(2)
+        assert not ok
+        assert "Unable to reset GPU" in detail
 
 
 def _sampler(node: SimNode, clock: FakeClock) -> Sampler:
