@@ -359,10 +359,11 @@ class Agent:
         Once its events are durable, the SEL cursor moves past the entries they came from.
         """
         result = await bmc.poll(unix_ms(self.clock))
+        reached = bmc.sel_pending  # what this read's events stand for, whatever comes later
         self._take(result)
         self._publish(result.samples, events=bool(result.events))
         if await self.flush():
-            self.outbox.on_disk_thread(bmc.commit_sel)
+            self.outbox.on_disk_thread(partial(bmc.commit_sel, reached))
 
     async def _poll_bmc(self, bmc: BmcPoller) -> None:
         """The BMC at its own interval: it is slow, and may hang, without holding up polls."""

@@ -169,9 +169,17 @@ class BmcPoller:
         result.samples[node, "agent_bmc_hung"] = int(self.hung)
         return result
 
-    def commit_sel(self) -> None:
-        """The events of the SEL entries read so far are durable: move the cursor file there."""
-        pending = self._sel_pending
+    @property
+    def sel_pending(self) -> int | None:
+        """The SEL position the last read reached (None: none read yet)."""
+        return self._sel_pending
+
+    def commit_sel(self, key: int | None = None) -> None:
+        """Move the cursor file to ``key``: the events of the entries up to it are durable.
+
+        ``key`` None: as far as the reads so far went.
+        """
+        pending = self._sel_pending if key is None else key
         if pending is not None and self._cursor is not None:
             self._cursor.save(pending)
 

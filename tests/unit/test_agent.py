@@ -40,3 +40,30 @@ async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
     await agent.poll_once()
     assert [(e.seq, e.xid) for e in agent.outbox.after(0)] == [(1, 13), (2, 0)]
     assert agent.live.changed.is_set()
+
+
+async def test_bmc_events_reach_the_outbox_and_the_sel_cursor_follows_them(tmp_path: Path):
+    """A BMC read's events are numbered into the outbox with the rest, its samples go to the
+    link, and the SEL cursor moves to what was read once those events are on disk."""
+    import json  # noqa: PLC0415
+
+    from fleetwatch.model import Target, event_kind_from_pb  # noqa: PLC0415
+
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=2, nvlinks=2, ib_ports=1)
+    cfg = AgentConfig(node="node-a", state_dir=tmp_path / "state")
+    agent = build_agent(cfg, sim_hardware(node), clock)
+    await agent.start()
+    assert agent.bmc is not None
+    await agent.poll_bmc_once(agent.bmc)
+    node.bmc.fail_fan(2)
+    await agent.poll_bmc_once(agent.bmc)
+    events = [(event_kind_from_pb(e.kind).value, e.target.device) for e in agent.outbox.after(0)]
+    assert events == [("fan_failed", "Fan_2"), ("bmc_sel_entry", "Fan")]
+    assert agent.live.values[Target.node(), "bmc_fans_failed"] == 1
+    cursor = tmp_path / "state" / "bmc-sel-cursor.json"
+    await wait_until(
+        lambda: cursor.exists() and json.loads(cursor.read_text())["key"] == 1,
+        what="the SEL cursor at the entry read",
+    )
+    assert json.loads(cursor.read_text())["bmc"] == "node-a-bmc"
