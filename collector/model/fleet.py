@@ -85,6 +85,7 @@ class FleetModel:
         self._ticks = itertools.count(1)
         self._changed: dict[str, int] = {}
         self._urgent: dict[str, int] = {}
+        self._membership = 0  # grows when a node comes or goes
 
     @property
     def observer(self) -> FleetObserver | None:
@@ -120,6 +121,11 @@ class FleetModel:
             if node is None:
                 return None
             return read(node, self._changed.get(name, 0), self._urgent.get(name, 0))
+
+    @property
+    def membership(self) -> int:
+        """A number that grows whenever a node is added to the model or leaves it."""
+        return self._membership
 
     def _urgent_change(self, name: str) -> None:
         """Note a change that must show at once (call with the lock held)."""
@@ -160,6 +166,8 @@ class FleetModel:
             self._nodes[hello.node] = node
             self._slots[hello.node] = NodeSlots()
             self._urgent_change(hello.node)
+            if old is None:
+                self._membership += 1
         if self.observer is not None:
             self.observer.note_inventory(hello.node)
         return old is not None and not old.reachable
@@ -221,6 +229,7 @@ class FleetModel:
             self._slots.pop(name, None)
             self._changed.pop(name, None)
             self._urgent.pop(name, None)
+            self._membership += gone
         if gone and self.observer is not None:
             self.observer.note_node(name)
         return gone
