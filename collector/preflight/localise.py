@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from collector.preflight.judge import Judged
 
-_RAIL: Final = re.compile(r"rail:(?P<rail>[^:]+):(?P<server>.+?)-(?P<client>[^-]+)$")
+_RAIL: Final = re.compile(r"rail:(?P<rail>[^:]+):(?P<pair>.+)$")
 _GPU_PAIR: Final = re.compile(r"gpu:(\d+)-gpu:(\d+)")
 _BAD: Final = frozenset({Verdict.FAIL})
 
@@ -68,6 +68,23 @@ def localise(judged: Sequence[Judged], nodes: Sequence[str]) -> list[Suspect]:
     return found
 
 
+def rail_parts(component: str, node: str) -> tuple[str, str, str] | None:
+    """(rail, server, client) of ``rail:<hca>/<port>:<server>-<client>`` as ``node`` named it.
+
+    Node names hold dashes themselves (``gpu-01``), so the end that reported the result tells
+    where the pair splits; None when ``node`` is neither end.
+    """
+    match = _RAIL.fullmatch(component)
+    if match is None:
+        return None
+    pair = match["pair"]
+    if pair.startswith(f"{node}-"):
+        return match["rail"], node, pair[len(node) + 1 :]
+    if pair.endswith(f"-{node}"):
+        return match["rail"], pair[: -len(node) - 1], node
+    return None
+
+
 def _shown(j: Judged) -> str:
     value = "no value" if j.m.value is None else f"{j.m.value:.4g} {j.m.unit}".strip()
     return f"{j.m.component} on {j.node}: {value} ({j.verdict})"
@@ -78,9 +95,9 @@ def _rails(judged: Sequence[Judged]) -> list[Suspect]:  # noqa: C901 - one pass 
     pairs: dict[tuple[str, str, str], list[Judged]] = defaultdict(list)
     for j in judged:
         if j.m.check == Check.IB_WRITE_BW:
-            match = _RAIL.fullmatch(j.m.component)
-            if match is not None:
-                pairs[match["rail"], match["server"], match["client"]].append(j)
+            parts = rail_parts(j.m.component, j.node)
+            if parts is not None:
+                pairs[parts].append(j)
     low_ports = {
         (j.node, j.m.component.removeprefix("ib:"))
         for j in judged
