@@ -6,7 +6,8 @@ Exception tree::
     ├── ConfigError      (collector configuration is invalid; names the key)
     ├── JournalError     (the journal cannot be opened, migrated or written)
     │   ├── RowRefusedError  (the database refused one row; the rest of its commit went in)
-    │   └── JournalUnreachableError  (the database server cannot be reached: not a config error)
+    │   ├── JournalUnreachableError  (the database server cannot be reached: not a config error)
+    │   └── JournalFullError  (no disk space for a commit: nothing is acked until there is)
     └── SlurmError       (scontrol missing, timed out or failed; collector/actions/slurm.py)
 """
 
@@ -31,6 +32,10 @@ class JournalUnreachableError(JournalError):
     Not a configuration error: the collector exits with status 1 (not 2), so systemd starts it
     again (``RestartPreventExitStatus=2`` would not).
     """
+
+
+class JournalFullError(JournalError):
+    """A journal write failed for want of disk space; it is not committed (nor acked)."""
 
 
 class RowRefusedError(JournalError):

@@ -131,7 +131,7 @@ class CollectorService:
         self.fleet = FleetModel()
         self.stats = CollectorStats()
         store, self.reader = open_store(cfg.journal_config(), self._environ)
-        self.journal = Journal(store)
+        self.journal = Journal(store, self.stats.journal)
         self.peers = Peers(
             journal=self.journal,
             clock=clock,

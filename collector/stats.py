@@ -7,6 +7,20 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class JournalHealth:
+    """Whether the journal can commit, written on the event loop, read by the scrape thread."""
+
+    # the last write failed for want of disk space: nothing is acked until one commits again
+    full: bool = False
+    # writes that failed as a whole, by reason (disk_full, other)
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def failures_snapshot(self) -> dict[str, int]:
+        """Copy the failure counts."""
+        return dict(self.failures)
+
+
+@dataclass(slots=True)
 class CollectorStats:
     """Counters written on the event loop and read by the scrape thread."""
 
@@ -31,6 +45,7 @@ class CollectorStats:
     api_refused: Counter[str] = field(default_factory=Counter)
     # pre-flight results (or measurements in them) refused, by reason
     preflight_refused: Counter[str] = field(default_factory=Counter)
+    journal: JournalHealth = field(default_factory=JournalHealth)
 
     def rejected_snapshot(self) -> dict[str, int]:
         """Copy the rejection counts (a dict copy is atomic under the GIL)."""

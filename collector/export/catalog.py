@@ -975,6 +975,26 @@ _COLLECTOR = _specs(
             "Streams whose first event skipped numbers the journal never saw.",
         ),
         (
+            "fleetwatch_collector_journal_full",
+            "gauge",
+            "",
+            (),
+            (
+                "1 while the journal's last write failed for want of disk space: events are not "
+                "acked (agents keep and resend them) until a commit succeeds again."
+            ),
+        ),
+        (
+            "fleetwatch_collector_journal_write_failures_total",
+            "counter",
+            "",
+            ("reason",),
+            (
+                "Journal writes that failed as a whole, by reason: disk_full (no space: nothing "
+                "committed, nothing acked), other (the database down or broken)."
+            ),
+        ),
+        (
             "fleetwatch_api_requests_refused_total",
             "counter",
             "",

@@ -325,4 +325,9 @@ class FleetCollector(Collector):
             ("seq_gaps", stats.seq_gaps),
         ):
             f[f"fleetwatch_collector_{name}_total"].add_metric([], value)
+        journal = stats.journal
+        f["fleetwatch_collector_journal_full"].add_metric([], int(journal.full))
+        failures = dict.fromkeys(("disk_full", "other"), 0) | journal.failures_snapshot()
+        for reason, count in sorted(failures.items()):
+            f["fleetwatch_collector_journal_write_failures_total"].add_metric([reason], count)
         yield from f.values()

@@ -26,6 +26,7 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from collector.exceptions import JournalFullError
 from collector.ingest.session_events import StreamEvents, Warnings
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestThrottle
 from collector.store.sqlite import EventRow, NodeRow
@@ -259,6 +260,12 @@ class StreamSession:
                 error=str(exc),
             )
             await context.abort(_STATUS.get(exc.reason, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        except JournalFullError as exc:
+            # Nothing of it was committed, so nothing is acked: the agent keeps its events and
+            # sends them again once the journal has room (journal_disk_full says so, once).
+            self._stats.rejected["journal_full"] += 1
+            log.warning("stream_refused_journal_full", peer=peer, node=self._node or None)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception:

@@ -8,19 +8,30 @@ One row must not fail its neighbours: when a group commit fails, its rows are tr
 transaction, each under a savepoint (:meth:`EventStore.insert_each`). A row the database refuses
 fails alone (:class:`RowRefusedError`, and its session refuses the stream that sent it); the
 others commit. Only a commit that fails as a whole again (the database is down) fails them all.
+
+A write that fails for want of disk space (SQLite's "database or disk is full", PostgreSQL's
+``disk_full``, ``ENOSPC``) raises :class:`JournalFullError`: nothing of it is committed, so nothing
+is acked, and the agents keep the events and send them again. The journal says so once
+(``journal_disk_full``, an error) and in :class:`collector.stats.JournalHealth` (the
+``fleetwatch_collector_journal_full`` gauge), and once a write commits again
+(``journal_space_back``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import structlog
 
-from collector.exceptions import RowRefusedError
+from collector.exceptions import JournalFullError, RowRefusedError
+from collector.stats import JournalHealth
 from collector.store.postgres import PostgresReader, PostgresStore
 from collector.store.sqlite import JournalReader, SqliteStore
 
@@ -34,6 +45,26 @@ log = structlog.get_logger("collector.store.journal")
 
 MAX_BATCH: Final = 1000
 T = TypeVar("T")
+PG_DISK_FULL: Final = "53100"  # PostgreSQL's SQLSTATE disk_full
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the disk had no room for the write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.Error) and (
+            getattr(seen, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "database or disk is full" in str(seen)
+        ):
+            return True
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        if getattr(seen, "sqlstate", None) == PG_DISK_FULL or "No space left on device" in str(
+            seen
+        ):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def open_store(cfg: JournalConfig, environ: Mapping[str, str]) -> tuple[EventStore, EventReader]:
@@ -56,17 +87,59 @@ def _first_line(exc: BaseException) -> str:
 class Journal:
     """Async facade over an :class:`EventStore`; every store call runs on one thread."""
 
-    def __init__(self, store: EventStore) -> None:
-        """Own the store; the writer task starts on first use."""
+    def __init__(self, store: EventStore, health: JournalHealth | None = None) -> None:
+        """Own the store; the writer task starts on first use.
+
+        ``health`` is where the journal says whether it can commit (the collector's metrics
+        read it).
+        """
         self.store = store
         self.where = store.where  # for logs: a path, or postgresql://host:port/db
+        self.health = health if health is not None else JournalHealth()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._queue: asyncio.Queue[tuple[EventRow, asyncio.Future[int]]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._full_since: float | None = None
         self.commits = 0
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+    async def _run(self, fn: Callable[[], T], *, write: bool = False) -> T:
+        """Run ``fn`` on the writer thread.
+
+        A call that fails for want of space raises :class:`JournalFullError`; a ``write`` that
+        commits says the space is back.
+        """
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except JournalFullError:
+            raise
+        except Exception as exc:
+            if out_of_space(exc):
+                raise self._full(exc) from exc
+            raise
+        if write:
+            self._space_back()
+        return result
+
+    def _full(self, exc: BaseException) -> JournalFullError:
+        """Note a write refused for want of space; the error to hand its waiters."""
+        self.health.failures["disk_full"] += 1
+        error = _first_line(exc)
+        if not self.health.full:
+            self.health.full = True
+            self._full_since = time.monotonic()
+            log.error(
+                "journal_disk_full",
+                journal=self.where,
+                error=error,
+                effect="nothing is acked until a commit succeeds; agents keep their events",
+            )
+        return JournalFullError(f"the journal at {self.where} has no disk space: {error}")
+
+    def _space_back(self) -> None:
+        if self.health.full:
+            self.health.full = False
+            full_s = time.monotonic() - (self._full_since or time.monotonic())
+            log.warning("journal_space_back", journal=self.where, full_s=round(full_s, 1))
 
     async def append(self, row: EventRow) -> int:
         """Journal one event; return its id once committed, or 0 if it was already there.
@@ -89,7 +162,9 @@ class Journal:
             rows = [row for row, _ in batch]
             results: list[int | Exception]
             try:
-                results = list(await self._run(partial(self.store.insert_events, rows)))
+                results = list(await self._run(partial(self.store.insert_events, rows), write=True))
+            except JournalFullError as exc:  # row by row would not find room either
+                results = [exc] * len(rows)
             except Exception as exc:  # noqa: BLE001 - tried again row by row, then handed on
                 log.warning("journal_commit_failed", rows=len(rows), error=str(exc))
                 results = await self._row_by_row(rows)
@@ -111,8 +186,11 @@ class Journal:
         that error.
         """
         try:
-            results = await self._run(partial(self.store.insert_each, rows))
+            results = await self._run(partial(self.store.insert_each, rows), write=True)
+        except JournalFullError as exc:
+            return [exc] * len(rows)
         except Exception as exc:  # noqa: BLE001 - handed to every waiter, not swallowed
+            self.health.failures["other"] += 1
             log.error("journal_commit_failed", rows=len(rows), error=str(exc))
             return [exc] * len(rows)
         self.commits += 1
@@ -144,12 +222,13 @@ class Journal:
 
     async def save_node(self, row: NodeRow) -> None:
         """Remember a node's Hello and reachability."""
-        await self._run(lambda: self.store.save_node(row))
+        await self._run(lambda: self.store.save_node(row), write=True)
 
     async def set_reachable(self, name: str, *, reachable: bool, last_seen_ms: int) -> None:
         """Record a reachability change."""
         await self._run(
             lambda: self.store.set_reachable(name, reachable=reachable, last_seen_ms=last_seen_ms),
+            write=True,
         )
 
     async def load_nodes(self) -> list[NodeRow]:
