@@ -461,3 +461,37 @@ def api_text(service: CollectorService, path: str) -> tuple[int, str]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{service.http_port}{path}", timeout=5) as r:
         return r.status, r.read().decode()
+
+
+class TestApiGuards:
+    async def test_a_run_is_a_change_guarded_like_the_others(self, bed: Bed):
+        """A page of another origin, or a form, starts no run (refused and counted); a bad level
+        or an unknown node is a 400 naming it; the CLI's JSON from loopback starts one."""
+        from tests.integration.raw_http import request  # noqa: PLC0415
+
+        port = bed.service.http_port
+        body = '{"level": "quick", "nodes": "all"}'
+        evil = {"Content-Type": "application/json", "Origin": "https://evil.example"}
+        answer = await asyncio.to_thread(request, port, "POST", "/api/v1/preflight", body, evil)
+        assert answer.status == 403
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        answer = await asyncio.to_thread(request, port, "POST", "/api/v1/preflight", body, form)
+        assert answer.status == 415
+        assert await bed.service.journal.do(lambda s: s.preflight.runs()) == []
+        assert sum(bed.service.stats.api_refused.values()) == 2
+        status, answer_json = await asyncio.to_thread(
+            api, bed.service, "POST", "/api/v1/preflight", {"level": "deep"}
+        )
+        assert status == 400
+        assert "level" in answer_json["error"]
+        status, answer_json = await asyncio.to_thread(
+            api, bed.service, "POST", "/api/v1/preflight", {"nodes": "gpu-[01-09]"}
+        )
+        assert status == 400
+        assert "gpu-05" in answer_json["error"]
+        status, answer_json = await asyncio.to_thread(
+            api, bed.service, "POST", "/api/v1/preflight", {"level": "quick", "nodes": "gpu-01"}
+        )
+        assert status == 202
+        run_id = answer_json["run_id"]
+        await wait_until(lambda: run_id not in bed.service.preflight.live, what="the run to finish")
