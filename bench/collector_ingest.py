@@ -86,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_to_action import SECRET
 from ingest.procs import Cores, log, record
 from ingest.scrape import measure as measure_scrape
+from ingest.scrape import measure_http
 from ingest.size import (
     GPUS_PER_NODE,
     GROWTH_LIMIT_MS,
@@ -476,6 +477,10 @@ def main() -> None:
             f"ratio {scrape_cpu['scrape_cpu_ratio_vs_prometheus_client']} against "
             "prometheus_client's generate_latest"
         )
+        http_nodes = min(args.scrape_cpu_nodes, 512)
+        log(f"a shard request over HTTP against the render alone: {http_nodes} nodes ...")
+        scrape_cpu |= measure_http(Recording.load(recording), http_nodes, args.scrape_cpu_rounds)
+        log(f"  HTTP costs {scrape_cpu['http_overhead_cpu_ms_per_request']} ms of CPU a request")
     finally:
         receiver.stop()
         if args.workdir is None:

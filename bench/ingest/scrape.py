@@ -8,13 +8,18 @@ same families and samples, collected once beforehand), so both render the same t
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from collector.config import CollectorConfig
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.exposition import (
     OPENMETRICS,
@@ -25,8 +30,10 @@ from collector.export.exposition import (
 )
 from collector.export.fleet import FleetCollector
 from collector.export.node_text import NODE_FAMILIES
+from collector.main import CollectorService
 from collector.model.fleet import FleetModel
 from collector.stats import CollectorStats
+from fleetwatch.clock import SystemClock
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from ingest.wire import NodeWire
 
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 
     from ingest.wire import Recording
 
+ACCEPT: Final = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 NODE_FAMILY_NAMES: Final = frozenset(spec.name.removesuffix("_total") for spec in NODE_FAMILIES)
 
 
@@ -153,4 +161,65 @@ def measure(recording: Recording, nodes: int, rounds: int) -> dict[str, Any]:
             "anew), in this process; against prometheus_client.generate_latest over the same "
             "series (FleetCollector's families collected beforehand), medians over the rounds"
         ),
+    }
+
+
+def measure_http(recording: Recording, nodes: int, rounds: int) -> dict[str, Any]:
+    """A shard request through the collector's HTTP server against rendering the shard directly.
+
+    A real ``CollectorService`` in this process (its stdlib HTTP server, a thread per
+    connection) with ``nodes`` nodes put in its model; each round every node sends a Report,
+    then every shard is asked for over HTTP (OpenMetrics, gzip, a connection each, as
+    Prometheus' scrapes come), then again with nothing changed; the same directly. The
+    difference is what the server, its thread and the client cost a request.
+    """
+    return asyncio.run(_measure_http(recording, nodes, rounds))
+
+
+async def _measure_http(recording: Recording, nodes: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fleetwatch-scrape-") as tmp:
+        cfg = CollectorConfig(
+            listen="127.0.0.1:0",
+            http="127.0.0.1:0",
+            journal=Path(tmp) / "journal.db",
+            metrics_render_interval=0.0,
+        )
+        service = CollectorService(cfg, SystemClock())
+        await service.start()
+        try:
+            wires = fill_fleet(service.fleet, recording, nodes)
+            exposition = service.node_metrics
+            shards = exposition.shards()
+            headers = {"Accept": ACCEPT, "Accept-Encoding": "gzip"}
+
+            def over_http() -> None:
+                for shard in shards:
+                    conn = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=60)
+                    conn.request("GET", f"/metrics/shards/{shard}", headers=headers)
+                    conn.getresponse().read()
+                    conn.close()
+
+            def direct() -> None:
+                for shard in shards:
+                    exposition.shard(shard, OPENMETRICS, gzipped=True)
+
+            runs: dict[str, list[float]] = {"http": [], "http_same": [], "direct": [], "same": []}
+            for step in range(rounds):
+                move(service.fleet, recording, wires, step + 1)
+                runs["http"].append(await asyncio.to_thread(cpu, over_http))
+                runs["http_same"].append(await asyncio.to_thread(cpu, over_http))
+                move(service.fleet, recording, wires, step + 2)
+                runs["direct"].append(await asyncio.to_thread(cpu, direct))
+                runs["same"].append(await asyncio.to_thread(cpu, direct))
+        finally:
+            await service.stop(grace=None)
+    ms = {k: round(statistics.median(v) * 1000 / len(shards), 3) for k, v in runs.items()}
+    return {
+        "http_nodes": nodes,
+        "http_shards": len(shards),
+        "http_cpu_ms_per_shard_request": ms["http"],
+        "http_cpu_ms_per_shard_request_unchanged": ms["http_same"],
+        "direct_cpu_ms_per_shard": ms["direct"],
+        "direct_cpu_ms_per_shard_unchanged": ms["same"],
+        "http_overhead_cpu_ms_per_request": round(ms["http_same"] - ms["same"], 3),
     }
