@@ -7,7 +7,8 @@ first, in whichever of the forms the tools write:
   ``dmesg -x``: ``kern  :err   : `` in front of either;
 * ``journalctl -k`` (``-o short``, the default): ``Nov 25 01:02:03 host kernel: text``;
   ``-o short-precise``: ``Nov 25 01:02:03.123456 host kernel: text``; ``-o short-iso`` and
-  ``short-iso-precise``: ``2026-11-25T01:02:03+0000 host kernel: text``;
+  ``short-iso-precise``: ``2026-11-25T01:02:03+0000 host kernel: text``; ``-o short-monotonic``:
+  ``[ 1234.567890] host kernel: text``;
 * syslog files (rsyslog's traditional and RFC 3339 forms, as the journal's), which may keep the
   kernel's own ``[ 123.456]`` after ``kernel:``; lines of other programs are skipped;
 * ``/dev/kmsg`` records (``6,1234,5678,-;text``).
@@ -53,6 +54,11 @@ _DMESG: Final = re.compile(
     rf"\[(?P<when>\s*\d+\.\d+|\w{{3}} {_MONTH} [ 0-3]\d \d\d:\d\d:\d\d \d{{4}})\] ?(?P<text>.*)"
 )
 _KMSG: Final = re.compile(r"\d+,\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
+# journalctl -o short-monotonic: "host kernel: " or "host program[pid]: " after the time (a
+# kernel line such as "EDAC MC1: ..." has neither form).
+_MONOTONIC_HOST: Final = re.compile(
+    r"(?P<host>[A-Za-z0-9][\w.-]*) (?:kernel|(?P<program>[\w.@-]+)\[\d+\]): (?P<text>.*)"
+)
 _JOURNAL_MARKER: Final = re.compile(r"-- .* --$|-- No entries --$")
 _KERNEL_IDENTS: Final = frozenset({"kernel", "kern"})
 _MAX_LINE: Final = 64 * 1024  # longer is no kernel line: parse its start only
@@ -91,6 +97,11 @@ def split_prefix(raw: str) -> LogLine | None:
         # syslog keeps the kernel's own seconds since boot after its wall-clock time
         when = when or m["when"].strip()
         line = m["text"]
+        if not host and (m := _MONOTONIC_HOST.fullmatch(line)) is not None:
+            # journalctl -o short-monotonic: the host and identifier follow the time
+            if m["program"] is not None:
+                return None
+            host, line = m["host"], m["text"]
     return LogLine(when, host, line)
 
 

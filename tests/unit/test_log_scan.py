@@ -61,6 +61,7 @@ class TestPrefixes:
                 "gpu-01",
             ),
             ("6,1234,5678901,-;NVRM: text", "5.678901", ""),
+            ("[ 1234.567890] gpu-01 kernel: NVRM: text", "1234.567890", "gpu-01"),
             ("NVRM: text", "", ""),  # dmesg -t: no prefix at all
         ],
     )
@@ -75,11 +76,26 @@ class TestPrefixes:
             "-- Boot 0c9a6b1e3d5f4a7e8b2c1d0e9f8a7b6c --",
             "-- No entries --",
             "Nov 25 01:02:03 gpu-01 trainer[90112]: mce: [Hardware Error]: CPU 1: Machine Check",
+            "[ 1234.567890] gpu-01 trainer[90112]: mce: [Hardware Error]: CPU 1: Machine Check",
             "",
         ],
     )
     def test_markers_and_other_programs_are_skipped(self, raw: str):
         assert split_prefix(raw) is None
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "EDAC MC1: 1 UE memory read error on CPU_SrcID#1_Ha#0_Chan#2_DIMM#0",
+            "EXT4-fs (nvme0n1p2): Remounting filesystem read-only",
+            "XFS (md0): Filesystem has been shut down due to log error (0x2).",
+            "nvidia 0000:18:00.0: AER: can't recover (no error_detected callback)",
+        ],
+    )
+    def test_kernel_text_after_dmesg_time_is_not_taken_for_a_host(self, text: str):
+        line = split_prefix(f"[  123.456789] {text}")
+        assert line is not None
+        assert (line.host, line.text) == ("", text)
 
 
 class TestScanFiles:
