@@ -293,13 +293,13 @@ class PreflightService:
             *(self._ask(n, rnd.tasks[n], rnd.timeout_s, groups_ok.get(n)) for n in names)
         )
         out = dict(zip(names, answers, strict=True))
-        # A ladder rung's throughput is the group's, measured on its first node.
+        # A multi-node collective's or ladder rung's figure is the group's: kept once, from its
+        # first node (a member that could not run keeps its error).
         for node, task in rnd.tasks.items():
             for group in task.groups:
-                if group.check == Check.LADDER_THROUGHPUT.value and group.node_rank > 0:
-                    out[node] = [
-                        m for m in out[node] if m.check != Check.LADDER_THROUGHPUT or m.error
-                    ]
+                if len(group.nodes) > 1 and group.node_rank > 0:
+                    check = Check(group.check)
+                    out[node] = [m for m in out[node] if m.check != check or m.error]
         return out
 
     async def _ask(
