@@ -183,7 +183,7 @@ class SelEntry:
 
     def describe(self) -> str:
         """One line for an event's detail."""
-        kind = f" ({self.sensor_type})" if self.sensor_type else ""
+        kind = f" ({self.sensor_type})" if self.sensor_type not in ("", self.sensor) else ""
         when = f" at {self.created}" if self.created else ""
         return f"SEL {self.key} {self.severity.value}: {self.sensor}{kind}: {self.message}{when}"
 

@@ -397,7 +397,11 @@ class RedfishBmc:
 
 
 def parse_sel_entry(item: Json) -> SelEntry | None:
-    """A ``LogEntry``; None for one without a numeric ``Id`` (it cannot be ordered)."""
+    """A ``LogEntry``; None for one without a numeric ``Id`` (it cannot be ordered).
+
+    Its sensor is the ``SensorType`` (with the ``SensorNumber`` where given), not its ``Name``,
+    which BMCs fill with the same words for every entry ("Log Entry", "SEL Entry").
+    """
     raw_id = item.get("Id")
     try:
         key = int(str(raw_id), 0)
@@ -405,7 +409,7 @@ def parse_sel_entry(item: Json) -> SelEntry | None:
         return None
     severity = _SEVERITY.get(str(item.get("Severity") or "OK"), Severity.WARNING)
     sensor_type = str(item.get("SensorType") or "")
-    sensor = str(item.get("Name") or sensor_type or "SEL")
+    sensor = sensor_type or "SEL"
     number = item.get("SensorNumber")
     if isinstance(number, int) and not isinstance(number, bool):
         sensor = f"{sensor_type or 'sensor'} #0x{number:02x}"

@@ -302,3 +302,15 @@ async def test_the_newer_subsystems_and_paged_collections_are_read():
     assert result.samples[NODE, "agent_source_errors_bmc"] == 0
     del service.docs["/redfish/v1/"]["Chassis"]  # the root is only read to find the SEL now
     assert (await poller.poll(2)).samples[NODE, "bmc_up"] == 1
+
+
+def test_a_sel_entry_is_named_by_its_sensor_not_its_generic_name():
+    entry = parse_sel_entry(
+        {"Id": "3", "Name": "Log Entry 3", "Severity": "Warning", "SensorType": "Battery"}
+    )
+    assert entry is not None
+    assert entry.sensor == "Battery"
+    assert entry.describe().startswith("SEL 3 warning: Battery: ")  # the type is not repeated
+    unnamed = parse_sel_entry({"Id": "4", "Name": "Log Entry 4", "Severity": "Critical"})
+    assert unnamed is not None
+    assert unnamed.sensor == "SEL"
