@@ -107,7 +107,10 @@ SUMMED_KEYS: Final = (
     "drain_requests",
     "notifications",
     "collector_starts",
+    "collector_exits",
 )
+# Summed too when the seeds have them (a PostgreSQL run).
+SUMMED_IF_PRESENT: Final = ("db_kills", "db_clean_restarts")
 
 Target = str | frozenset[str] | None  # what a disturbance acts on: a node, nodes, the collector
 
@@ -514,6 +517,8 @@ class Run:
         if what == "kill_collector":
             several = len(self.collectors) > 1
             collector = self.rng_shared.choice(self.collectors) if several else self.collectors[0]
+            if not collector.running():
+                return  # still down from the kill before (it comes back on its own)
             collector.kill()
             self.collector_kills += 1
             back = now + self.rng.uniform(0.0, 1.0)
@@ -715,6 +720,11 @@ def totals(args: argparse.Namespace, per_seed: list[dict[str, Any]]) -> dict[str
     finished = [r for r in per_seed if "events_lost" in r]
     for key in SUMMED_KEYS:
         out[key] = sum(int(r[key]) for r in finished) if finished else None
+    for key in SUMMED_IF_PRESENT:
+        if any(key in r for r in finished):
+            out[key] = sum(int(r.get(key, 0)) for r in finished)
+    if finished:
+        out["journal"] = finished[0]["journal"]
     if len(finished) < len(per_seed):
         out["why"] = "; ".join(
             f"seed {r['seed']}: {r.get('error', 'did not finish')}"
