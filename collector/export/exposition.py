@@ -254,15 +254,13 @@ class NodeExposition:
             if kept is None or kept.key != key:
                 kept = self._bodies[shard] = _ShardBody(key)
             body = kept.bodies.get((fmt, gzipped))
-            if body is None:
-                body = kept.bodies.get((fmt, False))
-                if body is None:
-                    body = join_families([t.pieces for t in texts], fmt)
-                    if fmt == OPENMETRICS:
-                        body += b"# EOF\n"
-                    kept.bodies[fmt, False] = body
+            if body is None:  # only what was asked for is kept (Prometheus: the gzip)
+                body = join_families([t.pieces for t in texts], fmt)
+                if fmt == OPENMETRICS:
+                    body += b"# EOF\n"
                 if gzipped:
-                    body = kept.bodies[fmt, True] = gzip.compress(body, GZIP_LEVEL, mtime=0)
+                    body = gzip.compress(body, GZIP_LEVEL, mtime=0)
+                kept.bodies[fmt, gzipped] = body
             return body
 
 
