@@ -12,7 +12,9 @@ From the results the plan already gathered, no extra round where they suffice:
   ``gpu_pair`` (low peer-to-peer bandwidth with no NVLink down, say).
 * A failed multi-node all-reduce or ladder rung already explained by a node above names it
   (``explained``); the first ladder rung that fails names the nodes it added (``ladder_rung``);
-  what is left is ``unexplained``, naming every node of the run.
+  what is left is ``unexplained``, naming every node of the run, and the orchestrator then
+  bisects it with rounds of its own (:meth:`PreflightService._bisect
+  <collector.preflight.orchestrator.PreflightService._bisect>`).
 """
 
 from __future__ import annotations

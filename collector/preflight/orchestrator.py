@@ -38,7 +38,14 @@ from collector.preflight.judge import (
     node_verdicts,
 )
 from collector.preflight.localise import Suspect, localise
-from collector.preflight.plan import NodeFacts, Plan, PlanTimes, Round, plan_run
+from collector.preflight.plan import (
+    NodeFacts,
+    Plan,
+    PlanTimes,
+    Round,
+    collective_round,
+    plan_run,
+)
 from collector.store.preflight import CUT_SHORT, ResultRow, RunRow
 from fleetwatch.clock import unix_ms
 from fleetwatch.preflight.hostlist import expand
@@ -113,6 +120,8 @@ class LiveRun:
     round_index: int = 0
     results: dict[str, list[Measurement]] = field(default_factory=dict)
     task: asyncio.Task[RunRow] | None = None
+    bisect_rounds: int = 0
+    narrowed: tuple[str, ...] | None = None  # bisection's last failing half; () gave up
 
     def to_json(self) -> dict[str, Any]:
         """Progress for ``GET /api/v1/preflight``."""
@@ -271,12 +280,65 @@ class PreflightService:
                 got = await self._round(rnd)
                 for node, ms in got.items():
                     live.results.setdefault(node, []).extend(ms)
+            if plan.level is Level.FULL:
+                await self._bisect(plan, live, facts)
         except asyncio.CancelledError:
             await self._finish_cut_short(plan, live)
             raise
         finally:
             self.live.pop(plan.run_id, None)
         return await self._finish(plan, live, facts)
+
+    async def _bisect(self, plan: Plan, live: LiveRun, facts: Sequence[NodeFacts]) -> None:
+        """Halve an unexplained failing multi-node all-reduce until the slow half is 2-3 nodes.
+
+        Only when the planned rounds left it unexplained (no node, GPU or rail failed on its
+        own): each round runs the two halves' all-reduces at once and keeps the half that fails
+        its gate; it stops when both or neither fail (the fabric as a whole, or the pair of
+        halves together, is at fault). log2(N) - 1 rounds at most.
+        """
+        results = {n: list(ms) for n, ms in live.results.items()}
+        add_ladder_efficiency(results)
+        kinds = self.kinds(facts)
+        judged = judge_run(results, kinds, self.book)
+        if not any(s.kind == "unexplained" for s in localise(judged, plan.nodes)):
+            return
+        by_name = {f.name: f for f in facts}
+        candidates = [by_name[n] for n in sorted(plan.nodes) if n in by_name]
+        if len(candidates) < 4:  # noqa: PLR2004 - "unexplained" names them all already
+            return
+        step = 0
+        while len(candidates) >= 4:  # noqa: PLR2004 - two halves of two at least
+            step += 1
+            half = len(candidates) // 2
+            halves = [candidates[:half], candidates[half:]]
+            rnd = collective_round(
+                run_id=plan.run_id,
+                level=plan.level,
+                name=f"bisect {step}",
+                groups=halves,
+                port=self.times.rendezvous_port + 64 + 2 * step,
+                times=self.times,
+            )
+            live.bisect_rounds += 1
+            got = await self._round(rnd)
+            for node, ms in got.items():
+                live.results.setdefault(node, []).extend(ms)
+            failing = []
+            for members in halves:
+                first = members[0]
+                verdicts = [
+                    self.book.judge(m, kinds[first.name].gpu_model, kinds[first.name].nic).verdict
+                    for m in got.get(first.name, [])
+                    if m.check == Check.ALLREDUCE_MULTI
+                ]
+                if Verdict.FAIL in verdicts:
+                    failing.append(members)
+            if len(failing) != 1:
+                break  # the fault is not in one half: what was narrowed so far stands
+            candidates = failing[0]
+        whole = len(candidates) == len(plan.nodes)
+        live.narrowed = () if whole else tuple(f.name for f in candidates)
 
     async def _round(self, rnd: Round) -> dict[str, list[Measurement]]:
         groups_ok: dict[str, str] = {}  # node -> why its group cannot start
@@ -357,7 +419,7 @@ class PreflightService:
         results = live.results
         add_ladder_efficiency(results)
         judged = judge_run(results, self.kinds(facts), self.book)
-        suspects = localise(judged, plan.nodes)
+        suspects = localise(judged, plan.nodes) + _bisected(live)
         per_node = node_verdicts(judged, plan.nodes)
         for s in suspects:
             if s.node in per_node:
@@ -401,6 +463,34 @@ class PreflightService:
                 continue
             check = first_failed_check(node, judged, suspects)
             await holds.hold(node, check, row.id, row.started_ms)
+
+
+def _bisected(live: LiveRun) -> list[Suspect]:
+    """What the bisection rounds narrowed an unexplained all-reduce to (no node is held)."""
+    if live.narrowed is None:
+        return []
+    rounds = live.bisect_rounds
+    if not live.narrowed:
+        why = (
+            f"{rounds} bisection rounds could not narrow the slow all-reduce: both halves or "
+            "neither failed (the fabric as a whole, or the halves only together)"
+        )
+        return [Suspect("bisection", "", "nodes", Check.ALLREDUCE_MULTI.value, Verdict.FAIL, why)]
+    why = (
+        f"after {rounds} bisection rounds the all-reduce is slow only on "
+        f"{', '.join(live.narrowed)} (each half of the nodes tested at once)"
+    )
+    return [
+        Suspect(
+            "bisection",
+            "",
+            f"nodes:{len(live.narrowed)}",
+            Check.ALLREDUCE_MULTI.value,
+            Verdict.FAIL,
+            why,
+            nodes=live.narrowed,
+        )
+    ]
 
 
 def first_failed_check(node: str, judged: Sequence[Judged], suspects: Sequence[Suspect]) -> str:

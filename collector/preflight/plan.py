@@ -242,6 +242,28 @@ def plan_run(
     return Plan(run_id, level, names, tuple(rounds), ib_pairs=ib_pairs, ladder=tuple(rungs))
 
 
+def collective_round(  # noqa: PLR0913 - one round of disjoint groups, named
+    *,
+    run_id: str,
+    level: Level,
+    name: str,
+    groups: Sequence[Sequence[NodeFacts]],
+    port: int,
+    times: PlanTimes,
+) -> Round:
+    """A round of multi-node all-reduces, one per group, at once (group *i* on ``port + i``)."""
+    r = Round(name=name, timeout_s=times.allreduce_s)
+    slug = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)
+    for index, members in enumerate(groups):
+        for rank, f in enumerate(members):
+            task = _task(
+                run_id, level, f"{f.name}.{slug}", (Check.ALLREDUCE_MULTI,), times.allreduce_s
+            )
+            task.groups.append(_group(Check.ALLREDUCE_MULTI, members, rank, port + index, times))
+            r.tasks[f.name] = task
+    return r
+
+
 def shared_rails(facts: Sequence[NodeFacts]) -> list[tuple[str, int]]:
     """The rails (HCA, port) every node has, in order."""
     if not facts:

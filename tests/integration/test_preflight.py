@@ -92,14 +92,18 @@ class Host:
 
 
 class Coll:
-    def __init__(self, f: Fixed) -> None:
+    """A group's bus bandwidth is its slowest member's (``multi_busbw``)."""
+
+    def __init__(self, f: Fixed, figures: dict[str, Fixed]) -> None:
         self.f = f
+        self.figures = figures
 
     def all_reduce(self, group: Group) -> Measurement:
         if len(group.nodes) == 1:
             return Measurement(Check.ALLREDUCE_NODE, "node", self.f.node_busbw, "GB/s")
         comp = f"nodes:{len(group.nodes)}"
-        return Measurement(Check.ALLREDUCE_MULTI, comp, self.f.multi_busbw, "GB/s")
+        busbw = min(self.figures[n].multi_busbw for n in group.nodes)
+        return Measurement(Check.ALLREDUCE_MULTI, comp, busbw, "GB/s")
 
 
 class Ib:
@@ -140,7 +144,11 @@ def runners_of(figures: dict[str, Fixed]) -> Callable[[str, SimNode], PreflightR
     def make(name: str, node: SimNode) -> PreflightRunners:
         f = figures.setdefault(name, Fixed())
         return PreflightRunners(
-            pair=Pair(f), host=Host(f), collective=Coll(f), ib=Ib(f), ladder=Ladder(f, node)
+            pair=Pair(f),
+            host=Host(f),
+            collective=Coll(f, figures),
+            ib=Ib(f),
+            ladder=Ladder(f, node),
         )
 
     return make
@@ -352,6 +360,23 @@ class TestFull:
         eff = sorted((r.component, r.value) for r in rows if r.check == "ladder_efficiency")
         assert eff == [("nodes:2", 1.0), ("nodes:4", 1.0)]
         assert any(r.check == "allreduce_multi" and r.verdict == "pass" for r in rows)
+
+
+class TestBisection:
+    async def test_an_unexplained_slow_all_reduce_is_bisected_to_the_slow_half(self, bed: Bed):
+        """Only collectives with gpu-03 are slow and nothing else fails: one bisection round runs
+        both halves at once and names the half with gpu-03; no node is held out for it."""
+        bed.figures["gpu-03"].multi_busbw = 150.0
+        code, text = await run_cli(bed, "run", "--level", "full")
+        assert code == 1, text
+        run = (await bed.service.journal.do(lambda s: s.preflight.runs()))[0]
+        found = {s["kind"]: s for s in run.suspects or []}
+        assert found["bisection"]["nodes"] == ["gpu-03", "gpu-04"]
+        assert "after 1 bisection rounds" in found["bisection"]["reason"]
+        assert "unexplained" in found
+        assert set((run.node_verdicts or {}).values()) == {"pass"}
+        assert "bisection" in text
+        assert bed.receiver.deliveries() == []
 
 
 class TestAgentStaysResponsive:
