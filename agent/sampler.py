@@ -122,6 +122,10 @@ class Sampler:
         self._by_uuid: dict[str, GpuIdentity] = {}
         self._lost: set[str] = set()
         self._gpu_samplers: dict[str, GpuSampler] = {}
+        # NVML indices that could not be identified at discovery (left out of the inventory),
+        # and each GPU's polls in a row whose read failed (NVML answered an error, not GPU-lost).
+        self._unidentified = 0
+        self._read_failures: dict[str, int] = {}
         self._nvlink_prev: dict[tuple[str, int], bool] = {}
 
     def discover(self) -> NodeInventory:
@@ -133,6 +137,7 @@ class Sampler:
         """
         driver, nvml_version = self._nvml.start()
         gpus: list[GpuIdentity] = []
+        self._unidentified = 0  # discovery may be tried again after a hang
         for index in range(self._nvml.device_count()):
             try:
                 gpus.append(self._nvml.identify(index))
@@ -140,6 +145,7 @@ class Sampler:
                 raise
             except SourceError as exc:
                 self.source_errors["nvml"] += 1
+                self._unidentified += 1
                 log.warning("gpu_identify_failed", gpu_index=index, error=str(exc))
         try:
             ports = self._sysfs.ib_ports()
@@ -286,6 +292,7 @@ class Sampler:
         if self._kernel_log is not None:
             result.samples[node, "agent_kmsg_overruns"] = self._kernel_log.overruns
         result.samples[node, "agent_ib_counter_resets"] = self._ib.counter_resets
+        result.samples[node, "gpus_unidentified"] = self._unidentified
         guard = self._nvml.guard
         result.samples[node, "agent_nvml_hung"] = int(guard.hung)
         result.samples[node, "agent_nvml_calls_timed_out"] = guard.timed_out
@@ -397,8 +404,12 @@ class Sampler:
             return
         if isinstance(reading, SourceError):
             self.source_errors["nvml"] += 1
+            failures = self._read_failures[gpu.uuid] = self._read_failures.get(gpu.uuid, 0) + 1
+            result.samples[Target.gpu(gpu.uuid), "nvml_read_failures"] = failures
             log.warning("gpu_read_failed", gpu_uuid=gpu.uuid, error=str(reading))
             return
+        if self._read_failures.pop(gpu.uuid, 0):  # read again: say so once (absent otherwise)
+            result.samples[Target.gpu(gpu.uuid), "nvml_read_failures"] = 0
         if gpu.uuid in self._lost:
             self._lost.discard(gpu.uuid)
             log.info("gpu_back", gpu_uuid=gpu.uuid)

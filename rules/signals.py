@@ -34,6 +34,7 @@ GPU: Final = frozenset(
         "pcie_link_width_max",
         *GPU_SIGNALS,
         *CLOCK_REASON_SIGNALS,
+        "nvml_read_failures",
         *_PCIE_SYSFS,
     },
 )
@@ -81,6 +82,7 @@ NODE: Final = frozenset(
         *(f"agent_source_errors_{s}" for s in ("nvml", "sysfs", "kmsg", "udev", "bmc")),
         *BMC_SIGNALS,
         *NODE_LINK_SIGNALS,
+        "gpus_unidentified",
         "agent_job_reports",
         "agent_job_reports_lost",
         *(REFUSED_SIGNAL_PREFIX + reason for reason in REFUSAL_REASONS),

@@ -56,6 +56,9 @@ class SimGpu:
     vbios_version: str = "96.00.99.00.01"
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
+    # Every NVML call on the GPU answers NVML_ERROR_UNKNOWN (nvidia-smi: "Unable to determine the
+    # device handle for GPU ...: Unknown Error"): a GPU the driver can no longer talk to.
+    unknown_error: bool = False
 
     def __post_init__(self) -> None:
         """Give every link its error counters."""

@@ -102,6 +102,11 @@ def aer_unrecovered(node: SimNode, gpu: int) -> None:
         node.kmsg.write(line, level=LEVEL_ERR)
 
 
+def gpu_unknown_error(node: SimNode, gpu: int) -> None:
+    """The driver can no longer talk to the GPU: every NVML call on it answers Unknown Error."""
+    node.gpus[gpu].unknown_error = True
+
+
 def hca_function(node: SimNode, port: int) -> str:
     """The PCI function of the port's HCA, made (on a root bus of its own) if it has none."""
     device = node.ib_ports[port].device

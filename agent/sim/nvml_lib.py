@@ -33,6 +33,7 @@ THRESHOLD_SLOWDOWN: Final = 1  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
 DRIVER_NOT_LOADED: Final = 9
 TIMEOUT: Final = 10
 GPU_IS_LOST: Final = 15
+UNKNOWN: Final = 999  # NVML_ERROR_UNKNOWN
 VALUE_UNSIGNED_LONG_LONG: Final = 3
 ENTRY_CACHE_LIMIT: Final = 100_000
 
@@ -215,6 +216,8 @@ class SimNvmlLibrary:
             self._hold(gpu.uuid)
         if gpu.lost:
             raise self._error(GPU_IS_LOST)
+        if gpu.unknown_error:
+            raise self._error(UNKNOWN)
         if capability and capability in gpu.unsupported:
             raise self._error(NOT_SUPPORTED)
         return gpu
@@ -270,6 +273,8 @@ class SimNvmlLibrary:
             self._hold(gpu.uuid)
         if gpu.lost:
             raise self._error(GPU_IS_LOST)
+        if gpu.unknown_error:
+            raise self._error(UNKNOWN)
         return gpu
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: ANN401, N802 - pynvml's name

@@ -96,6 +96,7 @@ class FaultKind(StrEnum):
     AER_UNRECOVERED = "aer_unrecovered"
     NIC_PCIE_DOWNGRADE = "nic_pcie_downgrade"
     ROCE_GID_MISSING = "roce_gid_missing"
+    GPU_UNKNOWN_ERROR = "gpu_unknown_error"
     # The node's BMC (agent/sim/bmc.py): what its Redfish service and SEL then say.
     FAN_FAILURE = "fan_failure"
     PSU_FAILURE = "psu_failure"
@@ -148,6 +149,7 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.AER_UNRECOVERED: {"gpu": int},
     FaultKind.NIC_PCIE_DOWNGRADE: {"port": int, "gen": int, "width": int},
     FaultKind.ROCE_GID_MISSING: {"port": int},
+    FaultKind.GPU_UNKNOWN_ERROR: {"gpu": int},
     FaultKind.FAN_FAILURE: {"fan": int},
     FaultKind.PSU_FAILURE: {"psu": int},
     FaultKind.PSU_REDUNDANCY_LOST: {},
@@ -221,6 +223,7 @@ class Fault:
                 f"NIC of mlx5_{p['port']} PCIe link at Gen{p['gen']} x{p['width']}"
             ),
             FaultKind.ROCE_GID_MISSING: lambda: f"RoCE port mlx5_{p['port']}/1 has no RoCE v2 GID",
+            FaultKind.GPU_UNKNOWN_ERROR: lambda: f"GPU {p['gpu']} answers NVML's Unknown Error",
             FaultKind.FAN_FAILURE: lambda: f"BMC: fan {p['fan']} stops",
             FaultKind.PSU_FAILURE: lambda: f"BMC: power supply {p['psu']} fails",
             FaultKind.PSU_REDUNDANCY_LOST: lambda: (
@@ -498,6 +501,7 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
         n, p["port"], gen=p["gen"], width=p["width"]
     ),
     FaultKind.ROCE_GID_MISSING: lambda n, p: host_faults.roce_gid_missing(n, p["port"]),
+    FaultKind.GPU_UNKNOWN_ERROR: lambda n, p: host_faults.gpu_unknown_error(n, p["gpu"]),
     FaultKind.FAN_FAILURE: lambda n, p: n.bmc.fail_fan(p["fan"]),
     FaultKind.PSU_FAILURE: lambda n, p: n.bmc.fail_psu(p["psu"]),
     FaultKind.PSU_REDUNDANCY_LOST: lambda n, _: n.bmc.lose_feed(),

@@ -450,6 +450,13 @@ _BMC = _specs(
             "BMC temperature sensors at or above their critical threshold.",
         ),
         (
+            "fleetwatch_node_gpus_unidentified",
+            "gauge",
+            "",
+            NODE,
+            "GPUs NVML counts but could not identify when the agent started (left out).",
+        ),
+        (
             "fleetwatch_nvswitch_pcie_links_degraded",
             "gauge",
             "",
@@ -496,6 +503,13 @@ _GPUS = _specs(
             ),
         ),
         ("fleetwatch_gpu_temperature_celsius", "gauge", "celsius", GPU, "GPU core temperature."),
+        (
+            "fleetwatch_gpu_nvml_read_failures",
+            "gauge",
+            "",
+            GPU,
+            "Polls in a row whose NVML read of the GPU failed (not GPU-lost); 0 once read again.",
+        ),
         (
             "fleetwatch_gpu_temperature_slowdown_celsius",
             "gauge",

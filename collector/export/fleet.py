@@ -39,6 +39,7 @@ THROTTLE_REASONS: Final = (
 GPU_GAUGES: Final = (
     ("fleetwatch_gpu_temperature_celsius", "temperature_celsius", 1.0),
     ("fleetwatch_gpu_temperature_slowdown_celsius", "temperature_slowdown_celsius", 1.0),
+    ("fleetwatch_gpu_nvml_read_failures", "nvml_read_failures", 1.0),
     ("fleetwatch_gpu_power_watts", "power_watts", 1.0),
     ("fleetwatch_gpu_utilization_ratio", "utilization_gpu_percent", 0.01),
     ("fleetwatch_gpu_memory_utilization_ratio", "utilization_memory_percent", 0.01),
@@ -158,6 +159,7 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_bmc_temperatures_critical", "bmc_temperatures_critical"),
     # links below their rate
     ("fleetwatch_nvswitch_pcie_links_degraded", "nvswitch_pcie_links_degraded"),
+    ("fleetwatch_node_gpus_unidentified", "gpus_unidentified"),
 )
 AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev", "bmc")
 

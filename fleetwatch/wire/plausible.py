@@ -157,6 +157,8 @@ EXACT: Final[dict[str, Plausible]] = {
     "nic_pcie_link_speed_gts_max": PCIE_SPEED_GTS,
     "nic_pcie_link_degraded": FLAG,
     "nvswitch_pcie_links_degraded": Plausible("number", 0, 1_000),
+    "nvml_read_failures": NON_NEGATIVE,
+    "gpus_unidentified": Plausible("number", 0, 1_000),
 }
 # Checked in order, before the prefixes: a rate of an IB counter is a rate, not a counter.
 SUFFIXES: Final[tuple[tuple[str, Plausible], ...]] = (

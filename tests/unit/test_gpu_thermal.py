@@ -55,3 +55,36 @@ class TestGpuThermal:
         samples = (await sampler.poll()).samples
         assert (Target.gpu(node.gpus[0].uuid), "temperature_slowdown_celsius") not in samples
         assert samples[Target.gpu(node.gpus[1].uuid), "temperature_slowdown_celsius"] == 87
+
+
+class TestUnreadableGpu:
+    async def test_a_gpu_answering_unknown_error_counts_its_failed_polls(
+        self, sampler: Sampler, node: SimNode
+    ):
+        """NVML's Unknown Error on every call (nvidia-smi's "Unable to determine the device
+        handle"): the GPU's failed polls are counted, and the count goes to 0 once read again."""
+        gpu = Target.gpu(node.gpus[1].uuid)
+        healthy = (await sampler.poll()).samples
+        assert (gpu, "nvml_read_failures") not in healthy  # absent while it reads
+        node.gpus[1].unknown_error = True
+        counts = [(await sampler.poll()).samples[gpu, "nvml_read_failures"] for _ in range(3)]
+        assert counts == [1, 2, 3]
+        node.gpus[1].unknown_error = False
+        assert (await sampler.poll()).samples[gpu, "nvml_read_failures"] == 0
+        assert (gpu, "nvml_read_failures") not in (await sampler.poll()).samples
+
+    async def test_a_gpu_unknown_at_discovery_is_counted_on_the_node(self, tmp_path: Path):
+        node = SimNode("node-b", tmp_path / "sys", FakeClock(), gpus=4, nvlinks=2, ib_ports=1)
+        node.gpus[2].unknown_error = True
+        sampler = Sampler(
+            nvml=NvmlSource(node.nvml),
+            sysfs=SysfsReader(node.sysfs.root),
+            kmsg=node.kmsg,
+            udev=node.udev,
+            catalog=load_catalog(),
+            clock=node.clock,
+        )
+        inventory = sampler.discover()
+        assert [g.index for g in inventory.gpus] == [0, 1, 3]
+        result = await sampler.poll()
+        assert result.samples[Target.node(), "gpus_unidentified"] == 1

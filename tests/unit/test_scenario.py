@@ -172,6 +172,7 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.IB_RATE_LOW: [(EventKind.IB_RATE_LOW, 0)],
     FaultKind.NIC_PCIE_DOWNGRADE: [(EventKind.PCIE_LINK_DEGRADED, 0)],
     FaultKind.ROCE_GID_MISSING: [(EventKind.ROCE_GID_MISSING, 0)],
+    FaultKind.GPU_UNKNOWN_ERROR: [],  # no event: the GPU's failed polls are counted
     # The kernel's other hardware lines (the SXid carries its number in xid).
     FaultKind.MCE: [(EventKind.MACHINE_CHECK, 0)],
     FaultKind.FS_ERROR: [(EventKind.FS_ERROR, 0)],
@@ -202,6 +203,7 @@ EVIDENCE: dict[FaultKind, tuple[str, str, object]] = {
     FaultKind.IB_RATE_LOW: ("port", "ib_rate_low", 1),
     FaultKind.NIC_PCIE_DOWNGRADE: ("port", "nic_pcie_link_degraded", 1),
     FaultKind.ROCE_GID_MISSING: ("port", "roce_gid_missing", 1),
+    FaultKind.GPU_UNKNOWN_ERROR: ("gpu", "nvml_read_failures", 1),  # the poll after the fault
     FaultKind.AER_UNRECOVERED: ("gpu", "aer_nonfatal_total", 1),
     FaultKind.POWER_BRAKE: ("gpu", "clocks_hw_power_brake", 1),
     FaultKind.POWER_CAP: ("gpu", "sm_clock_mhz", 1755),
