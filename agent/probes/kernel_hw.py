@@ -23,6 +23,12 @@ Besides the GPU's Xid lines and PCIe AER reports (:mod:`agent.probes.xid`,
       XFS (md0): Filesystem has been shut down due to log error (0x2).
       BTRFS error (device sdb): bdev /dev/sdb errs: wr 1, rd 0, flush 0, corrupt 0, gen 0
 
+  and below them the disks (``block/blk-core.c``, ``drivers/md/raid*.c``): an I/O error on a
+  device, or a RAID array that dropped a member::
+
+      I/O error, dev nvme1n1, sector 1953525120 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 0
+      md/raid1:md0: Disk failure on nvme1n1p1, disabling device.
+
 * NVSwitch errors from NVIDIA's nvswitch driver: ``nvidia-nvswitchN: SXid (PCI:<bdf>): <sxid>,
   Fatal|Non-fatal, <what>``, followed by lines of the same SXid with ``Severity ...`` or
   ``Data {...}`` (continuations, not findings).
@@ -109,6 +115,8 @@ _XFS_ERROR: Final = re.compile(
     r"[Cc]orruption|I/O [Ee]rror|[Ii]nternal error|xfs_repair|writeback error|log error"
 )
 _BTRFS: Final = re.compile(r"BTRFS (?:error|critical|crit) \(device ([^)\s]{1,64})\)")
+_BLOCK_IO: Final = re.compile(r"(?:blk_update_request: )?I/O error, dev ([^,\s]{1,64}), sector")
+_MD_FAILURE: Final = re.compile(r"md/raid\d*:(md[\w-]{1,60}): Disk failure on ")
 _BTRFS_RO: Final = re.compile(r"BTRFS.*\(device ([^)\s]{1,64})\).*forced readonly")
 _SXID: Final = re.compile(
     rf"nvidia-nvswitch\d+: SXid \(PCI:({_BDF})\): (\d{{1,10}}), (Fatal|Non-fatal)\b",
@@ -129,6 +137,8 @@ _MARKERS: Final = (
     "EDAC",
     "-fs",
     "journal",
+    "I/O error",
+    "md/raid",
     "XFS",
     "BTRFS",
     "SXid",
@@ -172,7 +182,7 @@ def _filesystem(text: str) -> HwLine | None:
         return HwLine(EventKind.FS_READ_ONLY, _device(m[1]), _detail(text))
     if (m := _BTRFS_RO.search(text)) is not None:
         return HwLine(EventKind.FS_READ_ONLY, _device(m[1]), _detail(text))
-    for pattern in (_EXT_ERROR, _EXT_COUNT, _JBD2_ABORT, _BTRFS):
+    for pattern in (_EXT_ERROR, _EXT_COUNT, _JBD2_ABORT, _BTRFS, _BLOCK_IO, _MD_FAILURE):
         if (m := pattern.search(text)) is not None:
             return HwLine(EventKind.FS_ERROR, _device(m[1]), _detail(text))
     if (m := _XFS.search(text)) is not None:

@@ -104,6 +104,27 @@ class TestParseHwLine:
                 EventKind.FS_READ_ONLY,
                 "sdb",
             ),
+            (
+                (
+                    "I/O error, dev nvme1n1, sector 1953525120 op 0x1:(WRITE) flags 0x800 "
+                    "phys_seg 1 prio class 0"
+                ),
+                EventKind.FS_ERROR,
+                "nvme1n1",
+            ),
+            (
+                (
+                    "blk_update_request: I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 "
+                    "phys_seg 1 prio class 0"
+                ),
+                EventKind.FS_ERROR,
+                "sda",
+            ),
+            (
+                "md/raid1:md0: Disk failure on nvme1n1p1, disabling device.",
+                EventKind.FS_ERROR,
+                "md0",
+            ),
         ],
     )
     def test_finds_kind_and_component(self, line: str, kind: EventKind, device: str):
