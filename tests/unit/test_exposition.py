@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from collector.api.server import exposition_format, scrape_targets, wants_gzip
+from collector.config import CollectorConfig
+from collector.exceptions import ConfigError
 from collector.export.exposition import OPENMETRICS, TEXT, NodeExposition, ShardPlan
 from collector.export.fleet import FleetCollector
 from collector.export.node_text import number
@@ -161,7 +163,7 @@ def test_openmetrics_parses_strictly(fleet: FleetModel):
     assert body.endswith(b"# EOF\n")
     parsed = sorted(
         (s.name, tuple(sorted(s.labels.items())), s.value)
-        for family in om_families(body.decode())
+        for family in om_families(body.decode())  # type: ignore[no-untyped-call]
         for s in family.samples
     )
     text = exposition.shard(1, TEXT, gzipped=False)
@@ -280,3 +282,11 @@ def test_scrape_targets_name_the_shards():
         "targets": ["c1:9470"],
         "labels": {"__metrics_path__": "/metrics/shards/2", "shard": "2"},
     }
+
+
+def test_the_shard_size_and_render_interval_are_checked():
+    with pytest.raises(ConfigError, match="metrics_shard_samples"):
+        CollectorConfig(metrics_shard_samples=100)  # not even one node's budget
+    with pytest.raises(ConfigError, match="metrics_render_interval"):
+        CollectorConfig(metrics_render_interval=-1.0)
+    assert CollectorConfig(metrics_shard_samples=600).metrics_shard_samples == 600
