@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fleetwatch import __version__, cli_certs, cli_fleet, cli_scan
+from fleetwatch import __version__, cli_certs, cli_fleet, cli_preflight, cli_scan
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import LogFormat, configure_logging
 from fleetwatch.reload import Hangups
@@ -144,6 +144,13 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     release.add_argument("node")
     release.add_argument("--reason", default="", help="journaled with the release")
+
+    release.add_argument(
+        "--require-preflight",
+        action="store_true",
+        help="release only if the node passed a quick pre-flight run since it was drained",
+    )
+    cli_preflight.add_parser(sub, _default_api())
 
     silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
     silence.add_argument("--api", default=_default_api(), help=api_help)
@@ -397,7 +404,14 @@ def _run_api_tool(args: argparse.Namespace) -> int:
         return cli_api.jobs(api, args.job, as_json=args.json, out=out)
     if args.command == "drains":
         if args.drains_command == "release":
-            return cli_api.release(api, args.node, args.reason, out, _token(args))
+            return cli_api.release(
+                api,
+                args.node,
+                args.reason,
+                out,
+                _token(args),
+                require_preflight=args.require_preflight,
+            )
         return cli_api.drains(api, as_json=args.json, out=out)
     return _run_silence(cli_api, args)
 
@@ -416,6 +430,10 @@ def _run_silence(cli_api: Any, args: argparse.Namespace) -> int:  # noqa: ANN401
     if args.silence_command == "remove":
         return int(cli_api.remove_silence(api, args.id, out, _token(args)))
     return int(cli_api.silences(api, as_json=args.json, out=out))
+
+
+def _run_preflight(args: argparse.Namespace) -> int:
+    return cli_preflight.run_command(args, lambda: _token(args), sys.stdout)
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -452,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "jobs": _run_api_tool,
         "nodes": cli_fleet.run,
         "events": cli_fleet.run,
+        "preflight": _run_preflight,
     }
     try:
         return runners[args.command](args)

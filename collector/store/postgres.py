@@ -23,6 +23,7 @@ import structlog
 
 from collector.exceptions import JournalError, JournalUnreachableError
 from collector.store.events import EventReader, EventStore
+from collector.store.preflight import PG_SCHEMA as PREFLIGHT_PG
 from collector.store.sql import MIGRATION_LOCK, PgConn, Row, SqlConn
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.store.postgres")
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 CONNECT_TIMEOUT_S: Final = 10
 # How long a starting collector waits for a server it cannot reach (below systemd's
 # TimeoutStartSec of 60 s), and what says that a connection failed for that reason.
@@ -132,6 +133,7 @@ CREATE TABLE fleet_state (
     value         BIGINT  NOT NULL
 );
 """,
+    PREFLIGHT_PG,  # 2: the pre-flight tables (collector/store/preflight.py)
 )
 
 
