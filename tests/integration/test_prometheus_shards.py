@@ -20,6 +20,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.cluster import SimCluster
@@ -362,3 +363,48 @@ async def test_a_node_that_moves_to_another_collector_is_listed_once(
             await cluster.stop()
         for service in services:
             await service.stop(grace=None)
+
+
+def fetch(port: int, path: str, accept: str) -> bytes:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", headers={"Accept": accept, "Accept-Encoding": "gzip"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - http on loopback
+        assert resp.headers["Content-Encoding"] == "gzip"
+        return gzip.decompress(resp.read())
+
+
+async def test_every_target_is_well_formed_in_both_formats(
+    fleet: tuple[CollectorService, SimCluster],
+):
+    """From a collector with real agents: /metrics, /metrics/fleet and each shard pass
+    `promtool check metrics` in the text format, and parse with prometheus_client's strict
+    OpenMetrics parser when OpenMetrics is asked for; the shards and the fleet target together
+    hold every series of /metrics, each once."""
+    service, _ = fleet
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/ensure-test-deps.sh installs it"
+    port = service.http_port
+    targets = await asyncio.to_thread(get_json, port, "/api/v1/scrape_targets")
+    paths = ["/metrics"] + [t["labels"]["__metrics_path__"] for t in targets]
+    parts: list[Series] = []
+    for path in paths:
+        text = await asyncio.to_thread(fetch, port, path, "text/plain;version=0.0.4")
+        done = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, check=False
+        )
+        assert done.returncode == 0, (path, done.stdout + done.stderr)
+        openmetrics = await asyncio.to_thread(fetch, port, path, "application/openmetrics-text")
+        assert openmetrics.endswith(b"# EOF\n")
+        families = list(om_families(openmetrics.decode()))  # type: ignore[no-untyped-call]
+        names = [f.name for f in families]
+        assert len(names) == len(set(names)), path  # each family once
+        if path != "/metrics":
+            parts += [
+                (s.name, frozenset(s.labels.items()))
+                for family in text_string_to_metric_families(text.decode())
+                for s in family.samples
+                if s.name in NODE_NAMES
+            ]
+    assert len(parts) == len(set(parts))
+    assert {dict(labels)["node"] for _, labels in parts} == set(NODES)
