@@ -127,6 +127,10 @@ class ShardPlan:
         """The nodes of ``shard`` (none for one that does not exist)."""
         return list(self._shards[shard]) if 0 <= shard < len(self._shards) else []
 
+    def holds(self, name: str) -> bool:
+        """Whether ``name`` is in a shard."""
+        return name in self._where
+
     def shard_of(self, name: str) -> int | None:
         """The shard ``name`` is in, or None."""
         return self._where.get(name)
@@ -186,6 +190,11 @@ class NodeExposition:
         ):
             self.plan.sync(self._names())
             self._synced = (membership, now)
+            for gone in [n for n in self._texts if not self.plan.holds(n)]:
+                del self._texts[gone]  # a node that left: its kept text goes with it
+                self._lines.pop(gone, None)
+            for shard in [s for s in self._bodies if not self.plan.nodes(s)]:
+                del self._bodies[shard]
 
     def shards(self) -> list[int]:
         """The shards holding a node now."""

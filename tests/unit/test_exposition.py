@@ -237,8 +237,12 @@ def test_a_shard_and_its_gzip_are_kept_while_nothing_changed(fleet: FleetModel):
 def test_a_node_that_left_leaves_its_shard(fleet: FleetModel):
     exposition = NodeExposition(fleet, monotonic=Clock(), nodes_per_shard=1)
     assert exposition.shards() == [0, 1]
+    assert exposition.shard(0, TEXT, gzipped=True) is not None
+    assert exposition.shard(1, TEXT, gzipped=True) is not None
     fleet.forget("n1")
     assert exposition.shards() == [1]
+    assert exposition.shard(1, TEXT, gzipped=False) is not None
+    assert exposition.renders == 2  # n2's text is kept through the change of shards
     assert exposition.shard(0, TEXT, gzipped=False) is None
     assert b'node="n1"' not in exposition.everything(TEXT)
 
