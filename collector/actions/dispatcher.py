@@ -182,6 +182,11 @@ class Dispatcher:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
         rows = await self._journal.do(lambda s: s.incidents.actions(limit=100_000))
         for row in reversed(rows):  # oldest first
+            if not self.owns(row.node):
+                # a peer's node (shared journal): the fleet-wide checks count it; counted here
+                # too, against a cap of this collector's own nodes, it held this one's drains
+                # back for good once the peers' drains filled it
+                continue
             if row.action.endswith("drain_node") and row.state == "succeeded":
                 self.drained[row.node] = row.incident_id
             elif row.action in ("resume_node", "release_node") and row.state == "succeeded":
