@@ -2,25 +2,25 @@
 
 The collector runs the built-in rules (on demo timing, see :mod:`fleetwatch.demo.wiring`) and
 acts for real: drains and notifications go as signed webhooks to a local receiver, GPU resets go
-down the agent's stream to the simulated node, which resets its GPU.
+down the agent's stream to the simulated node, which resets its GPU. The collector has this
+process to itself; the simulated nodes, their agents and the training jobs run in processes of
+their own (:mod:`fleetwatch.demo.fleet_procs`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from agent.sim.cluster import SimCluster
 from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
-from agent.sim.training import SimTrainingJob
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from collector.model.node_states import node_state
 from fleetwatch.demo.feed import IncidentFeed
+from fleetwatch.demo.fleet_procs import FleetProcesses, FleetSpec, demo_intervals
 from fleetwatch.demo.view import (
     action_table,
     count_by,
@@ -56,6 +56,7 @@ RULES_INTERVAL_S = 0.25
 DEMO_CHECKPOINT_STEPS = 40
 DEMO_NCCL_TIMEOUT_SHARE = 0.1
 DEMO_RESTART_SHARE = 0.25
+CONNECT_TIMEOUT_S = 120.0  # the scenario starts once every agent is connected, or after this
 
 
 @dataclass(slots=True)
@@ -83,6 +84,8 @@ class DemoResult:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)  # fleetwatch_node_state, by node
     unacked: int = 0
+    connected: int = 0  # agents connected at the end (the crashed node's not)
+    start_s: float = 0.0  # seconds the simulated nodes took to start
     started_unix: float = 0.0
     jobs: list[dict[str, object]] = field(default_factory=list)
 
@@ -103,6 +106,9 @@ async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
             msg = f"scenario {scenario.name!r} needs {len(names)} nodes or more, not {opts.nodes}"
             raise ScenarioError(msg)
         names += [f"node-{i:02d}" for i in range(len(names) + 1, opts.nodes + 1)]
+    opts.poll_interval, opts.heartbeat_interval = demo_intervals(
+        len(names), opts.poll_interval, opts.heartbeat_interval
+    )
     with tempfile.TemporaryDirectory(prefix="fleetwatch-demo-") as tmp:
         workdir = opts.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -147,59 +153,94 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
     await collector.start()
     # Unix socket paths must stay short (108 bytes): the job sockets get a temp dir of their own.
     sockets = tempfile.TemporaryDirectory(prefix="fwdemo-")
-    cluster = SimCluster(
+    fleet = FleetProcesses(
         names,
-        cfg.journal.parent / "nodes",
-        clock,
-        f"127.0.0.1:{collector.grpc_port}",
-        poll_interval=opts.poll_interval,
-        heartbeat_interval=opts.heartbeat_interval,
-        ib_traffic_bytes_per_s=20e9,  # a training job keeps the fabric busy
-        job_socket_dir=Path(sockets.name),
+        FleetSpec(
+            collector=f"127.0.0.1:{collector.grpc_port}",
+            root=cfg.journal.parent / "nodes",
+            sockets=Path(sockets.name),
+            poll_interval=opts.poll_interval,
+            heartbeat_interval=opts.heartbeat_interval,
+            job=DEMO_JOB,
+            checkpoint_every=DEMO_CHECKPOINT_STEPS,
+            nccl_timeout_s=DEMO_NCCL_TIMEOUT_SHARE * scenario.duration_s,
+            restart_after_s=DEMO_RESTART_SHARE * scenario.duration_s,
+        ),
     )
-    job = _DemoJob(cluster, clock, sockets, scenario.duration_s)
-    _header(scenario, names, cfg, collector.http_port, notes=notes, out=out)
+    _header(scenario, names, cfg, collector.http_port, fleet=fleet, notes=notes, out=out)
     pending = scenario.timeline()
-    result.started_unix = clock.now()
-    feed.begin()
-    cluster.start()
-    await job.start()
-    last_status, last_id = -STATUS_EVERY_S, 0
     try:
-        while (elapsed := feed.elapsed()) < scenario.duration_s:
-            # What happened since the last round first (events, then the incidents they led
-            # to), so that the lines stay in time order; then this round's faults.
-            rows = collector.reader.events(after_id=last_id, limit=1000)
-            nodes = collector.fleet.snapshot()
-            for row in rows:
-                print(event_line(row, nodes.get(row.node)), file=out)
-                last_id = row.id
-            await feed.poll()
-            feed.flush()
-            if elapsed - last_status >= STATUS_EVERY_S:
-                lines = [fleet_line(elapsed, nodes, firing=feed.firing())]
-                lines += [job_line(elapsed, j) for j in collector.jobs.summaries()]
-                print("\n".join(lines), file=out)
-                last_status = elapsed
-            while pending and pending[0].at_s <= elapsed:
-                fault = pending.pop(0)
-                print(f"[{elapsed:5.1f}s] inject: {fault.describe()}", file=out)
-                await cluster.inject(fault)
-            out.flush()  # live through a pipe too (`make demo | tee demo.log`)
+        print(f"starting the simulated nodes in {len(fleet.groups)} process(es) ...", file=out)
+        out.flush()
+        began = clock.monotonic()
+        await fleet.start()
+        # The agents start spread over a poll interval: the scenario waits for all of them.
+        connect_until = clock.monotonic() + CONNECT_TIMEOUT_S
+        while (status := await fleet.status())["connected"] < len(names):
+            if clock.monotonic() >= connect_until:
+                break
             await clock.sleep(TICK_S)
+        result.start_s = clock.monotonic() - began
+        print(
+            f"{status['connected']} of {len(names)} nodes connected in {result.start_s:.1f} s;"
+            " the scenario starts now",
+            file=out,
+        )
+        result.started_unix = clock.now()
+        feed.begin()
+        await _play(collector, feed, fleet, pending, scenario.duration_s, clock=clock, out=out)
         drain_until = clock.monotonic() + DRAIN_TIMEOUT_S
-        while cluster.unacked() and clock.monotonic() < drain_until:
+        while (status := await fleet.status())["unacked"] and clock.monotonic() < drain_until:
             await clock.sleep(TICK_S)
-        result.unacked = cluster.unacked()
+        result.unacked = status["unacked"]
+        result.connected = status["connected"]
     finally:
-        result.jobs = await job.stop(collector)
-        await cluster.stop()
+        # The collector's view is taken before the fleet goes: stopping hundreds of agents
+        # takes a while, and their silence is not part of the scenario.
+        result.jobs = [dict(j) for j in collector.jobs.summaries()]
         await collector.incidents.stop()  # no rule runs while the journal is read
         await feed.poll()
         feed.flush()
         await _final_view(collector, result)
+        await fleet.stop()
+        sockets.cleanup()
         await collector.stop(grace=None)
     return result
+
+
+async def _play(  # noqa: PLR0913 - the demo's live loop and what it shows
+    collector: CollectorService,
+    feed: IncidentFeed,
+    fleet: FleetProcesses,
+    pending: list[Fault],
+    duration_s: float,
+    *,
+    clock: Clock,
+    out: TextIO,
+) -> None:
+    """Inject the faults on time and print what the collector saw, until the scenario ends."""
+    last_status, last_id = -STATUS_EVERY_S, 0
+    while (elapsed := feed.elapsed()) < duration_s:
+        # What happened since the last round first (events, then the incidents they led
+        # to), so that the lines stay in time order; then this round's faults.
+        rows = collector.reader.events(after_id=last_id, limit=1000)
+        nodes = collector.fleet.snapshot()
+        for row in rows:
+            print(event_line(row, nodes.get(row.node)), file=out)
+            last_id = row.id
+        await feed.poll()
+        feed.flush()
+        if elapsed - last_status >= STATUS_EVERY_S:
+            lines = [fleet_line(elapsed, nodes, firing=feed.firing())]
+            lines += [job_line(elapsed, j) for j in collector.jobs.summaries()]
+            print("\n".join(lines), file=out)
+            last_status = elapsed
+        while pending and pending[0].at_s <= elapsed:
+            fault = pending.pop(0)
+            print(f"[{elapsed:5.1f}s] inject: {fault.describe()}", file=out)
+            await fleet.inject(fault)
+        out.flush()  # live through a pipe too (`make demo | tee demo.log`)
+        await clock.sleep(TICK_S)
 
 
 async def _final_view(collector: CollectorService, result: DemoResult) -> None:
@@ -212,65 +253,19 @@ async def _final_view(collector: CollectorService, result: DemoResult) -> None:
     result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
 
 
-class _DemoJob:
-    """The demo's training job: 8 ranks on every node, reporting through the agents' sockets.
-
-    It dies of a lost GPU, a crashed node or a port down past its NCCL timeout, and restarts
-    from its last checkpoint a while later on the healthy nodes (agent/sim/training.py); the
-    timeout and the delay are shares of the scenario's duration, like the rules' timing.
-    """
-
-    def __init__(
-        self,
-        cluster: SimCluster,
-        clock: Clock,
-        sockets: tempfile.TemporaryDirectory[str],
-        duration_s: float,
-    ) -> None:
-        self._cluster = cluster
-        self._clock = clock
-        self._sockets = sockets
-        self.job = SimTrainingJob.on_nodes(
-            DEMO_JOB,
-            list(cluster.nodes.values()),
-            cluster.job_sockets,
-            clock,
-            compute_s=0.08,
-            checkpoint_every=DEMO_CHECKPOINT_STEPS,
-            node_up=cluster.running,
-            nccl_timeout_s=DEMO_NCCL_TIMEOUT_SHARE * duration_s,
-            restart_after_s=DEMO_RESTART_SHARE * duration_s,
-        )
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """Start stepping once the agents listen (after 5 s, regardless: reports go unsent)."""
-        deadline = self._clock.monotonic() + 5.0
-        sockets = self._cluster.job_sockets.values()
-        while not all(p.exists() for p in sockets) and self._clock.monotonic() < deadline:
-            await self._clock.sleep(0.05)
-        self._task = asyncio.create_task(self.job.run(), name="demo-job")
-
-    async def stop(self, collector: CollectorService) -> list[dict[str, object]]:
-        """Stop stepping, remove the sockets; return the collector's last view of the jobs."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._sockets.cleanup()
-        return [dict(j) for j in collector.jobs.summaries()]
-
-
 def _header(  # noqa: PLR0913 - what the header shows
     scenario: Scenario,
     names: list[str],
     cfg: CollectorConfig,
     http_port: int,
     *,
+    fleet: FleetProcesses,
     notes: list[str],
     out: TextIO,
 ) -> None:
     base = f"http://127.0.0.1:{http_port}"
+    jobs = ", ".join(repr(j) for j in fleet.jobs)
+    where = "on every GPU" if len(fleet.jobs) == 1 else "one per fleet process, on every GPU"
     lines = [
         (
             f"fleetwatch demo: {len(names)} simulated nodes (8 GPUs, 18 NVLinks each, "
@@ -279,7 +274,11 @@ def _header(  # noqa: PLR0913 - what the header shows
         f"  metrics    {base}/metrics",
         f"  nodes      {base}/api/v1/nodes",
         f"  events     {base}/api/v1/events",
-        f"  jobs       {base}/api/v1/jobs  (a simulated job, {DEMO_JOB!r}, on every GPU)",
+        f"  jobs       {base}/api/v1/jobs  (simulated jobs {jobs}, {where})",
+        (
+            f"  fleet      {len(fleet.groups)} process(es); agents poll every "
+            f"{fleet.spec.poll_interval:g} s, heartbeat every {fleet.spec.heartbeat_interval:g} s"
+        ),
         f"  journal    {cfg.journal}",
         *notes,
         f"  watch      fleetwatch incidents --api {base}",
@@ -295,6 +294,11 @@ def _summary(result: DemoResult, out: TextIO) -> None:
         print(f"  t={fault.at_s:>5.1f}s  {fault.describe()}", file=out)
     print(f"events journaled: {len(result.events)} ({events_by_kind(result.events)})", file=out)
     print(f"events still unacknowledged in agent outboxes: {result.unacked}", file=out)
+    print(
+        f"simulated nodes: connected in {result.start_s:.1f} s; {result.connected} of "
+        f"{len(result.nodes)} connected at the end",
+        file=out,
+    )
     t0 = result.started_unix
     print(
         f"incidents: {len(result.incidents)} ({count_by(r.phase for r in result.incidents)})",
