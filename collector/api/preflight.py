@@ -68,23 +68,16 @@ class PreflightDesk(_LoopBridge):
             incident = dispatcher.drained.get(node)
             if incident is None:
                 return False, f"fleetwatch holds no drain of {node!r}"
-            since = _incident_ms(incident)
             holds = self.service.holds
             if holds is None:
                 return False, "pre-flight holds are not configured"
-            ok, why = await holds.release_allowed(node, since)
+            ok, why = await holds.release_allowed(node, incident)
             if not ok:
                 return False, why
             done = await dispatcher.release(node, f"{reason} ({why})".strip())
             return done, why
 
         return self._call(go())
-
-
-def _incident_ms(incident_id: str) -> int:
-    """When an incident began: the milliseconds its id ends with (``rule:target:ms``)."""
-    tail = incident_id.rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
 
 
 def _limit(query: dict[str, list[str]]) -> int:

@@ -22,6 +22,7 @@ from rules.model import ActionSpec, Rule, Scope, Severity
 
 if TYPE_CHECKING:
     from collector.actions.dispatcher import Dispatcher
+    from collector.store.events import EventStore
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
 
@@ -76,8 +77,25 @@ class PreflightHolds:
         log.warning("preflight_hold", node=node, check=check, run=run_id, incident=incident.id)
         return incident.id
 
-    async def release_allowed(self, node: str, since_ms: int) -> tuple[bool, str]:
-        """Whether ``node`` passed a quick (or deeper) run since ``since_ms``, and why not."""
+    async def drained_at(self, node: str, incident_id: str) -> int:
+        """When the drain of ``node`` for ``incident_id`` was journaled (Unix ms; 0: not found)."""
+
+        def find(store: EventStore) -> int:
+            rows = store.incidents.actions(node=node, limit=1000)
+            return max(
+                (
+                    r.created_ms
+                    for r in rows
+                    if r.incident_id == incident_id and r.action.endswith("drain_node")
+                ),
+                default=0,
+            )
+
+        return await self._journal.do(find)
+
+    async def release_allowed(self, node: str, incident_id: str) -> tuple[bool, str]:
+        """Whether ``node`` passed a quick (or deeper) run since it was drained, and why not."""
+        since_ms = await self.drained_at(node, incident_id)
         run = await self._journal.do(lambda s: s.preflight.latest_passing(node, "quick", since_ms))
         if run is None:
             return False, f"{node} has not passed a pre-flight run since it was drained"

@@ -297,6 +297,19 @@ class TestFailures:
         assert status == 200, answer
         assert "gpu-04" not in bed.service.dispatcher.drained
 
+    async def test_a_pass_from_before_a_rule_drained_the_node_does_not_release_it(self, bed: Bed):
+        """gpu-01 passes, then loses a GPU and the gpu_lost rule drains it: the earlier pass
+        does not count, the release asking for pre-flight is refused."""
+        code, _ = await run_cli(bed, "run", "--level", "quick", "--nodes", "gpu-01")
+        assert code == 0
+        bed.cluster.nodes["gpu-01"].xid(3, 79)
+        await wait_until(lambda: "gpu-01" in bed.service.dispatcher.drained, what="drained")
+        body = {"reason": "repaired", "require_preflight": True}
+        path = "/api/v1/drains/gpu-01/release"
+        status, answer = await asyncio.to_thread(api, bed.service, "POST", path, body)
+        assert status == 409, answer
+        assert "gpu-01" in bed.service.dispatcher.drained
+
     async def test_a_node_that_is_not_connected_could_not_run(self, bed: Bed):
         """An agent gone: its checks could not run, naming the node; exit 2, never a pass."""
         await bed.cluster.crash("gpu-03")
