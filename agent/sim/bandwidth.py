@@ -40,7 +40,7 @@ P2P_BIDIR_GBS: Final = 760.0  # GB/s both directions at once: 740-780
 H2D_GBS: Final = 54.0  # GB/s host to device on Gen5 x16: 50-55
 D2H_GBS: Final = 53.0  # GB/s device to host
 ALLREDUCE_NODE_GBS: Final = 480.0  # single-node all-reduce bus bandwidth: 470-490
-IB_EFFICIENCY: Final = 0.98  # ib_write_bw reaches ~392 Gb/s on a 400 Gb/s port
+IB_EFFICIENCY: Final = 0.988  # ib_write_bw reaches ~395 Gb/s on a 400 Gb/s port
 ALLREDUCE_IB_EFFICIENCY: Final = 0.94  # NCCL's bus bandwidth against the rails' sum
 NOISE_SD: Final = 0.006  # relative standard deviation of a measurement
 

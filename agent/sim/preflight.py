@@ -87,7 +87,7 @@ class SimNodeRunners:
 class SimFabric:
     """Where the simulated runners of every node meet, and the model they measure with."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the fabric and its timing
         self,
         nodes: Mapping[str, SimNode],
         *,
@@ -95,16 +95,19 @@ class SimFabric:
         seed: int = 0,
         addresses: Mapping[str, str] | None = None,
         meet_wait_s: float = MEET_WAIT_S,
+        util_hold_s: float = 0.0,
     ) -> None:
         """The fabric of ``nodes``.
 
         ``addresses`` maps an address a server listens at to its node (a node's own name always
-        works).
+        works). ``util_hold_s``: how long (real seconds) a ladder rung keeps its GPUs busy, for
+        an executor that samples utilisation on a real-time period while a rung runs.
         """
         self.nodes = dict(nodes)
         self.model = model or BandwidthModel(Noise(seed=seed))
         self.addresses = dict(addresses or {})
         self.meet_wait_s = meet_wait_s
+        self.util_hold_s = util_hold_s
         self.ledger: list[Spent] = []
         # The (server, client) pairs the harness says the plan has: several simulated nodes
         # can share one address (every agent of one process is 127.0.0.1 to the collector),
@@ -402,8 +405,10 @@ class SimIbBandwidth(_NodeRunner):
 class SimLadderStep(_NodeRunner):
     """A small data-parallel training job's steps across the group.
 
-    While it runs (and after, as NVML's last sample period would) each GPU of the node reports
-    the share of the step it was busy as its utilisation.
+    While it runs each GPU of the node reports the share of the step it was busy as its
+    utilisation, for :attr:`SimFabric.util_hold_s` of real time (the only real wait of these
+    runners: the agent's executor reads utilisation once a second while a rung runs); idle
+    (0) after.
     """
 
     def run(self, group: Group, steps: int) -> Measurement:
@@ -427,8 +432,13 @@ class SimLadderStep(_NodeRunner):
 
         key = ("ladder", group.run_id, group.nodes)
         met = fabric.meet(key, self.name, len(group.nodes), group.timeout_s, compute)
-        for gpu in self.node.gpus[: group.gpus_per_node]:
+        gpus = self.node.gpus[: group.gpus_per_node]
+        for gpu in gpus:
             gpu.util_gpu = round(met.busy.get((self.name, gpu.index), 0.0))
+        if met.value is not None and fabric.util_hold_s > 0:
+            time.sleep(fabric.util_hold_s)  # busy while the executor reads utilisation
+        for gpu in gpus:
+            gpu.util_gpu = 0
         fabric.spend(self.name, "ladder_rung", TOOL_SECONDS["ladder_rung"], group.nodes)
         value = None if met.value is None else round(met.value, 1)
         return Measurement(

@@ -76,7 +76,7 @@ class TestHealthy:
         assert 50 <= model.h2d(a, 2) <= 55
         assert 50 <= model.d2h(a, 2) <= 55
         assert 470 <= model.allreduce_node(a, GPUS) <= 490
-        assert 385 <= model.ib_write(a, b, 0) <= 395
+        assert 390 <= model.ib_write(a, b, 0) <= 400
         assert 340 <= model.allreduce([a, b], 8, "r") <= 400
         step = model.step([a, b], 8, "r")
         assert min(step.utilisation.values()) > 85
