@@ -201,6 +201,8 @@ class CollectorService:
         )
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
+        holds = PreflightHolds(self.dispatcher, self.journal, clock)
+        self.incidents.extra_firing = holds.firing  # its drains wait under the cap like others
         self.preflight = PreflightService(
             fleet=self.fleet,
             sessions=self.grpc.registry,
@@ -208,7 +210,7 @@ class CollectorService:
             clock=clock,
             book=load_gates(cfg.preflight_gates),
             collector=store.collector,
-            holds=PreflightHolds(self.dispatcher, self.journal, clock),
+            holds=holds,
         )
         self.preflight_desk = PreflightDesk(self.preflight, self.dispatcher)
         self.registry.register(PreflightCollector(self.preflight, self.stats))

@@ -78,6 +78,9 @@ class IncidentService:
         # Whose open incidents :meth:`start` takes back: every node's on a journal of its own;
         # on a shared one, the collector sets it to the nodes it watches.
         self.owns: Callable[[str], bool] = lambda _node: True
+        # Firing incidents raised outside the rules (a node pre-flight holds out), so their
+        # drains that wait under the cap are not dropped as no longer firing.
+        self.extra_firing: Callable[[str], tuple[IncidentRow, Rule] | None] = lambda _id: None
         self._event = asyncio.Event()
         # Actions run beside the evaluation, so a slow webhook delays no other incident; an
         # incident's own steps (fire, then resolve) still run in order, chained by its id.
@@ -240,7 +243,7 @@ class IncidentService:
             if incident.id == incident_id and incident.phase == Phase.FIRING:
                 rule = self.evaluator.engine.rules[incident.rule]
                 return self._row(incident, rule, self.evaluator.verdict(incident, rule)), rule
-        return None
+        return self.extra_firing(incident_id)
 
     def _row(self, incident: Incident, rule: Rule, verdict: Verdict) -> IncidentRow:
         return IncidentRow(

@@ -53,6 +53,9 @@ class PreflightHolds:
         self._journal = journal
         self._clock = clock
         self.held: dict[str, str] = {}  # node -> incident id, for the nodes held by pre-flight
+        # The holds' incidents, firing until the node passes a run: a drain waiting under the
+        # cap runs once there is room (the incident service asks :meth:`firing`).
+        self._open: dict[str, tuple[IncidentRow, Rule]] = {}
 
     async def hold(self, node: str, check: str, run_id: str, run_started_ms: int) -> str:
         """Drain ``node`` for ``check``; the incident's id."""
@@ -72,10 +75,21 @@ class PreflightHolds:
             firings=1,
         )
         await self._journal.do(lambda s: s.incidents.upsert_incident(incident))
+        self._open[incident.id] = (incident, rule)
         await self._dispatcher.fire(incident, rule, DRAIN)
         self.held[node] = incident.id
         log.warning("preflight_hold", node=node, check=check, run=run_id, incident=incident.id)
         return incident.id
+
+    def firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
+        """A hold's incident and rule while it stands (the incident service's lookup)."""
+        return self._open.get(incident_id)
+
+    def passed(self, node: str) -> None:
+        """``node`` passed a run: its holds no longer stand (a drain still waiting is dropped)."""
+        for key, (row, _) in list(self._open.items()):
+            if row.node == node:
+                del self._open[key]
 
     async def drained_at(self, node: str, incident_id: str) -> int:
         """When the drain of ``node`` for ``incident_id`` was journaled (Unix ms; 0: not found)."""

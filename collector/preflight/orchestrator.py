@@ -444,6 +444,9 @@ class PreflightService:
         self._count(row)
         log.info("preflight_finished", run=plan.run_id, verdict=verdict.value, detail=detail)
         if self.holds is not None:
+            for node, verdict in per_node.items():
+                if verdict in (Verdict.PASS, Verdict.WARN):
+                    self.holds.passed(node)
             await self._hold_failed(row, judged, suspects)
         return row
 

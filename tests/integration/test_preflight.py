@@ -280,6 +280,26 @@ class TestFailures:
         assert code == 1
         assert "gpu-02" in text
 
+    async def test_a_hold_past_the_drain_cap_waits_for_room(self, bed: Bed):
+        """Two nodes fail and the cap (4 nodes x 0.1, at least 1) allows one drain: the second
+        waits, and is drained once the first is released, like any rule's drain."""
+        bed.cluster.nodes["gpu-01"].gpus[0].ecc_mode = 0
+        bed.cluster.nodes["gpu-02"].gpus[0].ecc_mode = 0
+        code, _ = await run_cli(bed, "run", "--level", "quick")
+        assert code == 1
+        await wait_until(lambda: len(bed.service.dispatcher.drained) == 1, what="one drain")
+        assert len(bed.service.dispatcher.waiting) == 1
+        (first,) = bed.service.dispatcher.drained
+        path = f"/api/v1/drains/{first}/release"
+        status, _ = await asyncio.to_thread(api, bed.service, "POST", path, {"reason": "fixed"})
+        assert status == 200
+        second = ({"gpu-01", "gpu-02"} - {first}).pop()
+        await wait_until(
+            lambda: second in bed.service.dispatcher.drained, what="the waiting drain ran"
+        )
+        drains = [d for d in bed.receiver.deliveries() if d.body["kind"] == "drain_request"]
+        assert [d.body["payload"]["node"] for d in drains] == [first, second]
+
     async def test_release_can_require_a_passing_quick_run(self, bed: Bed):
         bed.cluster.nodes["gpu-04"].gpus[0].persistence_mode = 0
         code, _ = await run_cli(bed, "run", "--level", "quick", "--nodes", "gpu-04")
