@@ -169,6 +169,7 @@ class Dispatcher:
         self._drain_starts: deque[float] = deque()
         self.breaker_open_until: float | None = None
         self.deferred = 0
+        self.dropped_cleared = 0  # waiting drains dropped because their fault had cleared
         self.waiting: dict[int, _Waiting] = {}  # by action id, oldest first
         self.draining: set[str] = set()  # nodes whose drain is running now
         self.resetting: set[str] = set()  # GPUs (node/gpu/N) whose reset is running now
@@ -453,12 +454,20 @@ class Dispatcher:
         incident: IncidentRow,
         rule: Rule,
         actions: tuple[ActionSpec, ...],
+        *,
+        recurred: bool = False,
     ) -> None:
         """Run the firing incident's actions, one after another, each journaled twice.
 
         A GPU reset that fails escalates at once: the rule's escalation actions run for this
         incident (a reset that cannot help is no reason to wait for the fault to come back).
+        ``recurred``: the fault came back while the incident fired and escalated it; these are
+        the escalation's actions, journaled as ``escalated_<action>`` (as a failed reset's are,
+        so an incident runs each escalation action once, whichever way it escalated).
         """
+        if recurred:
+            await self._fire(incident, rule, _expand(actions), prefix="escalated_")
+            return
         failed_reset = await self._fire(incident, rule, _expand(actions))
         if failed_reset:
             await self._escalate(incident, rule)
@@ -553,13 +562,20 @@ class Dispatcher:
         )
         return outcome
 
-    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
+    async def settle(
+        self,
+        firing: Callable[[str], tuple[IncidentRow, Rule] | None],
+        holds: Callable[[str], bool | None] | None = None,
+    ) -> None:
         """Run what waits, if it may run now.
 
         Drains wait for room under the cap, oldest first (a later drain never jumps the queue);
         resets wait for their GPU to be idle, asked again every ``reset_retry_s``. What waits
         for an incident that no longer fires is dropped. ``firing`` finds a firing incident
-        (with its rule) by id.
+        (with its rule) by id. A waiting drain is also dropped when ``holds`` says its rule's
+        condition no longer holds on its target: ``keep_firing_for`` keeps an incident firing
+        for a while after its fault cleared, and a node must not be drained for a fault it no
+        longer has (counted in :attr:`dropped_cleared`).
         """
         drains_blocked = False
         for action_id, wait in list(self.waiting.items()):
@@ -567,6 +583,21 @@ class Dispatcher:
             if found is None:
                 del self.waiting[action_id]
                 why = f"the incident stopped firing while the {wait.spec.name} waited"
+                await self._finish(action_id, "skipped", why)
+                continue
+            if (
+                wait.spec.name == "drain_node"
+                and holds is not None
+                and holds(wait.incident_id) is False
+            ):
+                del self.waiting[action_id]
+                self.dropped_cleared += 1
+                incident, rule = found
+                why = (
+                    f"the fault cleared while the drain_node waited: {rule.name} no longer "
+                    f"holds on {incident.target}"
+                )
+                log.info("waiting_drain_dropped", incident=incident.id, why=why)
                 await self._finish(action_id, "skipped", why)
                 continue
             if wait.spec.name == "drain_node":

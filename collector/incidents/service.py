@@ -41,17 +41,33 @@ class ActionSink(Protocol):
     """Where firing and resolved incidents go to be acted on (the dispatcher)."""
 
     async def fire(
-        self, incident: IncidentRow, rule: Rule, actions: tuple[ActionSpec, ...]
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        *,
+        recurred: bool = False,
     ) -> None:
-        """Run (or journal as skipped) a firing incident's actions."""
+        """Run (or journal as skipped) a firing incident's actions.
+
+        ``recurred``: the fault recurred while the incident fired and escalated it; the
+        actions are its escalation's, journaled as ``escalated_<action>``.
+        """
         ...
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Undo what should be undone now that the incident resolved (e.g. resume a node)."""
         ...
 
-    async def settle(self, firing: Callable[[str], tuple[IncidentRow, Rule] | None]) -> None:
-        """After each tick: run what waited (drains held back by the cap), if it may run now."""
+    async def settle(
+        self,
+        firing: Callable[[str], tuple[IncidentRow, Rule] | None],
+        holds: Callable[[str], bool | None] | None = None,
+    ) -> None:
+        """After each tick: run what waited (drains held back by the cap), if it may run now.
+
+        ``holds`` says whether an incident's condition holds now (None: cannot tell).
+        """
         ...
 
 
@@ -235,7 +251,9 @@ class IncidentService:
         for outcome in outcomes:
             await self._record(outcome)
         if self.sink is not None and (self._settling is None or self._settling.done()):
-            self._settling = asyncio.create_task(self.sink.settle(self._firing), name="settle")
+            self._settling = asyncio.create_task(
+                self.sink.settle(self._firing, self.holds), name="settle"
+            )
         return outcomes
 
     def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
@@ -244,6 +262,13 @@ class IncidentService:
                 rule = self.evaluator.engine.rules[incident.rule]
                 return self._row(incident, rule, self.evaluator.verdict(incident, rule)), rule
         return self.extra_firing(incident_id)
+
+    def holds(self, incident_id: str) -> bool | None:
+        """Whether an open incident's condition holds on its target now (None: cannot tell)."""
+        for incident in self.evaluator.engine.open_incidents():
+            if incident.id == incident_id:
+                return self.evaluator.holds_now(incident)
+        return None
 
     def _row(self, incident: Incident, rule: Rule, verdict: Verdict) -> IncidentRow:
         return IncidentRow(
@@ -269,7 +294,19 @@ class IncidentService:
         row = self._row(incident, rule, verdict)
         await self._journal.do(lambda s: s.incidents.upsert_incident(row))
         event = f"incident_{incident.phase.value}"
-        if incident.phase == Phase.FIRING:
+        if outcome.transition.recurred:
+            log.warning(
+                "incident_recurred",
+                rule=rule.name,
+                target=incident.target,
+                occurrences=incident.firings,
+                escalated=bool(outcome.transition.actions),
+            )
+            if self.sink is not None and outcome.transition.actions:
+                self._act(
+                    row.id, self.sink.fire(row, rule, outcome.transition.actions, recurred=True)
+                )
+        elif incident.phase == Phase.FIRING:
             log.warning(
                 event,
                 rule=rule.name,
