@@ -97,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", type=Path, help="scenario file (default: the built-in demo)")
     demo.add_argument("--http-port", type=int, default=0, help="metrics/API port (default: any)")
     demo.add_argument("--workdir", type=Path, help="keep the journal and sysfs trees here")
+    demo.add_argument(
+        "--preflight",
+        action="store_true",
+        help="plant problems no counter shows, qualify the cluster and hold them out first",
+    )
     _add_tool_parsers(sub)
     return parser
 
@@ -364,6 +369,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         workdir=args.workdir,
         scenario=args.scenario,
+        preflight=args.preflight,
     )
     return main(opts, SystemClock(), sys.stdout)
 

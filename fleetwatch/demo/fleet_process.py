@@ -12,6 +12,13 @@ its agents run and the job steps, then answers each request from stdin: ``{"op":
 "node", "kind", "params"}`` with ``{"op": "injected"}`` (or ``{"op": "error", "error"}``),
 ``{"op": "status"}`` with ``{"op": "status", "unacked", "connected", "step", ...}`` and
 ``{"op": "quit"}`` with ``{"op": "stopped", ...}`` before it exits. Logs go to stderr.
+
+With ``--preflight`` the agents measure pre-flight checks with the simulator's runners (one
+:class:`agent.sim.preflight.SimFabric` over this process's nodes), the faults of ``--plant`` (a
+JSON list of ``{"node", "kind", "params"}``) are on the hardware before the agents start, and
+the job waits for ``{"op": "start_job", "skip": [nodes]}`` (answered with ``{"op":
+"job_started", "nodes"}``): a node being qualified runs no job, and the nodes pre-flight held
+out run none at all.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from agent.preflight.executor import UTIL_EVERY_S
 from agent.sim.cluster import SimCluster
-from agent.sim.scenario import Fault, FaultKind, ScenarioError
+from agent.sim.preflight import SimFabric
+from agent.sim.scenario import Fault, FaultKind, ScenarioError, apply_fault
 from agent.sim.training import SimTrainingJob
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import configure_logging
@@ -80,10 +89,10 @@ def status(cluster: SimCluster, job: SimTrainingJob | None) -> dict[str, Any]:
     }
 
 
-async def serve(args: argparse.Namespace) -> None:
-    """Build the nodes, start the agents and the job, then answer the demo until it quits."""
-    clock = SystemClock()
-    began = time.monotonic()
+def build(args: argparse.Namespace, clock: SystemClock) -> SpreadCluster:
+    """The process's nodes and their agents, with the planted faults on their hardware."""
+    # the executor reads utilisation once a second while a ladder rung runs: rungs hold that long
+    fabric = SimFabric({}, seed=args.seed, util_hold_s=UTIL_EVERY_S + 0.5)
     cluster = SpreadCluster(
         args.nodes.split(","),
         Path(args.root),
@@ -93,20 +102,35 @@ async def serve(args: argparse.Namespace) -> None:
         heartbeat_interval=args.heartbeat_interval,
         ib_traffic_bytes_per_s=BUSY_FABRIC_BYTES_PER_S,
         job_socket_dir=Path(args.sockets),
+        preflight=fabric.runners_for if args.preflight else None,
     )
-    built_s = time.monotonic() - began
-    reader = await stdin_reader()
-    cluster.start_spread(args.poll_interval, random.Random(args.seed))  # noqa: S311 - timing
-    job: SimTrainingJob | None = None
-    job_task: asyncio.Task[None] | None = None
-    if args.job:
+    for raw in json.loads(args.plant):
+        fault = Fault(0.0, raw["node"], FaultKind(raw["kind"]), dict(raw["params"]))
+        apply_fault(fault, cluster.nodes[fault.node])
+    return cluster
+
+
+class DemoJob:
+    """The process's training job: on every node's GPUs, or all but those held out."""
+
+    def __init__(self, args: argparse.Namespace, cluster: SimCluster, clock: SystemClock) -> None:
+        """Nothing runs until :meth:`start`."""
+        self._args, self._cluster, self._clock = args, cluster, clock
+        self.job: SimTrainingJob | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, skip: set[str]) -> None:
+        """Start it (once) on the nodes but ``skip``, once their agents listen."""
+        args, cluster, clock = self._args, self._cluster, self._clock
+        if not args.job or self.job is not None:
+            return
         deadline = clock.monotonic() + args.poll_interval + SOCKETS_WAIT_S
         sockets = cluster.job_sockets.values()
         while not all(p.exists() for p in sockets) and clock.monotonic() < deadline:
             await clock.sleep(0.05)
-        job = SimTrainingJob.on_nodes(
+        self.job = SimTrainingJob.on_nodes(
             args.job,
-            list(cluster.nodes.values()),
+            [node for name, node in cluster.nodes.items() if name not in skip],
             cluster.job_sockets,
             clock,
             compute_s=0.08,
@@ -115,13 +139,37 @@ async def serve(args: argparse.Namespace) -> None:
             nccl_timeout_s=args.nccl_timeout,
             restart_after_s=args.restart_after,
         )
-        job_task = asyncio.create_task(job.run(), name="demo-job")
+        self._task = asyncio.create_task(self.job.run(), name="demo-job")
+
+    async def stop(self) -> None:
+        """Stop it if it runs."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Build the nodes, start the agents and the job, then answer the demo until it quits."""
+    clock = SystemClock()
+    began = time.monotonic()
+    cluster = build(args, clock)
+    built_s = time.monotonic() - began
+    reader = await stdin_reader()
+    cluster.start_spread(args.poll_interval, random.Random(args.seed))  # noqa: S311 - timing
+    job = DemoJob(args, cluster, clock)
+    if not args.preflight:  # with pre-flight, the job waits for start_job
+        await job.start(set())
     say(op="ready", nodes=len(cluster.nodes), build_s=round(built_s, 2))
     try:
         while line := await reader.readline():
             msg = json.loads(line)
             op = msg.get("op")
-            if op == "inject":
+            if op == "start_job":
+                skip = set(msg.get("skip", []))
+                await job.start(skip)
+                say(op="job_started", nodes=len(cluster.nodes) - len(skip & set(cluster.nodes)))
+            elif op == "inject":
                 try:
                     fault = Fault(0.0, msg["node"], FaultKind(msg["kind"]), dict(msg["params"]))
                     await cluster.inject(fault)
@@ -130,15 +178,12 @@ async def serve(args: argparse.Namespace) -> None:
                 else:
                     say(op="injected")
             elif op == "status":
-                say(op="status", **status(cluster, job))
+                say(op="status", **status(cluster, job.job))
             elif op == "quit":
                 break
     finally:
-        if job_task is not None:
-            job_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await job_task
-        final = status(cluster, job)
+        await job.stop()
+        final = status(cluster, job.job)
         await asyncio.gather(*(cluster.crash(name) for name in list(cluster.agents)))
         await cluster.stop()
         say(op="stopped", **final)
@@ -158,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nccl-timeout", type=float, default=3.0)
     parser.add_argument("--restart-after", type=float, default=7.5)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--preflight", action="store_true", help="simulated pre-flight runners")
+    parser.add_argument("--plant", default="[]", help="faults on the hardware before it starts")
     args = parser.parse_args(argv)
     configure_logging("error", "console")  # to stderr: stdout is the pipe
     asyncio.run(serve(args))

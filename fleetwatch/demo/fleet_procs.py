@@ -68,6 +68,10 @@ class FleetSpec:
     checkpoint_every: int
     nccl_timeout_s: float
     restart_after_s: float
+    # Pre-flight: the simulator's runners, faults planted before the agents start, and a job
+    # that waits for start_job (every node in one process: the runners meet in one fabric).
+    preflight: bool = False
+    plant: tuple[Fault, ...] = ()
 
 
 @dataclass(slots=True)
@@ -117,7 +121,11 @@ class FleetProcesses:
         per_process: int = NODES_PER_PROCESS,
     ) -> None:
         """Nothing runs until :meth:`start`."""
-        self.groups = groups_for(names, cpus, per_process)
+        self.groups = (
+            groups_for(names, 1, len(names))
+            if spec.preflight
+            else groups_for(names, cpus, per_process)
+        )
         self.spec = spec
         self.jobs = [spec.job if i == 0 else f"{spec.job}-{i + 1}" for i in range(len(self.groups))]
         self._children: list[_Child] = []
@@ -155,6 +163,15 @@ class FleetProcesses:
                 str(spec.restart_after_s),
                 "--seed",
                 str(index + 1),
+                "--plant",
+                json.dumps(
+                    [
+                        {"node": f.node, "kind": f.kind.value, "params": f.params}
+                        for f in spec.plant
+                        if f.node in nodes
+                    ]
+                ),
+                *(["--preflight"] if spec.preflight else []),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
             )
@@ -180,6 +197,17 @@ class FleetProcesses:
         if answer.get("op") != "injected":
             msg = f"{fault.describe()}: {answer.get('error', answer)}"
             raise FleetProcessError(msg)
+
+    async def start_job(self, skip: set[str]) -> int:
+        """Start each process's job on its nodes but ``skip``; the nodes it runs on."""
+        started = 0
+        for child in self._children:
+            answer = await child.ask({"op": "start_job", "skip": sorted(skip)})
+            if answer.get("op") != "job_started":
+                msg = f"the fleet process of {child.nodes[0]}.. said {answer} to start_job"
+                raise FleetProcessError(msg)
+            started += int(answer.get("nodes", 0))
+        return started
 
     async def status(self) -> dict[str, int]:
         """Events waiting in the agents' outboxes, agents connected, nodes, summed."""

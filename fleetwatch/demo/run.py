@@ -21,6 +21,7 @@ from collector.main import CollectorService
 from collector.model.node_states import node_state
 from fleetwatch.demo.feed import IncidentFeed
 from fleetwatch.demo.fleet_procs import FleetProcesses, FleetSpec, demo_intervals
+from fleetwatch.demo.preflight import planted, qualify
 from fleetwatch.demo.view import (
     action_table,
     count_by,
@@ -70,6 +71,7 @@ class DemoOptions:
     scenario: Path | None = None  # None: the built-in demo scenario
     poll_interval: float = 0.5
     heartbeat_interval: float = 1.0
+    preflight: bool = False  # qualify the cluster first; the job starts on the nodes that pass
 
 
 @dataclass(slots=True)
@@ -88,6 +90,7 @@ class DemoResult:
     start_s: float = 0.0  # seconds the simulated nodes took to start
     started_unix: float = 0.0
     jobs: list[dict[str, object]] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)  # nodes pre-flight held out
 
 
 async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
@@ -165,6 +168,8 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
             checkpoint_every=DEMO_CHECKPOINT_STEPS,
             nccl_timeout_s=DEMO_NCCL_TIMEOUT_SHARE * scenario.duration_s,
             restart_after_s=DEMO_RESTART_SHARE * scenario.duration_s,
+            preflight=opts.preflight,
+            plant=planted(names) if opts.preflight else (),
         ),
     )
     _header(scenario, names, cfg, collector.http_port, fleet=fleet, notes=notes, out=out)
@@ -183,9 +188,14 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
         result.start_s = clock.monotonic() - began
         print(
             f"{status['connected']} of {len(names)} nodes connected in {result.start_s:.1f} s;"
-            " the scenario starts now",
+            + (" pre-flight first" if opts.preflight else " the scenario starts now"),
             file=out,
         )
+        if opts.preflight:
+            result.held = await qualify(collector, out)
+            started = await fleet.start_job(result.held)
+            print(f"job {DEMO_JOB} started on {started} of {len(names)} nodes", file=out)
+            print("\n=== the scenario starts now ===", file=out)
         result.started_unix = clock.now()
         feed.begin()
         await _play(collector, feed, fleet, pending, scenario.duration_s, clock=clock, out=out)
