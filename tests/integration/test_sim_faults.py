@@ -11,6 +11,7 @@ import pytest
 
 from agent.sim.scenario import Fault, FaultKind
 from agent.sim.training import SimTrainingJob
+from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import job_fleet
@@ -47,11 +48,11 @@ async def test_an_agent_cut_off_is_unreachable_then_sends_what_it_saw(running):
 
 
 async def test_a_job_dies_of_a_lost_gpu_and_restarts_from_its_checkpoint(
-    collector_config: Any, receiver: Any, tmp_path: Path
+    collector_config: Any, receiver: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     """A job on three nodes loses a GPU: it stops (its GPUs free), comes back from its last
     checkpoint (30 steps back) on the two healthy nodes, and the collector counts the restart,
-    shows node-02's ranks missing, and ETTR falls."""
+    shows node-02's ranks missing (API, `fleetwatch jobs`), and ETTR falls."""
     nodes = ["node-01", "node-02", "node-03"]
     async with job_fleet(collector_config, receiver, tmp_path, nodes, poll_interval=0.1) as (
         service,
@@ -92,6 +93,16 @@ async def test_a_job_dies_of_a_lost_gpu_and_restarts_from_its_checkpoint(
             (view,) = [j for j in service.jobs.summaries() if j["id"] == "resumable"]
             assert view["missing_nodes"] == ["node-02"]
             assert view["ettr"] < 1.0
+            url = f"http://127.0.0.1:{service.http_port}"
+            assert await asyncio.to_thread(main, ["jobs", "--api", url]) == 0
+            listing = capsys.readouterr().out.splitlines()
+            header = listing[0].split()
+            (row,) = [line.split() for line in listing if line.startswith("resumable ")]
+            assert row[header.index("MISSING")] == "2"
+            assert await asyncio.to_thread(main, ["jobs", "resumable", "--api", url]) == 0
+            ranks = capsys.readouterr().out
+            missing = [line.split() for line in ranks.splitlines()[1:] if " node-" in line]
+            assert [r[0] for r in missing if r[-1] == "missing"] == ["2", "3"]
         finally:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
