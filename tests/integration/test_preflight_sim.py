@@ -18,6 +18,7 @@ from agent.sim.scenario import Fault, FaultKind, apply_fault
 from collector.main import CollectorService
 from collector.preflight.plan import PlanTimes
 from fleetwatch.clock import SystemClock
+from fleetwatch.demo.preflight import address_by_name
 from fleetwatch.preflight.vocabulary import Level
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from collector.config import CollectorConfig
-    from collector.preflight.plan import Plan
     from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
@@ -41,15 +41,6 @@ PLANTED = [
     Fault(0.0, "gpu-04", FaultKind.IB_RATE_LOW, {"port": 2, "rate": 200}),
     Fault(0.0, "gpu-05", FaultKind.BAD_CABLE, {"peer": "gpu-06", "port": 6, "factor": 0.4}),
 ]
-
-
-def by_name(plan: Plan) -> None:
-    """Every agent here is 127.0.0.1 to the collector; the simulated fabric knows names."""
-    for rnd in plan.rounds:
-        for task in rnd.tasks.values():
-            for test in task.ib_tests:
-                if not test.server:
-                    test.server_addr = test.peer
 
 
 async def test_planted_problems_are_named_and_only_their_nodes_fail(
@@ -83,7 +74,7 @@ async def test_planted_problems_are_named_and_only_their_nodes_fail(
             what="agents connected",
         )
         plan = service.preflight.plan(Level.FULL, "gpu-[01-06]")
-        by_name(plan)
+        address_by_name(plan)  # every agent here is 127.0.0.1 to the collector
         run = await service.preflight.execute(plan)
         results = service.preflight.latest_results
     finally:
