@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from agent.preflight.executor import UTIL_EVERY_S
 from agent.sim.cluster import SimCluster
 from agent.sim.preflight import SimFabric
 from agent.sim.scenario import Fault, FaultKind, ScenarioError, apply_fault
 from agent.sim.training import SimTrainingJob
 from fleetwatch.clock import SystemClock
+from fleetwatch.demo.preflight import UTIL_HOLD_S
 from fleetwatch.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ def status(cluster: SimCluster, job: SimTrainingJob | None) -> dict[str, Any]:
 
 def build(args: argparse.Namespace, clock: SystemClock) -> SpreadCluster:
     """The process's nodes and their agents, with the planted faults on their hardware."""
-    # the executor reads utilisation once a second while a ladder rung runs: rungs hold that long
-    fabric = SimFabric({}, seed=args.seed, util_hold_s=UTIL_EVERY_S + 0.5)
+    fabric = SimFabric({}, seed=args.seed, util_hold_s=UTIL_HOLD_S)
     cluster = SpreadCluster(
         args.nodes.split(","),
         Path(args.root),

@@ -14,6 +14,7 @@ import time
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
+from agent.preflight.executor import UTIL_EVERY_S
 from agent.sim.scenario import Fault, parse_scenario
 from fleetwatch.preflight.vocabulary import Level
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from collector.store.preflight import ResultRow, RunRow
 
 PLANTED: Final = ("agent.sim", "builtin/preflight.yaml")
+# How long a simulated ladder rung keeps its GPUs busy (real seconds): the executor reads
+# utilisation once a second while a rung runs; two reads leave room for a loaded machine.
+UTIL_HOLD_S: Final = 2 * UTIL_EVERY_S + 0.5
 _SHOWN: Final = 110  # characters of a line of the table
 
 

@@ -40,8 +40,11 @@ def test_demo_preflight_finds_the_planted_problems_and_holds_them_out(tmp_path: 
     assert re.search(r"qualifying 4 nodes \(level full", table)
     assert re.search(r"node-01 +pass", table)
     assert re.search(r"node-04 +pass", table)
-    assert re.search(r"node-02 +FAIL +drain succeeded: drain webhook: delivered", table)
-    assert re.search(r"node-03 +FAIL +drain deferred: drain cap reached", table)
+    # both held out; the drain cap (one of four nodes) lets one drain through, whichever is
+    # first (node-03's port rate is also a built-in rule's), and the other waits
+    drains = re.findall(r"node-0[23] +FAIL +drain (succeeded|deferred)", table)
+    assert sorted(drains) == ["deferred", "succeeded"]
+    assert "drain cap reached: 1 of 4 nodes drained or draining (cap 1)" in table
     assert "gpu_pair gpu:1-gpu:5: GPUs 1 and 5 of node-02 are low together" in table
     assert "ib_port ib:mlx5_5/1: IB port mlx5_5/1 of node-03 is below its rate" in table
     assert (

@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.preflight.executor import UTIL_EVERY_S
 from agent.sim.cluster import SimCluster
 from agent.sim.preflight import SimFabric
 from agent.sim.scenario import Fault, FaultKind, apply_fault
 from collector.main import CollectorService
 from collector.preflight.plan import PlanTimes
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.preflight import address_by_name
+from fleetwatch.demo.preflight import UTIL_HOLD_S, address_by_name
 from fleetwatch.preflight.vocabulary import Level
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions
@@ -55,7 +54,7 @@ async def test_planted_problems_are_named_and_only_their_nodes_fail(
     service = CollectorService(config, SystemClock())
     service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=20, ib_s=20, ladder_s=20)
     await service.start()
-    fabric = SimFabric({}, seed=7, util_hold_s=UTIL_EVERY_S + 0.5)
+    fabric = SimFabric({}, seed=7, util_hold_s=UTIL_HOLD_S)
     cluster = SimCluster(
         NODES,
         tmp_path / "nodes",
