@@ -371,7 +371,8 @@ class StreamSession:
         mono, unix = self._clock.monotonic(), self._clock.now()
         ingest = self._ingest = self._registry.throttle.node(self._node, mono)
         was_unreachable = self._fleet.on_hello(hello, mono, unix)
-        await self._journal.save_node(
+        # One commit for the Hello and the lookup, shared with the Hellos that come with it.
+        high = await self._journal.open_stream(
             NodeRow(
                 hello.node,
                 hello.boot_id,
@@ -382,7 +383,6 @@ class StreamSession:
         )
         if was_unreachable:
             await self.node_reachable()
-        high = await self._journal.high_seq(self._node, self._boot_id)
         self._events = StreamEvents(
             node=self._node,
             boot_id=self._boot_id,

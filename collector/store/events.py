@@ -68,6 +68,14 @@ INSERT_EVENT: Final = (
 )
 
 
+SAVE_NODE: Final = (
+    "INSERT INTO nodes (name, boot_id, hello, last_seen_ms, reachable, collector) "
+    "VALUES (?,?,?,?,?,?) ON CONFLICT (name) DO UPDATE SET boot_id=excluded.boot_id, "
+    "hello=excluded.hello, last_seen_ms=excluded.last_seen_ms, "
+    "reachable=excluded.reachable, collector=excluded.collector"
+)
+
+
 def _row_values(row: EventRow) -> tuple[object, ...]:
     return (
         row.node,
@@ -242,20 +250,29 @@ class EventStore:
 
     def save_node(self, row: NodeRow) -> None:
         """Remember a node's latest Hello, last contact, reachability and collector."""
-        self.db.run(
-            "INSERT INTO nodes (name, boot_id, hello, last_seen_ms, reachable, collector) "
-            "VALUES (?,?,?,?,?,?) ON CONFLICT (name) DO UPDATE SET boot_id=excluded.boot_id, "
-            "hello=excluded.hello, last_seen_ms=excluded.last_seen_ms, "
-            "reachable=excluded.reachable, collector=excluded.collector",
-            (
-                row.name,
-                row.boot_id,
-                row.hello,
-                row.last_seen_ms,
-                int(row.reachable),
-                row.collector or self.collector,
-            ),
+        self.db.run(SAVE_NODE, self._node_values(row))
+
+    def _node_values(self, row: NodeRow) -> tuple[object, ...]:
+        return (
+            row.name,
+            row.boot_id,
+            row.hello,
+            row.last_seen_ms,
+            int(row.reachable),
+            row.collector or self.collector,
         )
+
+    def open_streams(self, rows: Sequence[NodeRow]) -> list[int]:
+        """Save each node's Hello and read its boot's highest sequence number, in one commit.
+
+        What a stream's Hello needs from the journal, for many nodes at once: after a collector
+        restart thousands of Hellos come together, and one commit (one fsync) for each was what
+        kept the fleet out of the model for minutes.
+        """
+        with self.db.transaction():
+            for row in rows:
+                self.db.run(SAVE_NODE, self._node_values(row))
+            return [self.high_seq(row.name, row.boot_id) for row in rows]
 
     def set_reachable(self, name: str, *, reachable: bool, last_seen_ms: int) -> None:
         """Record a reachability change (only while this collector holds the node)."""

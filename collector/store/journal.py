@@ -99,6 +99,9 @@ class Journal:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._queue: asyncio.Queue[tuple[EventRow, asyncio.Future[int]]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._hellos: asyncio.Queue[tuple[NodeRow, asyncio.Future[int]]] = asyncio.Queue()
+        self._hello_writer: asyncio.Task[None] | None = None
+        self.hello_commits = 0
         self._full_since: float | None = None
         self.commits = 0
 
@@ -220,6 +223,51 @@ class Journal:
         """Highest journaled sequence number of a node's boot."""
         return await self._run(lambda: self.store.high_seq(node, boot_id))
 
+    async def open_stream(self, row: NodeRow) -> int:
+        """Save a node's Hello; return its boot's highest journaled sequence number.
+
+        Hellos that arrive while a commit is running wait and go together in the next one
+        (a reconnect storm costs a commit per batch, not per node). A batch that fails as a
+        whole is tried again node by node, so one node's row fails only its own stream.
+        """
+        if self._hello_writer is None or self._hello_writer.done():
+            self._hello_writer = asyncio.create_task(self._hello_loop(), name="journal-hellos")
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        await self._hellos.put((row, future))
+        return await future
+
+    async def _hello_loop(self) -> None:
+        while True:
+            batch = [await self._hellos.get()]
+            while len(batch) < MAX_BATCH and not self._hellos.empty():
+                batch.append(self._hellos.get_nowait())
+            rows = [row for row, _ in batch]
+            results: list[int | Exception]
+            try:
+                results = list(await self._run(partial(self.store.open_streams, rows), write=True))
+                self.hello_commits += 1
+            except Exception as exc:  # noqa: BLE001 - tried again one by one, then handed on
+                if len(rows) == 1:
+                    results = [exc]
+                else:
+                    log.warning("journal_hello_batch_failed", rows=len(rows), error=str(exc))
+                    results = [await self._one_hello(row) for row in rows]
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def _one_hello(self, row: NodeRow) -> int | Exception:
+        try:
+            (high,) = await self._run(partial(self.store.open_streams, [row]), write=True)
+        except Exception as exc:  # noqa: BLE001 - handed to this node's stream
+            return exc
+        self.hello_commits += 1
+        return high
+
     async def save_node(self, row: NodeRow) -> None:
         """Remember a node's Hello and reachability."""
         await self._run(lambda: self.store.save_node(row), write=True)
@@ -236,10 +284,11 @@ class Journal:
         return await self._run(self.store.load_nodes)
 
     async def close(self) -> None:
-        """Stop the writer and close the store."""
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
+        """Stop the writers and close the store."""
+        for writer in (self._writer, self._hello_writer):
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
         await self._run(self.store.close)
         self._executor.shutdown(wait=True)
