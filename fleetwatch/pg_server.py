@@ -114,7 +114,7 @@ class PgServer:
             pid = int(first)
         except (OSError, ValueError):
             return None
-        return pid if Path(f"/proc/{pid}").exists() else None
+        return pid if _alive(pid) else None
 
     def _wait_gone(self) -> None:
         if self._proc is not None:
@@ -133,11 +133,22 @@ class PgServer:
         """
         pid = self._postmaster_pid()
         if pid is not None:
-            for child in _children(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
+            # Stopped first, the main process cannot start new processes (a lost one makes it
+            # restart them all) between the listing and the kill; one left over would keep the
+            # shared memory and stop the next start.
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP)
+            doomed = [pid, *_children(pid)]
+            for victim in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while any(_alive(v) for v in doomed) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if self._proc is not None and self._proc.poll() is None:
+            # runuser stops itself when its child stops: wake it to see the child gone
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGCONT)
         self._wait_gone()
 
     def shut_down(self) -> None:
@@ -159,6 +170,12 @@ class PgServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while self._postmaster_pid() is not None and time.monotonic() < deadline:
             time.sleep(0.05)  # a killed server's processes are still going away
+        if self.base is not None and self._postmaster_pid() is None:
+            # a killed server's lock file names a process that is gone, or a zombie nobody
+            # reaps (which PostgreSQL would take for a server still running)
+            (self.base / "data" / "postmaster.pid").unlink(missing_ok=True)
+            for stale in (self.base / "run").glob(f".s.PGSQL.{self.port}*"):
+                stale.unlink(missing_ok=True)
         self._launch()
 
     @property
@@ -237,6 +254,15 @@ def _children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 out.append(int(stat.parent.name))
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (which holds no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _unprivileged_user() -> str:
