@@ -85,6 +85,7 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_to_action import SECRET
 from ingest.procs import Cores, log, record
+from ingest.reconnect import RECONNECT_TARGET, reconnect_figures
 from ingest.scrape import measure as measure_scrape
 from ingest.scrape import measure_http
 from ingest.size import (
@@ -270,6 +271,12 @@ def parse_args() -> argparse.Namespace:
     )
     add("--profile", action="store_true", help="py-spy the collector in one size's window")
     add("--profile-nodes", type=int, default=1024, help="the size --profile profiles")
+    add(
+        "--reconnect-nodes",
+        type=int,
+        help="nodes of the reconnect storm (bench/ingest/reconnect.py; default 4096, "
+        "1024 with --quick; 0: none)",
+    )
     add("--recording", type=Path, help="reuse a recording (bench/ingest/record.py --out)")
     add("--workdir", type=Path, help="keep journals, logs, profiles and the recording here")
     add("--seed", type=int, default=1)
@@ -288,6 +295,8 @@ def parse_args() -> argparse.Namespace:
             args.scrape_sizes = list(QUICK_SCRAPE_SIZES)
         args.scrape_cpu_nodes, args.scrape_cpu_rounds = min(args.scrape_cpu_nodes, 256), 3
     args.sizes = args.sizes or list(SIZES)
+    if args.reconnect_nodes is None:
+        args.reconnect_nodes = 1024 if args.quick else RECONNECT_TARGET
     if args.scrape_sizes is None:
         args.scrape_sizes = list(SCRAPE_SIZES)
     return args
@@ -350,6 +359,16 @@ def with_scrape(
         )
         result["why"] = "; ".join(filter(None, [result.get("why"), why]))
     result |= scrape_cpu
+
+
+def with_reconnect(result: dict[str, Any], reconnect: dict[str, Any]) -> None:
+    """The reconnect storm's keys, and the fault run at 4,096 nodes (not built yet: null)."""
+    result |= reconnect
+    result["fault_to_action_p99_ms_at_4096"] = None
+    result["why_fault_to_action_at_4096"] = (
+        "not measured yet: the fault run is at --fault-nodes (2,048); at 4,096 nodes with the "
+        "scrape on it is still to be built"
+    )
 
 
 def run_fault_size(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -429,7 +448,7 @@ def show_profiles(rows: list[dict[str, Any]]) -> None:
             log(f"  own   {share:6.1%}  {name}")
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 - the benchmark's steps, in order
     args = parse_args()
 
     def on_term(*_: object) -> None:
@@ -446,7 +465,8 @@ def main() -> None:
             "scrape_cpu_s_per_1000_nodes",
             "scrape_cpu_ratio_vs_prometheus_client",
         )
-        failed = dict.fromkeys((*keys, "fault_to_action_p99_ms_at_2048", *scrape_keys))
+        later = ("reconnect_s_at_4096", "fault_to_action_p99_ms_at_4096")
+        failed = dict.fromkeys((*keys, "fault_to_action_p99_ms_at_2048", *scrape_keys, *later))
         print(json.dumps(failed | {"why": str(exc)}, sort_keys=True), flush=True)
         raise SystemExit(1) from exc
     os.sched_setaffinity(0, {cores.load})  # before any thread starts: they inherit it
@@ -468,6 +488,7 @@ def main() -> None:
         fault_row = run_fault_size(ctx, rows)
         floor = run_floor(ctx, rows) if args.floor else None
         scraped = run_scraped_sizes(ctx)
+        reconnect = reconnect_figures(args.reconnect_nodes, workdir, recording, cores, command)
         log(f"exposition CPU: {args.scrape_cpu_nodes} nodes, {args.scrape_cpu_rounds} rounds ...")
         scrape_cpu = measure_scrape(
             Recording.load(recording), args.scrape_cpu_nodes, args.scrape_cpu_rounds
@@ -492,6 +513,7 @@ def main() -> None:
     if floor is not None:
         with_floor(result, rows, floor)
     with_scrape(result, args, scraped, scrape_cpu)
+    with_reconnect(result, reconnect)
     result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, sort_keys=True), flush=True)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -52,6 +53,9 @@ from typing import Any
 
 import grpc
 
+from agent.backoff import Backoff
+from agent.config import AgentConfig
+from agent.link import HEALTHY_AFTER_S
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -130,10 +134,39 @@ class Load:
         self.tasks: list[asyncio.Task[None]] = []
         self.stream_errors: Counter[str] = Counter()
         self.commands = 0
+        self.reconnects = 0
 
     # ---- one node ------------------------------------------------------------------------
 
     async def run_node(self, node: Node) -> None:
+        """Run the node's stream; with ``--reconnect``, again after each end, as an agent does.
+
+        An agent's pacing (``agent/link.py`` with one collector): a delay drawn from its
+        backoff's window before each new try, the window grown after each failed one and
+        started small again after a stream that lasted ``HEALTHY_AFTER_S``.
+        """
+        if not self.args.reconnect:
+            await self._run_stream(node)
+            return
+        backoff = Backoff(self.args.backoff_initial, self.args.backoff_max, self.rng)
+        while True:
+            began = time.monotonic()
+            await self._run_stream(node)
+            self.reconnects += 1
+            if node.call is not None:
+                node.call.cancel()
+            if node.channel is not None:
+                await node.channel.close()
+            node.call = node.channel = None
+            node.connected = False
+            node.ready.clear()
+            node.pending.clear()
+            node.failed = ""
+            if time.monotonic() - began >= HEALTHY_AFTER_S:
+                backoff.reset()
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _run_stream(self, node: Node) -> None:
         """Connect, say Hello, send the first Report, then a Report every interval."""
         try:
             async with self.connecting:
@@ -159,7 +192,8 @@ class Load:
                 what += " (the collector did not take the stream up: overloaded)"
             node.failed = f"{type(exc).__name__} ({stage}): {what}"[:300]
             self.stream_errors[type(exc).__name__] += 1
-            print(f"{node.wire.name}: {node.failed}", file=sys.stderr, flush=True)
+            if not self.args.reconnect:
+                print(f"{node.wire.name}: {node.failed}", file=sys.stderr, flush=True)
 
     async def _open(self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes]) -> None:
         now_ms = int(time.time() * 1000)
@@ -306,7 +340,8 @@ class Load:
         return {
             "connected": sum(n.connected for n in nodes),
             "ready": sum(n.ready.is_set() for n in nodes),
-            "failed": sum(bool(n.failed) for n in nodes),
+            "failed": 0 if self.args.reconnect else sum(bool(n.failed) for n in nodes),
+            "reconnects": self.reconnects,
             "errors": dict(self.stream_errors),
             "first_error": next((n.failed for n in nodes if n.failed), None),
         }
@@ -384,6 +419,14 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="s between a node's reports")
     parser.add_argument("--connecting", type=int, default=16, help="nodes connecting at once")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="a node whose stream ends connects again with an agent's backoff (never fails)",
+    )
+    agent = {f.name: f.default for f in dataclasses.fields(AgentConfig)}
+    parser.add_argument("--backoff-initial", type=float, default=agent["backoff_initial"])
+    parser.add_argument("--backoff-max", type=float, default=agent["backoff_max"])
     args = parser.parse_args()
     asyncio.run(serve(args))
 

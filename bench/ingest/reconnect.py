@@ -1,0 +1,274 @@
+"""The reconnect storm of ``bench/collector_ingest.py``: a fleet back in the model after a restart.
+
+A collector (pinned to its CPU) takes a fleet of replayed nodes (``bench/ingest/load.py
+--reconnect``: each node reconnects with an agent's backoff, as ``agent/link.py`` paces it, and
+never gives up); once every node's first Report is in, the collector is killed (SIGKILL) and
+started again on the same config and journal. ``reconnect_s``: from the restarted collector's
+first accepted TCP connection to every node's first Report in its model (the ack of an event
+sent right after that Report). Meanwhile the nodes already back keep sending a Report a second
+and probe events: their send-to-ack latency (p50/p99/max) says whether the storm slows the
+ingest of the nodes already in.
+
+Also runnable on its own (``.venv/bin/python bench/ingest/reconnect.py --nodes 1024``), with
+``--profile`` (py-spy on the restarted collector for the storm's first seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
+from fault_to_action import FleetProcess, tail, wait_healthy
+
+from ingest.procs import LOAD, ROOT, Collector, Cores, log, pinned, record
+from ingest.size import profile_start, profile_summary
+from ingest.wire import node_name
+
+STORM_LIMIT_S = 240.0  # a restart whose fleet is not back by then is reported as not back
+
+
+def load_start(
+    nodes: int, collector: Collector, recording: Path, core: int, per: int
+) -> list[FleetProcess]:
+    """Start the nodes (``per`` a process), each reconnecting as an agent does."""
+    procs: list[FleetProcess] = []
+    for i in range(math.ceil(nodes / per)):
+        first, count = 1 + i * per, min(per, nodes - i * per)
+        err: IO[bytes] = (collector.workdir / f"load-{i}.log").open("wb")
+        procs.append(
+            FleetProcess(
+                [
+                    f"--collector={collector.listen}",
+                    f"--recording={recording}",
+                    f"--first={first}",
+                    f"--count={count}",
+                    f"--nodes={nodes}",
+                    "--events-per-s=20",
+                    f"--connecting={count}",  # no pacing of our own: the agents' backoff only
+                    "--reconnect",
+                ],
+                err,
+                script=LOAD,
+                preexec=pinned({core}),
+            )
+        )
+    for proc in procs:
+        proc.wait_for("started", 60)
+    return procs
+
+
+def ask(procs: list[FleetProcess], op: str) -> list[dict[str, Any]]:
+    for proc in procs:
+        proc.send(op=op)
+    return [proc.wait_for(op, 60) for proc in procs]
+
+
+def wait_ready(procs: list[FleetProcess], nodes: int, limit_s: float, began: float) -> list[Any]:
+    """Poll until every node is ready; return the curve [[s, ready], ...] (last: all or not)."""
+    curve: list[Any] = []
+    while True:
+        ready = sum(s["ready"] for s in ask(procs, "status"))
+        waited = time.monotonic() - began
+        curve.append([round(waited, 1), ready])
+        if ready >= nodes or waited > limit_s:
+            return curve
+        if len(curve) % 20 == 0:
+            log(f"    {ready}/{nodes} nodes in after {waited:.0f} s")
+        time.sleep(0.5)
+
+
+def first_accept(listen: str, proc: subprocess.Popen[bytes], limit_s: float = 60.0) -> float:
+    """Monotonic time at which ``listen`` first accepts a TCP connection."""
+    host, _, port = listen.rpartition(":")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            msg = "the restarted collector exited"
+            raise RuntimeError(msg)
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex((host, int(port))) == 0:
+                return time.monotonic()
+        time.sleep(0.005)
+    msg = f"the restarted collector did not accept on {listen} in {limit_s:g} s"
+    raise TimeoutError(msg)
+
+
+def restart(collector: Collector, core: int, command: list[str]) -> Collector:
+    """SIGKILL the collector and start it again on the same config, ports and journal."""
+    os.kill(collector.proc.pid, signal.SIGKILL)
+    collector.proc.wait()
+    collector.log_file.close()
+    cfg = collector.workdir / "collector.toml"
+    out = (collector.workdir / "collector-restarted.log").open("wb")
+    proc = subprocess.Popen(  # noqa: S603 - the venv's own command
+        [*command, "collector", "--config", str(cfg)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        preexec_fn=pinned({core}),  # noqa: PLW1509 - no locks are taken before exec
+    )
+    return Collector(proc, collector.base, collector.listen, collector.workdir, out)
+
+
+def lag_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    lags: list[float] = sorted(float(ms) for w in windows for _, ms in w["event_lags"])
+    if not lags:
+        return {"probe_events": 0}
+
+    def q(p: float) -> float:
+        return round(lags[min(len(lags) - 1, int(p * len(lags)))], 1)
+
+    return {
+        "probe_events": len(lags),
+        "probe_ack_p50_ms": q(0.5),
+        "probe_ack_p99_ms": q(0.99),
+        "probe_ack_max_ms": round(lags[-1], 1),
+        "probe_events_unacked": sum(w["events_unacked"] for w in windows),
+    }
+
+
+def measure(  # noqa: PLR0913 - the benchmark's shared parts
+    nodes: int,
+    workdir: Path,
+    recording: Path,
+    cores: Cores,
+    command: list[str],
+    *,
+    per: int = 512,
+    profile_s: float = 0.0,
+) -> dict[str, Any]:
+    """One restart with ``nodes`` nodes; the figures (``reconnect_s`` None when not all came)."""
+    row: dict[str, Any] = {"nodes": nodes, "load_1m": round(os.getloadavg()[0], 2)}
+    collector = Collector.start(workdir, "http://127.0.0.1:9/hook", nodes, cores.collector, command)
+    procs: list[FleetProcess] = []
+    try:
+        procs = load_start(nodes, collector, recording, cores.load, per)
+        began = time.monotonic()
+        curve = wait_ready(procs, nodes, STORM_LIMIT_S, began)
+        row["first_connect_s"] = curve[-1][0] if curve[-1][1] >= nodes else None
+        log(f"  {nodes} nodes: first connect {curve[-1][0]} s ({curve[-1][1]} in); restarting")
+        if curve[-1][1] < nodes:
+            row["why"] = f"only {curve[-1][1]} of {nodes} nodes came in on the first start"
+            row["reconnect_s"] = None
+            return row
+        time.sleep(3.0)
+        collector = restart(collector, cores.collector, command)
+        t0 = first_accept(collector.listen, collector.proc)
+        cpu0 = psutil.Process(collector.proc.pid).cpu_times()
+        spy = (
+            profile_start(collector, profile_s, workdir / "profile.txt", cores.load)
+            if profile_s
+            else None
+        )
+        for p in procs:
+            p.send(op="record")
+        curve = wait_ready(procs, nodes, STORM_LIMIT_S, t0)
+        done = curve[-1][1] >= nodes
+        cpu1 = psutil.Process(collector.proc.pid).cpu_times()
+        row["reconnect_s"] = curve[-1][0] if done else None
+        if not done:
+            row["why"] = f"only {curve[-1][1]} of {nodes} nodes back in {STORM_LIMIT_S:g} s"
+        busy = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+        row["collector_cpu_cores"] = round(busy / max(float(curve[-1][0]), 0.1), 2)
+        row["ready_curve"] = [*curve[:: max(1, len(curve) // 20)], curve[-1]]
+        windows = ask(procs, "window")
+        row["reconnects"] = sum(w["reconnects"] for w in windows)
+        row.update(lag_figures(windows))
+        if not wait_healthy(collector.base, collector.proc):
+            row["collector_log"] = tail(workdir / "collector-restarted.log")
+        if spy is not None:
+            spy.wait(timeout=profile_s + 60)
+            row["profile"] = profile_summary(workdir / "profile.txt", top=30)
+        log(f"  {nodes} nodes back in {row['reconnect_s']} s after the restart")
+        return row
+    finally:
+        for proc in procs:
+            proc.stop()
+        collector.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--recording", type=Path, help="a recording to reuse")
+    parser.add_argument("--profile", type=float, default=0.0, help="py-spy for this many s")
+    parser.add_argument("--per", type=int, default=512, help="nodes per load process")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--code",
+        type=Path,
+        help="run the collector from another checkout (a tree of another commit) to compare",
+    )
+    args = parser.parse_args()
+    cores = Cores.pick()
+    with tempfile.TemporaryDirectory(prefix="fw-reconnect-") as tmp:
+        workdir = Path(tmp)
+        if args.keep:
+            workdir = Path(tempfile.mkdtemp(prefix="fw-reconnect-keep-"))
+        recording = args.recording or record(workdir, cores.load)
+        command = [str(Path(sys.executable).parent / "fleetwatch")]
+        if args.code is not None:
+            boot = f"import sys; sys.path.insert(0, {str(args.code)!r}); "
+            boot += "from fleetwatch.cli import main; sys.exit(main())"
+            command = [sys.executable, "-c", boot]
+        row = measure(
+            args.nodes,
+            workdir / f"n{args.nodes}",
+            recording,
+            cores,
+            command,
+            per=args.per,
+            profile_s=args.profile,
+        )
+        row["node_example"] = node_name(1)
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+
+
+RECONNECT_TARGET: int = 4096
+
+
+def reconnect_figures(
+    nodes: int, workdir: Path, recording: Path, cores: Cores, command: list[str]
+) -> dict[str, Any]:
+    """The keys of ``bench/collector_ingest.py``'s last line for the reconnect storm.
+
+    ``reconnect_s_at_4096`` (null with a why when another size ran or the fleet did not come
+    back), the size run and its figures.
+    """
+    out: dict[str, Any] = {"reconnect_s_at_4096": None, "reconnect_nodes": nodes}
+    if nodes <= 0:
+        out["why_reconnect"] = "no reconnect run (--reconnect-nodes 0)"
+        return out
+    log(f"reconnect storm: {nodes} nodes, the collector killed and started again ...")
+    try:
+        row = measure(nodes, workdir / f"reconnect-{nodes}", recording, cores, command)
+    except (RuntimeError, TimeoutError) as exc:
+        out["why_reconnect"] = f"the reconnect run at {nodes} nodes failed: {exc}"[:500]
+        return out
+    out["reconnect"] = row
+    out["reconnect_s"] = row.get("reconnect_s")
+    if nodes == RECONNECT_TARGET and row.get("reconnect_s") is not None:
+        out["reconnect_s_at_4096"] = row["reconnect_s"]
+    elif nodes != RECONNECT_TARGET:
+        out["why_reconnect"] = f"--reconnect-nodes {nodes}: the 4,096 run was not asked for"
+    else:
+        out["why_reconnect"] = row.get("why", "not every node came back")
+    return out
