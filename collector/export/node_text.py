@@ -182,8 +182,10 @@ class NodeLines:
         self._rows: list[Row] = []
         self._values: list[object] = []
         self._lines: list[str | None] = []
-        self._plain: list[list[str]] = []
-        self._pieces: list[bytes] = []
+        # Tuples, not lists: a tuple of strings is not tracked by the garbage collector, so the
+        # kept text adds few objects for CPython's collections to walk.
+        self._plain: tuple[tuple[str, ...], ...] = ()
+        self._pieces: tuple[bytes, ...] = ()
 
     def _plan(
         self, lbl: str, gpus: list[tuple[str, GpuState]], ports: list[tuple[str, PortState]]
@@ -198,8 +200,8 @@ class NodeLines:
         self._rows = rows
         self._values = [None] * len(rows)
         self._lines = [None] * len(rows)
-        self._plain = []
-        self._pieces = []
+        self._plain = ()
+        self._pieces = ()
 
     def render(
         self, node: NodeState, state: str, xid_class: Callable[[int], str]
@@ -225,7 +227,7 @@ class NodeLines:
             _gpu(out, glbl, gpu, xid_class)
         for plbl, port in ports:
             _port(out, plbl, port)
-        plain = [lines[:] for lines in out]  # the lines written each time, before the rows
+        plain = tuple(tuple(lines) for lines in out)  # the lines written each time, before the rows
         values, lines = self._values, self._lines
         changed = [False] * len(out)
         for k, (i, di, signal, scale, prefix) in enumerate(self._rows):
@@ -243,16 +245,16 @@ class NodeLines:
             if line is not None:
                 out[i].append(line)
         old_plain, old_pieces = self._plain, self._pieces
-        pieces = [
+        pieces = tuple(
             old_pieces[i]
             if old_pieces and not changed[i] and plain[i] == old_plain[i]
             else _spelled("".join(lines)).encode()
             if lines
             else b""
             for i, lines in enumerate(out)
-        ]
+        )
         self._plain, self._pieces = plain, pieces
-        return tuple(pieces)
+        return pieces
 
 
 def _node(out: list[list[str]], lbl: str, node: NodeState, state: str) -> None:
