@@ -336,7 +336,8 @@ class Evaluator:
         ``full_sweep_s`` without one tick doing the whole fleet and stalling the loop. A sweep
         evaluates what can change with time alone (see the module's docstring); the first tick
         evaluates everything. An ``urgent`` tick (an event arrived) evaluates only the changed
-        targets, to act fast, with the fleet counts of the last regular tick.
+        targets (all of a node among them that said Hello since), to act fast, with the fleet
+        counts of the last regular tick.
         """
         now = self.clock.monotonic()
         wanted = set(self._dirty)
@@ -349,6 +350,8 @@ class Evaluator:
             swept = self._sweep_slice(now)
             whole = swept if first else self._whole_next
             self._whole_next = set()
+        else:
+            whole = self._hellos_among(wanted)
         if not urgent or self._fleet_nodes is None:
             self._fleet_nodes = self._fleet_counts()
         sweep = _Sweep(
@@ -373,6 +376,19 @@ class Evaluator:
         for rule in self._by_scope[Scope.FLEET]:
             outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
         return outcomes
+
+    def _hellos_among(self, wanted: set[tuple[str, str]]) -> set[str]:
+        """The nodes of ``wanted`` that said Hello since the last regular tick, taken off it.
+
+        Such a node (its first Report is in) is evaluated whole in this urgent tick, once: not
+        here for the Report and again whole at the next regular tick. After a collector restart
+        every node connects at once, and that was twice the evaluation.
+        """
+        if not self._whole_next:
+            return set()
+        whole = {n for n, _ in wanted if n in self._whole_next}
+        self._whole_next -= whole
+        return whole
 
     def _evaluate(
         self,

@@ -201,6 +201,26 @@ class TestSweepOnlyWhatTimeCanChange:
             fired |= {o.transition.incident.target for o in ev.tick()}
         assert len(fired) == 16
 
+    def test_a_hello_then_its_first_report_evaluate_the_node_once(self):
+        """A node that said Hello and sent a Report a rule reads: the event's urgent tick
+        evaluates all of it, and the next regular tick none of it again."""
+        clock = FakeClock()
+        fleet, ev = self.fleet_with_counters(clock, QUIET_AGAIN)
+        fleet.on_hello(made_up_hello("n0", gpus=2, nvlinks=4, ib_ports=0), 0.0, 0.0)
+        gpus = list(fleet.view()["n0"].gpus.values())
+        for gpu in gpus:  # its first Report: every link, one counter a rule reads
+            fleet.apply_samples(
+                "n0", [sample_to_pb(Target.nvlink(gpu.uuid, i), "x", 1) for i in range(4)]
+            )
+        fleet.apply_samples(
+            "n0", [sample_to_pb(Target.nvlink(gpus[0].uuid, 0), "nvlink_crc_errors", 1)]
+        )
+        before = ev.evaluations
+        ev.tick(urgent=True)
+        assert ev.evaluations == before + 8  # every link of n0, not only the one reported
+        ev.tick()
+        assert ev.evaluations == before + 8  # and not again: n0 was done
+
     def test_a_hello_evaluates_the_whole_node_once(self):
         """A node that said Hello again starts afresh: every target of it is evaluated at the
         next regular tick, nothing of the other node."""
