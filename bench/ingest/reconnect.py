@@ -187,6 +187,11 @@ def measure(  # noqa: PLR0913 - the benchmark's shared parts
         row["ready_curve"] = [*curve[:: max(1, len(curve) // 20)], curve[-1]]
         windows = ask(procs, "window")
         row["reconnects"] = sum(w["reconnects"] for w in windows)
+        errors: dict[str, int] = {}
+        for w in windows:
+            for name, n in w["errors"].items():
+                errors[name] = errors.get(name, 0) + n
+        row["stream_errors"] = errors
         row.update(lag_figures(windows))
         if not wait_healthy(collector.base, collector.proc):
             row["collector_log"] = tail(workdir / "collector-restarted.log")
