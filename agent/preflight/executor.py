@@ -280,7 +280,7 @@ class PreflightExecutor:
                             component,
                             mean,
                             "percent",
-                            evidence=f"mean of {util.reads} reads of every GPU while it ran",
+                            evidence=util.evidence()[:2048],
                         ),
                     )
             return out
@@ -341,13 +341,18 @@ def _as(check: Check, component: str, m: Measurement) -> Measurement:
 
 
 class _UtilSampler:
-    """Reads every GPU's utilisation on a thread while a ladder rung runs (NVML, as polls do)."""
+    """Reads every GPU's utilisation on a thread while a ladder rung runs (NVML, as polls do).
+
+    A rung that ends before the first periodic read gets one read when it stops (NVML's figure
+    covers its last sample period, the rung's tail), so a short rung still has a figure.
+    """
 
     def __init__(self, nvml: NvmlSource, sampler: Sampler) -> None:
         self._nvml = nvml
         self._gpus = sampler.inventory.gpus
         self._stop = threading.Event()
-        self._values: list[float] = []
+        self._lock = threading.Lock()
+        self._values: dict[int, list[float]] = {}  # GPU index -> its reads
         self._thread = threading.Thread(target=self._loop, name="preflight-util", daemon=True)
         self.reads = 0
 
@@ -355,23 +360,42 @@ class _UtilSampler:
         self._thread.start()
 
     def _read(self) -> None:
+        got: dict[int, float] = {}
         for gpu in self._gpus:
             try:
                 pct = self._nvml.read(gpu).gpu_util_pct
             except SourceError:
                 continue
             if pct is not None:
-                self._values.append(float(pct))
-        self.reads += 1
+                got[gpu.index] = float(pct)
+        with self._lock:
+            for index, busy in got.items():
+                self._values.setdefault(index, []).append(busy)
+            self.reads += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(UTIL_EVERY_S):
             self._read()
 
     def stop(self) -> float | None:
-        """Stop reading; the mean of what was read (None: nothing)."""
+        """Stop reading; the mean of what was read (None: nothing could be read)."""
         self._stop.set()
         self._thread.join(timeout=UTIL_EVERY_S + 5.0)
-        if not self._values:
+        if self.reads == 0:
+            self._read()  # the final reading of a rung shorter than the period
+        values = [v for vs in self._values.values() for v in vs]
+        if not values:
             return None
-        return round(sum(self._values) / len(self._values), 2)
+        return round(sum(values) / len(values), 2)
+
+    def per_gpu(self) -> dict[int, float]:
+        """Each GPU's mean utilisation while the rung ran."""
+        return {i: round(sum(vs) / len(vs), 1) for i, vs in sorted(self._values.items()) if vs}
+
+    def evidence(self) -> str:
+        """What the figure is, with each GPU's mean (``gpu:3 100%``).
+
+        The GPU the others wait for at every step is the busiest.
+        """
+        shown = ", ".join(f"gpu:{i} {pct:g}%" for i, pct in self.per_gpu().items())
+        return f"mean of {self.reads} reads of every GPU while it ran; per GPU: {shown}"

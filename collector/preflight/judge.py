@@ -11,7 +11,8 @@ Three passes over a run's measurements:
    outlier verdict (warn, or fail with ``fail_z``), whatever its fixed gate said.
 
 Group results (a multi-node all-reduce, a ladder rung: component ``nodes:<n>``) and the rails
-between two nodes (``rail:...``) belong to no one node: they make the run's verdict, and
+between two nodes (``rail:...``) belong to no one node (a one-node rung, ``nodes:1``, is its
+node's own: its throughput is compared with every other node's): they make the run's verdict, and
 :mod:`collector.preflight.localise` says which node, GPU pair or rail they point at.
 """
 
@@ -38,6 +39,7 @@ VERSIONS: Final = (
     Check.NIC_FIRMWARE,
 )
 SHARED_PREFIXES: Final = ("nodes:", "rail:")
+ONE_NODE: Final = "nodes:1"  # a one-node group's component: that node's own result
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,11 @@ class Judged:
 
     @property
     def shared(self) -> bool:
-        """A result of a group or a rail, not of this node alone."""
-        return self.m.component.startswith(SHARED_PREFIXES)
+        """A result of a group of nodes or a rail, not of this node alone.
+
+        A group of one node (the ladder's one-node rung, ``nodes:1``) is the node's own.
+        """
+        return self.m.component.startswith(SHARED_PREFIXES) and self.m.component != ONE_NODE
 
 
 def _gate_text(judgement: object) -> str:
@@ -135,11 +140,14 @@ def _consistency(judged: list[Judged]) -> list[Judged]:
 
 def _outliers(judged: list[Judged], kinds: Mapping[str, NodeKind], book: GateBook) -> list[Judged]:
     out = list(judged)
-    by_check: dict[Check, list[int]] = defaultdict(list)
+    # A group's figure is compared only with groups of the same size (a ladder rung's
+    # throughput grows with its nodes): the one-node rung of every node, say.
+    by_check: dict[tuple[Check, str], list[int]] = defaultdict(list)
     for i, j in enumerate(out):
         if j.m.value is not None and j.m.ran:
-            by_check[j.m.check].append(i)
-    for check, indexes in by_check.items():
+            size = j.m.component if j.m.component.startswith("nodes:") else ""
+            by_check[j.m.check, size].append(i)
+    for (check, _), indexes in by_check.items():
         first = out[indexes[0]]
         kind = kinds.get(first.node, NodeKind("", ""))
         values: list[float | None] = [out[i].m.value for i in indexes]

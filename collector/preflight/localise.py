@@ -10,16 +10,22 @@ From the results the plan already gathered, no extra round where they suffice:
 * GPU pairs (``p2p_bw``/``p2p_bidir_bw``) inside a node: a GPU in most of its failing pairs (and
   at least two) is the ``gpu`` to blame (its NVLinks); otherwise each failing pair is a
   ``gpu_pair`` (low peer-to-peer bandwidth with no NVLink down, say).
-* A failed multi-node all-reduce or ladder rung already explained by a node above names it
-  (``explained``); the first ladder rung that fails names the nodes it added (``ladder_rung``);
-  what is left is ``unexplained``, naming every node of the run, and the orchestrator then
-  bisects it with rounds of its own (:meth:`PreflightService._bisect
-  <collector.preflight.orchestrator.PreflightService._bisect>`).
+* A node whose one-node ladder rung is slow against the fleet's (its ``ladder_throughput``
+  ``nodes:1`` failed): the GPU its peers waited for (the busiest in the utilisation the agent
+  sampled while the rung ran, ``gpu``), or the node when none stands out (``node``).
+* A failed multi-node all-reduce or ladder rung is ``explained`` only by a node of that group
+  that failed on its own (or a cable or pair between two of its nodes); the groups are runs of
+  the nodes in name order from the node that reported the figure (its rank 0), as the planner
+  and the bisection make them; the first unexplained ladder rung that fails names the nodes it
+  added (``ladder_rung``); a multi-node all-reduce left is ``unexplained``, naming every node
+  of the run, and the orchestrator then bisects it with rounds of its own
+  (:meth:`PreflightService._bisect <collector.preflight.orchestrator.PreflightService._bisect>`).
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -34,6 +40,10 @@ if TYPE_CHECKING:
 _RAIL: Final = re.compile(r"rail:(?P<rail>[^:]+):(?P<pair>.+)$")
 _GPU_PAIR: Final = re.compile(r"gpu:(\d+)-gpu:(\d+)")
 _BAD: Final = frozenset({Verdict.FAIL})
+_GPU_UTIL: Final = re.compile(r"gpu:(\d+) (\d+(?:\.\d+)?)%")
+# A slow node's busiest GPU is named when it was busy at least this many points more than the
+# median of its peers (they wait for it at every step); otherwise the node is named.
+SLOW_GPU_GAP: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +75,7 @@ class Suspect:
 
 def localise(judged: Sequence[Judged], nodes: Sequence[str]) -> list[Suspect]:
     """Every suspect the results point at."""
-    found = _rails(judged) + _gpu_pairs(judged)
+    found = _rails(judged) + _gpu_pairs(judged) + _slow_nodes(judged)
     found += _groups(judged, nodes, {s.node for s in found if s.node})
     return found
 
@@ -211,38 +221,111 @@ def _gpu_pairs(judged: Sequence[Judged]) -> list[Suspect]:
     return out
 
 
+def _slow_nodes(judged: Sequence[Judged]) -> list[Suspect]:
+    util = {
+        j.node: j
+        for j in judged
+        if j.m.check == Check.GPU_UTILISATION and j.m.component == "nodes:1" and j.m.ran
+    }
+    out: list[Suspect] = []
+    for j in judged:
+        if not (
+            j.m.check == Check.LADDER_THROUGHPUT
+            and j.m.component == "nodes:1"
+            and j.verdict in _BAD
+        ):
+            continue
+        evidence = [_shown(j), j.reason]
+        sampled = util.get(j.node)
+        per_gpu = (
+            {int(g): float(p) for g, p in _GPU_UTIL.findall(sampled.m.evidence)}
+            if sampled is not None
+            else {}
+        )
+        if sampled is not None:
+            evidence.append(f"GPU utilisation on {j.node}: {sampled.m.evidence}")
+        busiest = max(per_gpu, key=lambda g: (per_gpu[g], -g), default=None)
+        if busiest is not None and len(per_gpu) >= 2:  # noqa: PLR2004 - a GPU and a peer
+            peers = statistics.median(p for g, p in per_gpu.items() if g != busiest)
+            if per_gpu[busiest] - peers >= SLOW_GPU_GAP:
+                why = (
+                    f"{j.node}'s one-node training step is slow against the fleet's, and GPU "
+                    f"{busiest} was busy {per_gpu[busiest]:g}% while its peers waited "
+                    f"(median {peers:g}%): the step waits for GPU {busiest}"
+                )
+                out.append(
+                    Suspect(
+                        "gpu", j.node, f"gpu:{busiest}", Check.LADDER_THROUGHPUT.value,
+                        Verdict.FAIL, why, evidence=evidence,
+                    ),
+                )  # fmt: skip
+                continue
+        why = (
+            f"{j.node}'s one-node training step is slow against the fleet's and no one GPU "
+            "stands out in the utilisation sampled while it ran"
+        )
+        out.append(
+            Suspect(
+                "node", j.node, "node", Check.LADDER_THROUGHPUT.value, Verdict.FAIL, why,
+                evidence=evidence,
+            ),
+        )  # fmt: skip
+    return out
+
+
+def group_members(j: Judged, order: Sequence[str]) -> tuple[str, ...]:
+    """The nodes of the group whose figure ``j`` is (``nodes:<k>`` reported by its rank 0).
+
+    The planner's and the bisection's groups are runs of the nodes in name order, and rank 0
+    reports the group's figure: ``k`` nodes from the reporter on. A figure that does not fit
+    (an unknown reporter, a run past the end) is taken as every node's.
+    """
+    try:
+        k = int(j.m.component.split(":", 1)[1])
+        first = list(order).index(j.node)
+    except (IndexError, ValueError):
+        return tuple(order)
+    members = tuple(order[first : first + k])
+    return members if len(members) == k else tuple(order)
+
+
 def _groups(judged: Sequence[Judged], nodes: Sequence[str], blamed: set[str]) -> list[Suspect]:
     out: list[Suspect] = []
     order = sorted(nodes)
-    failing_rungs = sorted(
-        int(j.m.component.split(":", 1)[1])
-        for j in judged
-        if j.m.check == Check.LADDER_EFFICIENCY and j.verdict in _BAD
-    )
-    node_fails = sorted(
-        {j.node for j in judged if not j.shared and j.verdict in _BAD} | blamed,
-    )
+    own_fails = {j.node for j in judged if not j.shared and j.verdict in _BAD} | blamed
+    # a cable or pair between two nodes explains a group holding both
+    links = [set(s.nodes) for s in _rails(judged) if s.kind in ("cable", "pair")]
     group_fails = [
         j
         for j in judged
         if j.m.check in (Check.ALLREDUCE_MULTI, Check.LADDER_EFFICIENCY) and j.verdict in _BAD
     ]
-    if not group_fails:
-        return out
-    if node_fails:
+    unexplained: list[Judged] = []
+    for j in group_fails:
+        members = group_members(j, order)
+        by = sorted(own_fails & set(members))
+        by_link = [sorted(link) for link in links if link <= set(members)]
+        if not by and not by_link:
+            unexplained.append(j)
+            continue
+        named = by + [f"the link {a}-{b}" for a, b in by_link]
         why = (
-            "the multi-node results are explained by the nodes that failed on their own: "
-            + ", ".join(node_fails)
+            f"{j.m.check} {j.m.component} (from {j.node}) is explained by what failed on its own "
+            f"among its nodes: {', '.join(named)}"
         )
         out.append(
             Suspect(
-                "explained", "", "nodes", group_fails[0].m.check.value, Verdict.FAIL, why,
-                nodes=tuple(node_fails), evidence=[_shown(j) for j in group_fails],
+                "explained", "", j.m.component, j.m.check.value, Verdict.FAIL, why,
+                nodes=tuple(by), evidence=[_shown(j)],
             ),
         )  # fmt: skip
-        return out
+    failing_rungs = sorted(
+        (int(j.m.component.split(":", 1)[1]), j)
+        for j in unexplained
+        if j.m.check == Check.LADDER_EFFICIENCY
+    )
     if failing_rungs:
-        k = failing_rungs[0]
+        k = failing_rungs[0][0]
         previous = max((r for r in (2**i for i in range(32)) if r < k), default=1)
         added = tuple(order[previous:k])
         why = (
@@ -252,15 +335,16 @@ def _groups(judged: Sequence[Judged], nodes: Sequence[str], blamed: set[str]) ->
         out.append(
             Suspect(
                 "ladder_rung", "", f"nodes:{k}", Check.LADDER_EFFICIENCY.value, Verdict.FAIL, why,
-                nodes=added, evidence=[_shown(j) for j in group_fails],
+                nodes=added, evidence=[_shown(j) for _, j in failing_rungs],
             ),
         )  # fmt: skip
-        return out
-    why = "a multi-node result failed and no node, GPU or rail failed on its own"
-    out.append(
-        Suspect(
-            "unexplained", "", "nodes", group_fails[0].m.check.value, Verdict.FAIL, why,
-            nodes=tuple(order), evidence=[_shown(j) for j in group_fails],
-        ),
-    )  # fmt: skip
+    collectives = [j for j in unexplained if j.m.check == Check.ALLREDUCE_MULTI]
+    if collectives:
+        why = "a multi-node all-reduce failed and no node, GPU or rail of it failed on its own"
+        out.append(
+            Suspect(
+                "unexplained", "", "nodes", Check.ALLREDUCE_MULTI.value, Verdict.FAIL, why,
+                nodes=tuple(order), evidence=[_shown(j) for j in collectives],
+            ),
+        )  # fmt: skip
     return out

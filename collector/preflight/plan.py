@@ -11,8 +11,9 @@ Every task of a round runs at once; a round ends when every node answered (or it
   (a-b, b-c, ..., z-a): two rounds for an even count, three for an odd one, and every node meets
   two partners, which is what tells a bad node (low with both) from a bad cable (low with one).
   The lower-named node of a pair serves, the other is the client. Then a multi-node all-reduce
-  over every node, and the scaling ladder: one small training step on the first 1, 2, 4, 8, 16 ...
-  nodes (the powers of two up to the node count), one rung per round.
+  over every node, and the scaling ladder: one small training step on one node, every node at
+  once in one round (each node's throughput is judged against the fleet's: a slow GPU), then on
+  the first 2, 4, 8, 16 ... nodes (the powers of two up to the node count), one rung per round.
 """
 
 from __future__ import annotations
@@ -220,7 +221,6 @@ def plan_run(
     if level is Level.STANDARD:
         return Plan(run_id, level, names, tuple(rounds))
     ib_pairs = _ib_rounds(run_id, level, facts, times, new_round)
-    by_name = {f.name: f for f in facts}
     if len(facts) >= 2:  # noqa: PLR2004 - a multi-node collective needs two
         port = times.rendezvous_port + 1
         multi = new_round(f"all-reduce on {len(facts)} nodes", times.allreduce_s)
@@ -231,15 +231,44 @@ def plan_run(
             task.groups.append(_group(Check.ALLREDUCE_MULTI, facts, rank, port, times))
             multi.tasks[f.name] = task
     rungs = ladder_rungs(len(facts))
-    for k in rungs:
-        members = [by_name[n] for n in names[:k]]
+    _ladder_rounds(
+        run_id=run_id, level=level, facts=facts, rungs=rungs, times=times, new_round=new_round
+    )
+    return Plan(run_id, level, names, tuple(rounds), ib_pairs=ib_pairs, ladder=tuple(rungs))
+
+
+def _ladder_rounds(  # noqa: PLR0913 - the planner's state, passed on
+    *,
+    run_id: str,
+    level: Level,
+    facts: Sequence[NodeFacts],
+    rungs: Sequence[int],
+    times: PlanTimes,
+    new_round: Any,  # noqa: ANN401 - the planner's round factory
+) -> None:
+    """The ladder: the one-node rung on every node at once, then one round per larger rung.
+
+    Each node's one-node rung is its own group (its rendezvous on itself), so every node's
+    throughput is measured in one round and judged against the fleet's: a slow GPU slows its
+    own node's step and nothing else. The larger rungs run on the first ``k`` nodes.
+    """
+    if not rungs:
+        return
+    one_node = new_round("ladder on 1 node, every node", times.ladder_s)
+    for f in facts:
+        task = _task(run_id, level, f"{f.name}.ladder1", LADDER, times.ladder_s)
+        one = _group(Check.LADDER_THROUGHPUT, [f], 0, times.rendezvous_port + 3, times)
+        one.master_addr = "127.0.0.1"
+        task.groups.append(one)
+        one_node.tasks[f.name] = task
+    for k in rungs[1:]:
+        members = facts[:k]
         rung = new_round(f"ladder on {k} nodes", times.ladder_s)
         port = times.rendezvous_port + 2 + k
         for rank, f in enumerate(members):
             task = _task(run_id, level, f"{f.name}.ladder{k}", LADDER, times.ladder_s)
             task.groups.append(_group(Check.LADDER_THROUGHPUT, members, rank, port, times))
             rung.tasks[f.name] = task
-    return Plan(run_id, level, names, tuple(rounds), ib_pairs=ib_pairs, ladder=tuple(rungs))
 
 
 def collective_round(  # noqa: PLR0913 - one round of disjoint groups, named

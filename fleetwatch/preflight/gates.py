@@ -148,6 +148,7 @@ class Gate:
     note: str = ""
     compare_fleet: bool = True
     line: int = 0
+    outlier: OutlierRule | None = None  # this check's own rule; None: the file's ``outlier``
 
     @property
     def bar(self) -> str:
@@ -271,6 +272,8 @@ class GateBook:
         gate = self.gate(check, gpu_model, nic)
         if gate is not None and not gate.compare_fleet:
             return None
+        if gate is not None and gate.outlier is not None:
+            return gate.outlier
         return self.outlier_default
 
     def outliers(
@@ -386,7 +389,9 @@ def outliers(values: Sequence[float | None], rule: OutlierRule | None = None) ->
         side = "below" if value < median else "above"
         reason = (
             f"{value:.4g} is {deviation:.0%} {side} the fleet median {median:.4g} "
-            f"(robust z {score:.1f}, warn at {rule.warn_z:g})"
+            f"(robust z {score:.1f}, warn at {rule.warn_z:g}"
+            + ("" if rule.fail_z is None else f", fail at {rule.fail_z:g}")
+            + ")"
         )
         found.append(Outlier(index, value, verdict, median, spread, score, reason))
     return found
@@ -482,6 +487,9 @@ class _Checker:
         if min_values is not None and (min_values != int(min_values) or min_values < 3):  # noqa: PLR2004
             self.problem((*path, "min_values"), f"must be a whole number >= 3, not {min_values:g}")
             min_values = rule.min_values
+        fail_z, warn_z = numbers["fail_z"], numbers["warn_z"] or rule.warn_z
+        if fail_z is not None and fail_z < warn_z:
+            self.problem((*path, "fail_z"), f"must not be below warn_z {warn_z:g}, not {fail_z:g}")
         return OutlierRule(
             direction=str(direction),
             min_values=int(min_values or rule.min_values),
@@ -522,9 +530,7 @@ class _Checker:
         want = UNITS.get(check)
         if want is not None and unit != want:
             self.problem((*path, "unit"), f"{check} is measured in {want}, not {unit!r}")
-        compare = raw.get("outlier", True)
-        if not isinstance(compare, bool):
-            self.problem((*path, "outlier"), f"must be true or false, not {short_repr(compare)}")
+        compare, own_rule = self._compare(raw.get("outlier", True), (*path, "outlier"))
         fail = warn = None
         if kind in {GateKind.AT_LEAST, GateKind.AT_MOST}:
             suffix = "below" if kind is GateKind.AT_LEAST else "above"
@@ -547,7 +553,20 @@ class _Checker:
         if kind is None or len(self.problems) > before:
             return None
         line = self.line(path)
-        return Gate(check, kind, scope, source, unit, fail, warn, note, compare is True, line)
+        return Gate(
+            check, kind, scope, source, unit, fail, warn, note, compare is True, line, own_rule
+        )
+
+    def _compare(self, raw: object, path: tuple[str, ...]) -> tuple[bool, OutlierRule | None]:
+        """A gate's ``outlier``: compared or not, and its own rule (None: the file's)."""
+        if isinstance(raw, dict):  # this check's own outlier rule
+            return True, self.outlier(raw, path)
+        if not isinstance(raw, bool):
+            self.problem(
+                path, f"must be true, false or an outlier rule (a mapping), not {short_repr(raw)}"
+            )
+            return True, None
+        return raw, None
 
     def _kind(self, check: Check, raw: Mapping[Any, Any], path: tuple[str, ...]) -> GateKind | None:
         forms = [

@@ -20,7 +20,7 @@ from fleetwatch.clock import SystemClock
 from fleetwatch.demo.preflight import UTIL_HOLD_S, address_by_name
 from fleetwatch.preflight.vocabulary import Level
 from fleetwatch.testing import wait_until
-from tests.integration.fleet_harness import actions
+from tests.integration.fleet_harness import actions, kinds
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,3 +99,61 @@ async def test_planted_problems_are_named_and_only_their_nodes_fail(
     assert p2p["gpu-02", "gpu:1-gpu:5"] is not None
     assert p2p["gpu-01", "gpu:1-gpu:5"] is not None
     assert p2p["gpu-02", "gpu:1-gpu:5"] < 0.6 * p2p["gpu-01", "gpu:1-gpu:5"]
+
+
+async def test_a_slow_gpu_is_named_by_the_one_node_rung_and_only_its_node_fails(
+    collector_config: Callable[..., CollectorConfig],
+    receiver: WebhookReceiver,
+    tmp_path: Path,
+) -> None:
+    """GPU 6 of gpu-05 computes 1.5 times slower, which no counter shows and no all-reduce
+    feels. Every node runs the one-node ladder rung at once; gpu-05's throughput is far below
+    the fleet's, so gpu-05 fails and is held out, and GPU 6 (busy while its peers waited) is
+    named. gpu-05 is outside the first four nodes: the ladder's larger rungs alone never
+    named it. No healthy node fails."""
+    config = collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1)
+    service = CollectorService(config, SystemClock())
+    service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=20, ib_s=20, ladder_s=20)
+    await service.start()
+    fabric = SimFabric({}, seed=11, util_hold_s=UTIL_HOLD_S)
+    cluster = SimCluster(
+        NODES,
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{service.grpc_port}",
+        poll_interval=0.2,
+        heartbeat_interval=0.5,
+        preflight=fabric.runners_for,
+    )
+    apply_fault(
+        Fault(0.0, "gpu-05", FaultKind.SLOW_GPU, {"gpu": 6, "factor": 1.5}),
+        cluster.nodes["gpu-05"],
+    )
+    cluster.start()
+    try:
+        await wait_until(
+            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
+            what="agents connected",
+        )
+        plan = service.preflight.plan(Level.FULL, "gpu-[01-06]")
+        address_by_name(plan)
+        run = await service.preflight.execute(plan)
+        results = service.preflight.latest_results
+        await wait_until(
+            lambda: ("drain_request", "gpu-05") in kinds(receiver), what="gpu-05 drained"
+        )
+        drained = {node for kind, node in kinds(receiver) if kind == "drain_request"}
+    finally:
+        await cluster.stop()
+        await service.stop(grace=0)
+    suspects: list[dict[str, Any]] = run.suspects or []
+    assert ("gpu", "gpu-05", "gpu:6") in {(s["kind"], s["node"], s["component"]) for s in suspects}
+    verdicts = run.node_verdicts or {}
+    assert {n for n, v in verdicts.items() if v == "fail"} == {"gpu-05"}
+    assert drained == {"gpu-05"}
+    one_node = {
+        r.node: r for r in results if r.check == "ladder_throughput" and r.component == "nodes:1"
+    }
+    assert set(one_node) == set(NODES)  # every node ran the one-node rung
+    assert one_node["gpu-05"].verdict == "fail"
+    assert {one_node[n].verdict for n in NODES if n != "gpu-05"} == {"pass"}

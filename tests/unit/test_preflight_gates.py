@@ -187,7 +187,7 @@ def test_an_outlier_fails_when_the_file_says_so():
 
 def test_quick_checks_and_recorded_ones_are_not_compared_with_the_fleet():
     assert BOOK.outlier_rule(Check.ECC_MODE) is None
-    assert BOOK.outlier_rule(Check.LADDER_THROUGHPUT) is None
+    assert BOOK.outlier_rule(Check.LADDER_EFFICIENCY) is None
     assert BOOK.outlier_rule(Check.P2P_BW, "H100", "NDR") is not None
     assert [o.index for o in BOOK.outliers(Check.H2D_BW, [55.0, 55.2, 54.9, 55.1, 30.0])] == [4]
 
@@ -315,3 +315,40 @@ def test_an_unreadable_file_is_named(tmp_path):
     bad.write_bytes(b"version: 1\n\xff\n")
     with pytest.raises(GatesFileError, match=r"bad\.yaml:2: not UTF-8"):
         load_gates(bad)
+
+
+def test_the_one_node_throughput_has_a_fail_bar_of_its_own():
+    """A node's one-node ladder throughput fails 10% and 6 robust z below the fleet's median;
+    the simulator's healthy noise (0.6%) never comes near it, a 1.4x slower GPU does."""
+    rule = BOOK.outlier_rule(Check.LADDER_THROUGHPUT, "H100", "NDR")
+    assert rule is not None
+    assert (rule.fail_z, rule.min_deviation) == (6.0, 0.1)
+    gate = BOOK.gate(Check.LADDER_THROUGHPUT, "H100", "NDR")
+    assert gate is not None
+    assert "(derived)" in gate.note
+    healthy = [2560.0 * (1 + 0.006 * d) for d in (-2, -1, 0, 1, 2, -1.5, 0.5, 1.5, -0.5, 0, 2.5)]
+    assert BOOK.outliers(Check.LADDER_THROUGHPUT, healthy, "H100", "NDR") == []
+    found = BOOK.outliers(Check.LADDER_THROUGHPUT, [*healthy, 2560.0 / 1.4], "H100", "NDR")
+    assert [(o.index, o.verdict) for o in found] == [(len(healthy), Verdict.FAIL)]
+    assert "fail at 6" in found[0].reason
+    # the CPU profile does not compare it (processes share a few cores)
+    assert load_gates(profile="cpu").outlier_rule(Check.LADDER_THROUGHPUT) is None
+
+
+def test_a_gate_may_carry_its_own_outlier_rule_checked_like_the_files():
+    text = GOOD.replace(
+        "      source: aznhc\n",
+        "      source: aznhc\n      outlier: {fail_z: 5, min_deviation: 0.2}\n",
+        1,
+    )
+    rule = parse_gates(text, "g.yaml").outlier_rule(Check.P2P_BW, "H100", "NDR")
+    assert rule is not None
+    assert (rule.fail_z, rule.min_deviation, rule.warn_z) == (5.0, 0.2, 3.5)
+    bad = text.replace("{fail_z: 5, min_deviation: 0.2}", "{fail_zz: 5, warn_z: 4, fail_z: 2}")
+    with pytest.raises(GatesFileError) as caught:
+        parse_gates(bad, "g.yaml")
+    message = str(caught.value)
+    assert "models.H100.p2p_bw.outlier.fail_zz: unknown key" in message
+    assert "models.H100.p2p_bw.outlier.fail_z: must not be below warn_z 4, not 2" in message
+    with pytest.raises(GatesFileError, match="must be true, false or an outlier rule"):
+        parse_gates(text.replace("{fail_z: 5, min_deviation: 0.2}", "often"), "g.yaml")

@@ -60,3 +60,38 @@ def test_ladder_efficiency_is_against_the_rung_before():
     judged = judge_run(results, {"gpu-01": H100}, load_gates())
     effs = {j.m.component: j.verdict for j in judged if j.m.check is Check.LADDER_EFFICIENCY}
     assert effs == {"nodes:2": Verdict.PASS, "nodes:4": Verdict.FAIL}  # 0.79 < 0.8
+
+
+def one_node_rung(throughput: dict[str, float]) -> dict[str, list[Measurement]]:
+    return {
+        n: [Measurement(Check.LADDER_THROUGHPUT, "nodes:1", v, "samples/s")]
+        for n, v in throughput.items()
+    }
+
+
+def test_a_node_whose_one_node_rung_is_slow_against_the_fleet_fails_on_its_own():
+    """The one-node rung is the node's own result (not a group's), judged against the other
+    nodes' one-node rungs: a 1.6x slower GPU fails its node, the healthy ones pass."""
+    spread = [1.0, 1.004, 0.996, 1.008, 0.992, 1.0]
+    results = one_node_rung({n: 2560.0 * f for n, f in zip(NODES, spread, strict=True)})
+    results["gpu-05"] = one_node_rung({"gpu-05": 2560.0 / 1.6})["gpu-05"]
+    judged = judge_run(results, dict.fromkeys(NODES, H100), load_gates())
+    (slow,) = [j for j in judged if j.node == "gpu-05"]
+    assert not slow.shared
+    assert slow.verdict is Verdict.FAIL
+    assert "below the fleet median" in slow.reason
+    verdicts = node_verdicts(judged, NODES)
+    assert [n for n, v in verdicts.items() if v is Verdict.FAIL] == ["gpu-05"]
+
+
+def test_rungs_of_different_sizes_are_not_compared_with_each_other():
+    """The larger rungs have far higher throughputs than the one-node rung; compared together
+    (four one-node figures, five larger ones) the one-node figures would fail as slow."""
+    four = NODES[:4]
+    results = one_node_rung(dict.fromkeys(four, 2560.0))
+    results["gpu-01"] += [
+        Measurement(Check.LADDER_THROUGHPUT, f"nodes:{k}", 2560.0 * k, "samples/s")
+        for k in (2, 4, 8, 16, 32)
+    ]
+    judged = judge_run(results, dict.fromkeys(four, H100), load_gates())
+    assert {j.verdict for j in judged} == {Verdict.PASS}

@@ -59,7 +59,7 @@ def test_full_plans_ib_rounds_with_roles_and_ports_then_collective_and_ladder():
         "ib_write_bw 1/2",
         "ib_write_bw 2/2",
         "all-reduce on 4 nodes",
-        "ladder on 1 nodes",
+        "ladder on 1 node, every node",
         "ladder on 2 nodes",
         "ladder on 4 nodes",
     ]
@@ -86,3 +86,27 @@ def test_full_plans_ib_rounds_with_roles_and_ports_then_collective_and_ladder():
         (("gpu-01", "gpu-02"), ("gpu-03", "gpu-04")),
         (("gpu-02", "gpu-03"), ("gpu-01", "gpu-04")),
     )
+
+
+def test_the_one_node_rung_runs_on_every_node_at_once_each_its_own_group():
+    """A slow GPU slows only its own node's step: every node runs the one-node rung, in one
+    round, so each node's throughput can be judged against the fleet's."""
+    plan = plan_run("pf-3", Level.FULL, facts(16))
+    ladders = [r for r in plan.rounds if r.name.startswith("ladder")]
+    assert [r.name for r in ladders] == [
+        "ladder on 1 node, every node",
+        "ladder on 2 nodes",
+        "ladder on 4 nodes",
+        "ladder on 8 nodes",
+        "ladder on 16 nodes",
+    ]
+    one = ladders[0]
+    assert set(one.tasks) == {f"gpu-{i:02d}" for i in range(1, 17)}
+    for node, task in one.tasks.items():
+        assert set(task.checks) == {"ladder_throughput", "gpu_utilisation"}
+        (group,) = task.groups
+        assert list(group.nodes) == [node]
+        assert (group.node_rank, group.master_addr) == (0, "127.0.0.1")
+        validate_task(task)
+    assert set(ladders[2].tasks) == {"gpu-01", "gpu-02", "gpu-03", "gpu-04"}
+    assert plan.ladder == (1, 2, 4, 8, 16)
