@@ -47,7 +47,7 @@ from collector.reload import (
 )
 from collector.stats import CollectorStats
 from collector.store.journal import Journal, open_store
-from collector.store.peers import Peers
+from collector.store.peers import PeerHolders, Peers
 from fleetwatch.config_file import short_repr
 from fleetwatch.preflight.gates import load_gates
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
@@ -186,7 +186,13 @@ class CollectorService:
             xid_class=self._xid_class,
             render_interval_s=cfg.metrics_render_interval,
             nodes_per_shard=cfg.metrics_shard_samples // SERIES_PER_NODE_BUDGET,
-            held_elsewhere=self.peers.held_elsewhere,
+            held_elsewhere=PeerHolders(
+                reader=self.reader,
+                clock=clock,
+                name=store.collector,
+                shared=store.shared,
+                beat_s=cfg.heartbeat_interval,
+            ).held_elsewhere,
         )
         self._rule_metrics = SwappableCollector(RulesCollector(self.evaluator, self.dispatcher))
         self.registry.register(self._rule_metrics)

@@ -174,6 +174,17 @@ class EventReader:
         """Run a read of the pre-flight tables."""
         return self._run(lambda db: fn(PreflightStore(db)))
 
+    def held_by_others(self, collector: str, alive_since_ms: int) -> list[str]:
+        """Nodes whose stream another collector holds, one that beat since ``alive_since_ms``."""
+        rows = self._run(
+            lambda db: db.rows(
+                "SELECT n.name FROM nodes n JOIN collectors c ON c.name = n.collector "
+                "WHERE n.collector <> ? AND c.last_seen_ms >= ?",
+                (collector, alive_since_ms),
+            )
+        )
+        return [str(r[0]) for r in rows]
+
     def count(self) -> int:
         """How many events the journal holds."""
         return self._run(lambda db: int(db.rows("SELECT COUNT(*) FROM events")[0][0]))

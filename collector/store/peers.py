@@ -11,9 +11,9 @@ collector talks to another. It answers two questions:
   it moved: this collector forgets it (no ``node_unreachable``, no incident, no series) and the
   peer carries on.
 
-It also keeps, refreshed with each heartbeat, which nodes live peers hold now
-(:meth:`Peers.held_elsewhere`), so that this collector's scrape targets list a node that moved
-only at the peer, before the liveness check forgets it here.
+:class:`PeerHolders` answers a third, for the scrape targets: which nodes live peers hold now,
+so that a node that moved is listed only by the collector that has it (read on the API's own
+connection, at most once a heartbeat period, never on the journal's writer thread).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import structlog
 from fleetwatch import __version__
 
 if TYPE_CHECKING:
-    from collector.store.events import NodeRow
+    from collector.store.events import EventReader, NodeRow
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
 
@@ -47,7 +47,6 @@ class Peers:
         self.name = name
         self.beat_s = beat_s
         self.beat_failures = 0
-        self._elsewhere: frozenset[str] = frozenset()
 
     @property
     def shared(self) -> bool:
@@ -64,7 +63,6 @@ class Peers:
         while True:
             try:
                 await self.beat()
-                await self.refresh_holders()
             except Exception as exc:  # noqa: BLE001 - the database may be away for a while
                 self.beat_failures += 1
                 log.warning("collector_beat_failed", error=str(exc))
@@ -76,20 +74,6 @@ class Peers:
         horizon = int(self.beat_s * DEAD_AFTER_BEATS * 1000)
         rows = await self._journal.do(lambda s: s.collectors())
         return {n for n, seen, _ in rows if n != self.name and now_ms - seen <= horizon}
-
-    async def refresh_holders(self) -> None:
-        """Read which nodes live peers hold now (one query; kept for :meth:`held_elsewhere`)."""
-        if not self.shared:
-            return
-        alive = await self.live_peers()
-        rows = await self._journal.do(
-            lambda s: s.db.rows("SELECT name, collector FROM nodes WHERE collector <> ''")
-        )
-        self._elsewhere = frozenset(str(name) for name, holder in rows if holder in alive)
-
-    def held_elsewhere(self) -> frozenset[str]:
-        """The nodes a live peer held at the last heartbeat (none on an unshared journal)."""
-        return self._elsewhere
 
     async def ours(self, rows: list[NodeRow]) -> list[NodeRow]:
         """The remembered nodes this collector should watch (all of them on an unshared one)."""
@@ -109,3 +93,43 @@ class Peers:
         if holder is None or holder[0] in ("", self.name):
             return None
         return holder[0]
+
+
+class PeerHolders:
+    """Which nodes live peers hold now, read on the API's connection and kept for a beat."""
+
+    def __init__(
+        self,
+        *,
+        reader: EventReader,
+        clock: Clock,
+        name: str,
+        shared: bool,
+        beat_s: float = BEAT_S,
+    ) -> None:
+        """``name`` is this collector's; an unshared journal has no peers to ask about."""
+        self._reader = reader
+        self._clock = clock
+        self._name = name
+        self._shared = shared
+        self._beat_s = beat_s
+        self._held: frozenset[str] = frozenset()
+        self._read_at: float | None = None
+        self.failures = 0
+
+    def held_elsewhere(self) -> frozenset[str]:
+        """The nodes live peers hold (as of at most a beat ago; none on an unshared journal)."""
+        if not self._shared:
+            return frozenset()
+        now = self._clock.monotonic()
+        if self._read_at is not None and now - self._read_at < self._beat_s:
+            return self._held
+        self._read_at = now
+        horizon_ms = int(self._beat_s * DEAD_AFTER_BEATS * 1000)
+        since_ms = int(self._clock.now() * 1000) - horizon_ms
+        try:
+            self._held = frozenset(self._reader.held_by_others(self._name, since_ms))
+        except Exception as exc:  # noqa: BLE001 - the database may be away: keep the last answer
+            self.failures += 1
+            log.warning("node_holders_unknown", error=str(exc))
+        return self._held
