@@ -102,6 +102,10 @@ class IncidentService:
         # incident's own steps (fire, then resolve) still run in order, chained by its id.
         self._acting: dict[str, asyncio.Task[None]] = {}
         self._settling: asyncio.Task[None] | None = None
+        # Changes the journal refused (it was down) and incidents whose actions failed half-way:
+        # journaled and handed on again at the next tick, until the journal takes them.
+        self._unrecorded: list[Outcome] = []
+        self._retry: set[str] = set()
         self.ticks = 0
         evaluator.silencer = self._silenced_by
         evaluator.on_event = self._event.set
@@ -155,6 +159,31 @@ class IncidentService:
             self._act_again(incident)
         self._task = asyncio.create_task(self._run(), name="incidents")
         log.info("incidents_started", open=len(rows), rules=len(self.evaluator.rules.rules))
+
+    def _adopt(self, other: IncidentRow) -> None:
+        """Another collector on the shared journal fires this rule on this target already.
+
+        It took the node's stream, or held it while this one took it for a silent peer's: its
+        incident (and its actions) stand, and this collector carries that one on instead of
+        opening a second (whose actions would run again under new keys).
+        """
+        mono, now = self._clock.monotonic(), self._clock.now()
+        fired = None if other.fired_ms is None else mono - (now - other.fired_ms / 1000)
+        self.evaluator.engine.restore(
+            Incident(
+                id=other.id,
+                rule=other.rule,
+                node=other.node,
+                target=other.target,
+                phase=Phase(other.phase),
+                started_at=mono - (now - other.started_ms / 1000),
+                evidence=other.evidence,
+                fired_at=fired,
+                escalated=other.escalated,
+                firings=other.firings,
+            )
+        )
+        log.info("incident_adopted", rule=other.rule, target=other.target, incident=other.id)
 
     def _act_again(self, incident: Incident) -> None:
         """Hand a firing incident taken back from the journal to the sink once more.
@@ -212,7 +241,10 @@ class IncidentService:
             try:
                 await step
             except Exception:
+                # the journal went away mid-way (a database restart): hand the incident on
+                # again at the next tick; only the actions it has not journaled run then
                 log.exception("incident_action_failed", incident=incident_id)
+                self._retry.add(incident_id)
             finally:
                 if self._acting.get(incident_id) is task:
                     del self._acting[incident_id]
@@ -247,14 +279,33 @@ class IncidentService:
     async def tick(self, *, urgent: bool = False) -> list[Outcome]:
         """One evaluation round: journal each change, then hand firings to the sink."""
         self.ticks += 1
+        await self._record_again()
         outcomes = self.evaluator.tick(urgent=urgent)
         for outcome in outcomes:
-            await self._record(outcome)
+            try:
+                await self._record(outcome)
+            except Exception:  # journaled (and acted on) at a later tick
+                log.exception("incident_record_failed", incident=outcome.transition.incident.id)
+                self._unrecorded.append(outcome)
         if self.sink is not None and (self._settling is None or self._settling.done()):
             self._settling = asyncio.create_task(
                 self.sink.settle(self._firing, self.holds), name="settle"
             )
         return outcomes
+
+    async def _record_again(self) -> None:
+        """Journal what a tick could not (the journal was down), then retry failed actions."""
+        waiting, self._unrecorded = self._unrecorded, []
+        for i, outcome in enumerate(waiting):
+            try:
+                await self._record(outcome)
+            except Exception:  # noqa: BLE001 - still down: next tick, in the same order
+                self._unrecorded = waiting[i:] + self._unrecorded
+                return
+        retry, self._retry = self._retry, set()
+        for incident in self.evaluator.engine.open_incidents():
+            if incident.id in retry and incident.phase == Phase.FIRING:
+                self._act_again(incident)
 
     def _firing(self, incident_id: str) -> tuple[IncidentRow, Rule] | None:
         for incident in self.evaluator.engine.open_incidents():
@@ -292,7 +343,17 @@ class IncidentService:
     async def _record(self, outcome: Outcome) -> None:
         incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
         row = self._row(incident, rule, verdict)
-        await self._journal.do(lambda s: s.incidents.upsert_incident(row))
+        if (
+            self._journal.store.shared
+            and incident.phase == Phase.FIRING
+            and not outcome.transition.recurred
+        ):
+            other = await self._journal.do(lambda s: s.incidents.claim_firing(row))
+            if other is not None:
+                self._adopt(other)
+                return
+        else:
+            await self._journal.do(lambda s: s.incidents.upsert_incident(row))
         event = f"incident_{incident.phase.value}"
         if outcome.transition.recurred:
             log.warning(

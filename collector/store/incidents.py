@@ -252,6 +252,28 @@ class IncidentStore:
             ),
         )
 
+    def claim_firing(self, row: IncidentRow) -> IncidentRow | None:
+        """Journal a newly firing incident unless another is firing for its rule and target.
+
+        Under the fleet lock, so two collectors sharing the journal cannot both open one: the
+        other incident is returned (and ``row`` not journaled, its pending row removed) when
+        there is one.
+        """
+        with self._db.transaction():
+            self._db.fleet_lock()
+            found = self._db.rows(
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents "  # noqa: S608 - constant
+                "WHERE rule = ? AND target = ? AND phase = 'firing' AND id <> ? "
+                "ORDER BY started_ms, id LIMIT 1",
+                (row.rule, row.target, row.id),
+            )
+            if found:
+                # this collector's own row of it, journaled while it was pending, goes
+                self._db.run("DELETE FROM incidents WHERE id = ? AND phase = 'pending'", (row.id,))
+                return _incident(found[0])
+            self.upsert_incident(row)
+        return None
+
     def incidents(self, *, open_only: bool = False, limit: int = 100) -> list[IncidentRow]:
         """Incidents, newest first (only pending and firing ones with ``open_only``)."""
         where = "WHERE phase IN ('pending', 'firing')" if open_only else ""
