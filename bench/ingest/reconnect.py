@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
@@ -124,6 +125,25 @@ def restart(collector: Collector, core: int, command: list[str]) -> Collector:
     return Collector(proc, collector.base, collector.listen, collector.workdir, out)
 
 
+def evaluations(collector: Collector) -> float:
+    """The collector's ``fleetwatch_rule_evaluations_total`` now."""
+    with urllib.request.urlopen(collector.base + "/metrics/fleet", timeout=60) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith("fleetwatch_rule_evaluations_total "):
+            return float(line.split()[1])
+    msg = "no fleetwatch_rule_evaluations_total in /metrics/fleet"
+    raise RuntimeError(msg)
+
+
+def evaluations_per_node_s(collector: Collector, nodes: int, seconds: float = 10.0) -> float:
+    """Rule conditions evaluated a second per node, the whole fleet streaming (steady)."""
+    first, began = evaluations(collector), time.monotonic()
+    time.sleep(seconds)
+    done = evaluations(collector) - first
+    return round(done / (time.monotonic() - began) / nodes, 2)
+
+
 def lag_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     lags: list[float] = sorted(float(ms) for w in windows for _, ms in w["event_lags"])
     if not lags:
@@ -195,6 +215,8 @@ def measure(  # noqa: PLR0913 - the benchmark's shared parts
         row.update(lag_figures(windows))
         if not wait_healthy(collector.base, collector.proc):
             row["collector_log"] = tail(workdir / "collector-restarted.log")
+        elif done:
+            row["steady_rule_evaluations_per_node_s"] = evaluations_per_node_s(collector, nodes)
         if spy is not None:
             spy.wait(timeout=profile_s + 60)
             row["profile"] = profile_summary(workdir / "profile.txt", top=30)

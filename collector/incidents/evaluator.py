@@ -127,6 +127,8 @@ class _Sweep:
     swept: set[str]  # nodes whose targets are looked at for time's sake
     whole: set[str]  # nodes whose every target is evaluated with every rule
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (node, key) -> the signals whose samples changed there: only the rules reading one of them
+    touched: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
 
 # A condition that reads these sees more than its own target: the sweep evaluates it everywhere.
@@ -156,6 +158,12 @@ _WALKS_SIGNALS: Final = re.compile(
     r"signals\s*(\)|,|\.\s*(all|exists|exists_one|filter|map)\s*\()|in\s+[\w.]*signals\b"
 )
 _WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def rule_words(rule: Rule) -> frozenset[str]:
+    """Every word of a rule's condition and of its occurrence count: the signals it can read."""
+    counted = rule.escalation.occurrences if rule.escalation is not None else ""
+    return frozenset(_WORD.findall(rule.when)) | frozenset(_WORD.findall(counted or ""))
 
 
 def watched_signals(rules: RuleSet) -> frozenset[str] | None:
@@ -219,6 +227,9 @@ class Evaluator:
         self._sweep_queue: list[str] = []  # nodes still to sweep in this round
         self._sweep_credit = 0.0
         self._dirty: set[tuple[str, str]] = set()  # (node, target key)
+        self._touched: dict[tuple[str, str], set[str]] = {}  # (node, key) -> signals sampled
+        self._reads = {r.name: rule_words(r) for r in rules.rules}
+        self._reading_cache: dict[tuple[Scope, frozenset[str]], tuple[Rule, ...]] = {}
         self.evaluations = 0
         self.errors: dict[str, int] = {}
         self.failures: Counter[tuple[str, str]] = Counter()  # (node, category)
@@ -297,16 +308,22 @@ class Evaluator:
     def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
         """Samples it :meth:`wants` were applied: keep windowed values, mark targets read."""
         now = self.clock.monotonic()
-        history, watched, dirty = self.history, self._watched, self._dirty
+        history, watched, dirty, touched = self.history, self._watched, self._dirty, self._touched
         for slot, signal, value in noted:
             key = slot[SLOT_KEY]
             if history.wants(signal) and isinstance(value, int | float):
                 history.add_sample(key, signal, now, float(value))
-            if watched is None or signal in watched:
+            if watched is None or signal in MODEL_SIGNALS:
                 dirty.add((node, key))
-                also = slot[SLOT_ALSO]
-                if also is not None:  # the GPU's view (nvlinks_down) changed too
-                    dirty.add((node, also))
+            elif signal in watched:
+                # Only the rules that read it: a busy GPU's temperature changes every poll, and
+                # sending its target through every GPU rule for it was most of a fleet's ticks.
+                touched.setdefault((node, key), set()).add(signal)
+            else:
+                continue
+            also = slot[SLOT_ALSO]
+            if also is not None:  # the GPU's view (nvlinks_down) changed too
+                dirty.add((node, also))
 
     def note_job(self, job_id: str, gpus: list[tuple[str, str]]) -> None:
         """A job finished steps; ``gpus`` (node, uuid) host ranks that began or ended straggling."""
@@ -342,6 +359,7 @@ class Evaluator:
         now = self.clock.monotonic()
         wanted = set(self._dirty)
         self._dirty.clear()
+        touched, self._touched = self._touched, {}
         swept: set[str] = set()
         whole: set[str] = set()
         if not urgent:
@@ -351,7 +369,7 @@ class Evaluator:
             whole = swept if first else self._whole_next
             self._whole_next = set()
         else:
-            whole = self._hellos_among(wanted)
+            whole = self._hellos_among({n for n, _ in wanted} | {n for n, _ in touched})
         if not urgent or self._fleet_nodes is None:
             self._fleet_nodes = self._fleet_counts()
         sweep = _Sweep(
@@ -360,6 +378,7 @@ class Evaluator:
             wanted=wanted,
             swept=swept,
             whole=whole,
+            touched=touched,
         )
         outcomes: list[Outcome] = []
         for node, key, _scope, rules, data in self._targets(sweep):
@@ -377,8 +396,8 @@ class Evaluator:
             outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
         return outcomes
 
-    def _hellos_among(self, wanted: set[tuple[str, str]]) -> set[str]:
-        """The nodes of ``wanted`` that said Hello since the last regular tick, taken off it.
+    def _hellos_among(self, names: set[str]) -> set[str]:
+        """The nodes of ``names`` that said Hello since the last regular tick, taken off it.
 
         Such a node (its first Report is in) is evaluated whole in this urgent tick, once: not
         here for the Report and again whole at the next regular tick. After a collector restart
@@ -386,7 +405,7 @@ class Evaluator:
         """
         if not self._whole_next:
             return set()
-        whole = {n for n, _ in wanted if n in self._whole_next}
+        whole = names & self._whole_next
         self._whole_next -= whole
         return whole
 
@@ -579,11 +598,25 @@ class Evaluator:
         """The rules to evaluate on one target this tick (often none)."""
         if name in sweep.whole or (name, key) in sweep.wanted:
             return self._by_scope[scope]
+        signals = sweep.touched.get((name, key))
         if name not in sweep.swept:
-            return ()
+            return self._reading(scope, signals) if signals else ()
         if scope == Scope.NODE or ranked or self.history.moving(key, sweep.now):
             return self._by_scope[scope]
-        return self._sweep_all[scope]
+        if not signals:
+            return self._sweep_all[scope]
+        swept, reading = self._sweep_all[scope], self._reading(scope, signals)
+        return tuple(r for r in self._by_scope[scope] if r in swept or r in reading)
+
+    def _reading(self, scope: Scope, signals: set[str]) -> tuple[Rule, ...]:
+        """The rules of ``scope`` whose conditions name one of ``signals``."""
+        key = (scope, frozenset(signals))
+        rules = self._reading_cache.get(key)
+        if rules is None:
+            rules = self._reading_cache[key] = tuple(
+                r for r in self._by_scope[scope] if not self._reads[r.name].isdisjoint(signals)
+            )
+        return rules
 
     def _base_map(self, sweep: _Sweep, node: NodeState) -> dict[str, Any]:
         node_data = sweep.nodes.get(node.name)
@@ -598,6 +631,7 @@ class Evaluator:
         node's targets, so they are looped over only there.
         """
         links_of = {n for n, key in sweep.wanted if "/nvlink/" in key} | sweep.whole
+        links_of |= {n for n, key in sweep.touched if "/nvlink/" in key}
         if self._sweep_all[Scope.NVLINK]:
             return links_of | sweep.swept
         return links_of | {n for n in sweep.swept if self.history.moving_links(n, sweep.now)}
@@ -608,6 +642,7 @@ class Evaluator:
         """(node, key, scope, rules, data) of every target with rules to evaluate this tick."""
         nodes = self.fleet.view()
         names = sweep.swept | sweep.whole | {n for n, _ in sweep.wanted}
+        names |= {n for n, _ in sweep.touched}
         links_of = self._nodes_with_links(sweep)
         for name in names:
             node = nodes.get(name)

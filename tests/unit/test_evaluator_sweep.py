@@ -2,7 +2,7 @@
 
 from collector.incidents.evaluator import Evaluator, watched_signals
 from collector.model.fleet import FleetModel
-from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.engine import Phase
 from rules.loader import parse_rules
@@ -106,6 +106,35 @@ class TestWatchedSignals:
         apply(Target.nvlink(uuid, 3), "nvlink_up", 0)
         ev.tick(urgent=True)
         assert ev.evaluations == before + 2
+
+    def test_a_sample_evaluates_only_the_rules_that_read_its_signal(self):
+        """Two GPU rules, one reading the temperature, one the failed reads: a temperature
+        sample evaluates the first only, a failed-read count the second only, and an event on
+        the GPU both (hot also fires on the temperature it read)."""
+        two = HOT + (
+            "  - name: unreadable\n"
+            "    scope: gpu\n"
+            "    when: >-\n"
+            "      has(gpu.signals.nvml_read_failures) && gpu.signals.nvml_read_failures > 2.0\n"
+            "    severity: warning\n"
+        )
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = evaluator(two, fleet, clock, 30.0)
+        ev.tick()  # the first sweep
+        (uuid,) = fleet.view()["n1"].gpus
+        before = ev.evaluations
+        fleet.apply_samples("n1", [sample_to_pb(Target.gpu(uuid), "temperature_celsius", 95.0)])
+        fired = {o.transition.incident.rule for o in ev.tick(urgent=True)}
+        assert ev.evaluations == before + 1
+        assert fired == {"hot"}
+        fleet.apply_samples("n1", [sample_to_pb(Target.gpu(uuid), "nvml_read_failures", 1.0)])
+        ev.tick(urgent=True)
+        assert ev.evaluations == before + 2
+        ev.note_event("n1", EventKind.XID, Target.gpu(uuid), 13)
+        ev.tick(urgent=True)
+        assert ev.evaluations == before + 4
 
     def test_a_condition_walking_the_signals_map_watches_everything(self):
         walks = HOT.replace(
