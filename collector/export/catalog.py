@@ -25,7 +25,7 @@ RANK: Final = ("training_job", "rank", "node", "gpu")
 
 NODE_STATES: Final = ("healthy", "degraded", "draining", "drained", "unreachable")
 # Series one node of 8 GPUs (18 NVLinks each) and 8 IB ports may cost, job ranks included.
-SERIES_PER_NODE_BUDGET: Final = 600
+SERIES_PER_NODE_BUDGET: Final = 700
 
 
 @dataclass(frozen=True, slots=True)

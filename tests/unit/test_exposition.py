@@ -15,6 +15,7 @@ from prometheus_client.registry import CollectorRegistry
 from collector.api.server import exposition_format, scrape_targets, wants_gzip
 from collector.config import CollectorConfig
 from collector.exceptions import ConfigError
+from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.exposition import OPENMETRICS, TEXT, NodeExposition, ShardPlan
 from collector.export.fleet import FleetCollector
 from collector.export.node_text import number
@@ -293,4 +294,6 @@ def test_the_shard_size_and_render_interval_are_checked():
         CollectorConfig(metrics_shard_samples=100)  # not even one node's budget
     with pytest.raises(ConfigError, match="metrics_render_interval"):
         CollectorConfig(metrics_render_interval=-1.0)
-    assert CollectorConfig(metrics_shard_samples=600).metrics_shard_samples == 600
+    assert CollectorConfig(metrics_shard_samples=SERIES_PER_NODE_BUDGET).metrics_shard_samples == (
+        SERIES_PER_NODE_BUDGET
+    )
