@@ -60,6 +60,12 @@ pass over every shard (OpenMetrics, gzip) right after every node sent a Report, 
 prometheus_client's ``generate_latest`` rendering the same series, medians of
 ``--scrape-cpu-rounds`` (5).
 
+The reconnect storm (``bench/ingest/reconnect.py``, ``--reconnect-nodes``, 4,096; 0: none):
+the collector killed and started again under a fleet that reconnects with the agent's backoff;
+``reconnect_s_at_4096`` from its first accepted connection to every node's first Report in the
+model (null with ``why_reconnect`` when that size was not run or not every node came back).
+``fault_to_action_p99_ms_at_4096`` is null with a why: not built yet.
+
 ``--profile`` runs py-spy on the collector during the window of ``--profile-nodes`` nodes and
 prints the top functions. ``--quick``: 256 and 1,024 nodes, short windows, no fault run.
 """
