@@ -344,7 +344,10 @@ class _UtilSampler:
     """Reads every GPU's utilisation on a thread while a ladder rung runs (NVML, as polls do).
 
     A rung that ends before the first periodic read gets one read when it stops (NVML's figure
-    covers its last sample period, the rung's tail), so a short rung still has a figure.
+    covers its last sample period, the rung's tail), so a short rung still has a figure. Reads
+    in which every GPU is idle before the first busy read and after the last are the rung's
+    start-up and tear-down, not its training, and are left out (all idle: all kept, the GPUs
+    never got busy).
     """
 
     def __init__(self, nvml: NvmlSource, sampler: Sampler) -> None:
@@ -352,7 +355,7 @@ class _UtilSampler:
         self._gpus = sampler.inventory.gpus
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._values: dict[int, list[float]] = {}  # GPU index -> its reads
+        self._reads: list[dict[int, float]] = []  # each read: GPU index -> percent
         self._thread = threading.Thread(target=self._loop, name="preflight-util", daemon=True)
         self.reads = 0
 
@@ -369,8 +372,7 @@ class _UtilSampler:
             if pct is not None:
                 got[gpu.index] = float(pct)
         with self._lock:
-            for index, busy in got.items():
-                self._values.setdefault(index, []).append(busy)
+            self._reads.append(got)
             self.reads += 1
 
     def _loop(self) -> None:
@@ -380,17 +382,29 @@ class _UtilSampler:
     def stop(self) -> float | None:
         """Stop reading; the mean of what was read (None: nothing could be read)."""
         self._stop.set()
-        self._thread.join(timeout=UTIL_EVERY_S + 5.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=UTIL_EVERY_S + 5.0)
         if self.reads == 0:
             self._read()  # the final reading of a rung shorter than the period
-        values = [v for vs in self._values.values() for v in vs]
+        values = [v for read in self._running() for v in read.values()]
         if not values:
             return None
         return round(sum(values) / len(values), 2)
 
+    def _running(self) -> list[dict[int, float]]:
+        """The reads from the first in which a GPU was busy to the last (all, if none was)."""
+        with self._lock:
+            reads = list(self._reads)
+        busy = [i for i, read in enumerate(reads) if any(v > 0 for v in read.values())]
+        return reads[busy[0] : busy[-1] + 1] if busy else reads
+
     def per_gpu(self) -> dict[int, float]:
         """Each GPU's mean utilisation while the rung ran."""
-        return {i: round(sum(vs) / len(vs), 1) for i, vs in sorted(self._values.items()) if vs}
+        values: dict[int, list[float]] = {}
+        for read in self._running():
+            for index, pct in read.items():
+                values.setdefault(index, []).append(pct)
+        return {i: round(sum(vs) / len(vs), 1) for i, vs in sorted(values.items()) if vs}
 
     def evidence(self) -> str:
         """What the figure is, with each GPU's mean (``gpu:3 100%``).
@@ -398,4 +412,8 @@ class _UtilSampler:
         The GPU the others wait for at every step is the busiest.
         """
         shown = ", ".join(f"gpu:{i} {pct:g}%" for i, pct in self.per_gpu().items())
-        return f"mean of {self.reads} reads of every GPU while it ran; per GPU: {shown}"
+        kept = len(self._running())
+        idle = (
+            f" ({self.reads - kept} idle at its start or end left out)" if kept < self.reads else ""
+        )
+        return f"mean of {kept} reads of every GPU while it ran{idle}; per GPU: {shown}"

@@ -101,3 +101,33 @@ def test_a_rung_shorter_than_the_sampling_period_still_has_a_utilisation_per_gpu
     assert util.value == 70.0  # (100 + 3 x 60) / 4
     assert "per GPU: gpu:0 60%, gpu:1 60%, gpu:2 100%, gpu:3 60%" in util.evidence
     assert by_check["ladder_throughput"].value == 1000.0
+
+
+@dataclass
+class ScriptedNvml:
+    """Each read of GPU 0 starts a new row of the script: idle, busy twice (one dip), idle."""
+
+    script: list[int] = field(default_factory=lambda: [0, 0, 90, 30, 90, 0])
+    calls: int = 0
+
+    def read(self, gpu: Gpu) -> Reading:
+        row = self.calls // 2
+        self.calls += 1
+        return Reading(self.script[row] if gpu.index == 0 else self.script[row] // 3)
+
+
+def test_idle_reads_before_and_after_the_rung_are_left_out_and_dips_inside_count():
+    """The first read may come before the rung's GPUs are busy and the last after they went
+    idle (a short rung on a loaded host): those are its start-up and tear-down. A dip while it
+    trains is its utilisation and counts."""
+    sampler = executor_module._UtilSampler(
+        ScriptedNvml(),  # type: ignore[arg-type]
+        Sampler(Inventory([Gpu(0), Gpu(1)])),  # type: ignore[arg-type]
+    )
+    for _ in range(6):
+        sampler._read()
+    mean = sampler.stop()
+    assert sampler.per_gpu() == {0: 70.0, 1: 23.3}  # (90 + 30 + 90) / 3, (30 + 10 + 30) / 3
+    assert mean == 46.67
+    assert "mean of 3 reads" in sampler.evidence()
+    assert "3 idle at its start or end left out" in sampler.evidence()
