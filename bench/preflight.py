@@ -14,7 +14,9 @@ kinds fixed and GPUs, ports, factors and nodes drawn from the seed:
 
 * ``p2p_low``: one GPU pair of a node copies at 40-70% (no NVLink error): the pair is to blame;
 * ``ib_rate_low``: one IB port of a node trained at 200 Gb/s (half): that port;
-* ``slow_gpu``: one GPU computes 1.4-1.8 times slower (no counter shows it): that node;
+* ``slow_gpu``: one GPU computes 1.4-1.8 times slower (no counter shows it): that GPU of that
+  node (the one-node ladder rung, which every node runs at once, is slow against the fleet's,
+  and the GPU is the one its peers waited for);
 * ``bad_cable``: rail r between two neighbouring nodes of the plan's ring runs at 30-60%: the
   cable (both ends test fine with their other partner), neither node held out;
 * ``driver_version``: one node runs another driver: that node, the odd one out.
@@ -129,7 +131,7 @@ def plant(seed: int, names: list[str]) -> list[Planted]:
         Planted(
             "slow_gpu",
             slow_node,
-            "node",
+            f"gpu:{slow}",
             (fault(slow_node, FaultKind.SLOW_GPU, gpu=slow, factor=rng.uniform(1.4, 1.8)),),
         ),
         Planted(
@@ -184,8 +186,10 @@ def named(p: Planted, run: RunRow, results: list[ResultRow]) -> bool:
             s.get("check") == "driver_version" for s in on_node
         )
     if p.kind == "slow_gpu":
-        # Nothing measures a GPU's compute alone: the node is the component named.
-        return (run.node_verdicts or {}).get(p.node) == "fail" and bool(on_node or failed)
+        # the node fails (its one-node rung) and the GPU is named
+        return (run.node_verdicts or {}).get(p.node) == "fail" and any(
+            s.get("node") == p.node and s.get("component") == p.component for s in on_node
+        )
     return False
 
 
@@ -201,6 +205,7 @@ class Case:
     real_s: float = 0.0
     times: dict[str, dict[str, float]] = field(default_factory=dict)
     could_not_run: list[str] = field(default_factory=list)  # what could not run, and why
+    why_held: list[str] = field(default_factory=list)  # a false hold's failed results
 
 
 def plan_seconds(plan: Plan, ledger: list[Spent]) -> tuple[float, float]:
@@ -208,8 +213,9 @@ def plan_seconds(plan: Plan, ledger: list[Spent]) -> tuple[float, float]:
 
     A node's round costs what its runners spent (the ledger); an ``ib_write_bw`` round as long
     as its slowest pair (every rail of a pair at once), and one at a time the sum of its pairs;
-    collectives and rungs take every member at once either way. Groups the orchestrator ran
-    beyond the plan (a bisection) are rounds of their own, added to both.
+    the one-node ladder rung, which every node runs at once, as long as its slowest node's, one
+    at a time the sum; collectives and larger rungs take every member at once either way. Groups
+    the orchestrator ran beyond the plan (a bisection) are rounds of their own, added to both.
     """
     spent: dict[tuple[str, str, tuple[str, ...]], float] = {}
     for s in ledger:
@@ -232,6 +238,17 @@ def plan_seconds(plan: Plan, ledger: list[Spent]) -> tuple[float, float]:
                 sum(v for (n, what, _), v in spent.items() if n == node and what in _NODE_TOOLS)
                 for node in nodes
             ]
+            together += max(per_node, default=0.0)
+            alone += sum(per_node)
+        elif rnd.name == "ladder on 1 node, every node":
+            per_node = [
+                max(
+                    (v for (n, what, scope), v in spent.items()
+                     if n == node and what == "ladder_rung" and scope == (node,)),
+                    default=0.0,
+                )
+                for node in nodes
+            ]  # fmt: skip
             together += max(per_node, default=0.0)
             alone += sum(per_node)
         elif rnd.name.startswith("ib_write_bw"):
@@ -350,6 +367,11 @@ async def run_case(seed: int, count: int, workdir: Path, clock: SystemClock) -> 
     case.false_holds = sorted(
         n for n, v in (run.node_verdicts or {}).items() if v == "fail" and n not in faulty
     )
+    case.why_held = [
+        f"{r.node} {r.check} {r.component}: {r.reason}"
+        for r in results
+        if r.node in case.false_holds and r.verdict == "fail"
+    ]
     return case
 
 
@@ -410,18 +432,7 @@ def summarise(cases: list[Case], count: int) -> dict[str, Any]:
     missed = sorted(k for k, v in by_kind.items() if not all(v))
     if missed:
         out["missed_kinds"] = missed
-        out["why_missed"] = _WHY.get("slow_gpu", "") if "slow_gpu" in missed else ""
     return out
-
-
-_WHY: Final = {
-    "slow_gpu": (
-        "nothing measures one node's compute alone: the ladder runs on the first 1, 2, 4, 8, 16 "
-        "nodes and only an unexplained all-reduce is bisected, so a slow GPU fails the rung it "
-        "joins (efficiency, utilisation) but no node is named, unless it is node-02 and the "
-        "other failures leave the rung unexplained"
-    ),
-}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -443,6 +454,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             for line in case.could_not_run[:3]:
                 print(f"  could not run: {line[:200]}", flush=True)
+            for line in case.why_held[:3]:
+                print(f"  held: {line[:300]}", flush=True)
     result = summarise(cases, args.nodes)
     result["wall_s"] = round(time.monotonic() - began, 1)
     return result
