@@ -343,8 +343,8 @@ def _as(check: Check, component: str, m: Measurement) -> Measurement:
 class _UtilSampler:
     """Reads every GPU's utilisation on a thread while a ladder rung runs (NVML, as polls do).
 
-    A rung that ends before the first periodic read gets one read when it stops (NVML's figure
-    covers its last sample period, the rung's tail), so a short rung still has a figure. Reads
+    A final read is taken when the rung stops (NVML's figure covers its last sample period, the
+    rung's tail), so a rung shorter than the period still has a figure. Reads
     in which every GPU is idle before the first busy read and after the last are the rung's
     start-up and tear-down, not its training, and are left out (all idle: all kept, the GPUs
     never got busy).
@@ -384,8 +384,7 @@ class _UtilSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=UTIL_EVERY_S + 5.0)
-        if self.reads == 0:
-            self._read()  # the final reading of a rung shorter than the period
+        self._read()  # the final reading: the rung's tail (a short rung's only one)
         values = [v for read in self._running() for v in read.values()]
         if not values:
             return None

@@ -105,9 +105,10 @@ def test_a_rung_shorter_than_the_sampling_period_still_has_a_utilisation_per_gpu
 
 @dataclass
 class ScriptedNvml:
-    """Each read of GPU 0 starts a new row of the script: idle, busy twice (one dip), idle."""
+    """Each read of GPU 0 starts a new row of the script: idle, busy twice (one dip), idle (the
+    last row is the final reading when the rung stops)."""
 
-    script: list[int] = field(default_factory=lambda: [0, 0, 90, 30, 90, 0])
+    script: list[int] = field(default_factory=lambda: [0, 0, 90, 30, 90, 0, 0])
     calls: int = 0
 
     def read(self, gpu: Gpu) -> Reading:
@@ -130,4 +131,5 @@ def test_idle_reads_before_and_after_the_rung_are_left_out_and_dips_inside_count
     assert sampler.per_gpu() == {0: 70.0, 1: 23.3}  # (90 + 30 + 90) / 3, (30 + 10 + 30) / 3
     assert mean == 46.67
     assert "mean of 3 reads" in sampler.evidence()
-    assert "3 idle at its start or end left out" in sampler.evidence()
+    assert sampler.reads == 7  # six periodic, one final
+    assert "4 idle at its start or end left out" in sampler.evidence()
