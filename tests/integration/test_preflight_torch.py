@@ -75,10 +75,11 @@ def test_multi_node_all_reduce_bus_bandwidth(runners):
 def test_the_ladder_scales_and_is_judged(runners):
     one = groups(1, 1)
     two = groups(2, 1)
-    with ThreadPoolExecutor(3) as pool:
-        rung_one = pool.submit(runners.ladder.run, one[0], 5)
+    # rung after rung, as a plan runs them: run side by side on a 2-core machine, the rungs
+    # took each other's CPU and the efficiency said more about the scheduler than the ladder
+    rung_one_m = runners.ladder.run(one[0], 5)
+    with ThreadPoolExecutor(2) as pool:
         rung_two = list(pool.map(lambda g: runners.ladder.run(g, 5), two))
-        rung_one_m = rung_one.result()
     for m in [rung_one_m, *rung_two]:
         assert m.error == ""
         assert m.check is Check.LADDER_THROUGHPUT
