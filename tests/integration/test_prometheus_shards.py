@@ -24,6 +24,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.cluster import SimCluster
+from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.node_text import NODE_FAMILIES
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 NODES = [f"node-{i}" for i in range(1, 6)]
-SHARD_SAMPLES = 1200  # two nodes a shard (the per-node budget is 600)
-SAMPLE_LIMIT = 1300
+SHARD_SAMPLES = 2 * SERIES_PER_NODE_BUDGET  # two nodes a shard
+SAMPLE_LIMIT = SHARD_SAMPLES + 100
 NODE_NAMES = frozenset(spec.name for spec in NODE_FAMILIES)
 Series = tuple[str, frozenset[tuple[str, str]]]
 
