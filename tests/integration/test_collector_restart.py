@@ -44,8 +44,15 @@ def start_collector(port: int, journal: Path, log: Path) -> subprocess.Popen[byt
 
 
 def journal_markers(journal: Path) -> Counter[str]:
+    """The Xid markers journaled so far; none while a starting collector has created the file
+    (it creates it 0600 before SQLite opens it) but not yet its tables."""
     with contextlib.closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as conn:
-        rows = conn.execute("SELECT detail FROM events WHERE kind = 'xid'").fetchall()
+        try:
+            rows = conn.execute("SELECT detail FROM events WHERE kind = 'xid'").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            rows = []
     return Counter(detail.rsplit(", ", 1)[-1] for (detail,) in rows)
 
 
