@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from agent.exceptions import GpuLostError, SourceError
 from agent.sources.nvml import cuda_version_text
-from fleetwatch.preflight.vocabulary import Check, Measurement, parse_rate_gbps
+from fleetwatch.preflight.vocabulary import LEVEL_OF, Check, Level, Measurement, parse_rate_gbps
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -29,24 +29,7 @@ if TYPE_CHECKING:
     from agent.sources.pci_sysfs import PciLink, PciSysfsReader
     from agent.sources.sysfs import SysfsReader
 
-QUICK_CHECKS: Final = frozenset(
-    {
-        Check.GPU_COUNT,
-        Check.GPU_MODEL,
-        Check.NVLINK_UP,
-        Check.GPU_PCIE_LINK,
-        Check.NIC_PCIE_LINK,
-        Check.IB_PORT,
-        Check.ECC_MODE,
-        Check.ROW_REMAP,
-        Check.COMPUTE_PROCESSES,
-        Check.PERSISTENCE_MODE,
-        Check.DRIVER_VERSION,
-        Check.CUDA_VERSION,
-        Check.VBIOS_VERSION,
-        Check.NIC_FIRMWARE,
-    },
-)
+QUICK_CHECKS: Final = frozenset(c for c, level in LEVEL_OF.items() if level is Level.QUICK)
 _SHOWN_PIDS: Final = 8
 
 
