@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent.exceptions import SourceError
+from agent.failure_episodes import FailureEpisodes
 from agent.poll_pcie import pcie_samples
 from fleetwatch.model import EventKind, Target
 
@@ -126,6 +127,8 @@ class IbLinkPoller:
         self._pcie_low: dict[str, bool] = {}
         self._upstream: dict[str, str | None] = {}
         self._nvswitches: tuple[str, ...] = ()
+        self._nic_failures = FailureEpisodes(log, "nic_pcie_read_failed")
+        self._nvswitch_failures = FailureEpisodes(log, "nvswitch_pcie_read_failed")
 
     def discover(self) -> tuple[str, ...]:
         """List the node's NVSwitches (PCI functions); they do not come and go."""
@@ -268,8 +271,9 @@ class IbLinkPoller:
                 status, above = self._status(pci, bdf)
             except SourceError as exc:
                 errors["sysfs"] += 1
-                log.warning("nic_pcie_read_failed", device=device, error=str(exc))
+                self._nic_failures.failed(device, str(exc), device=device)
                 continue
+            self._nic_failures.succeeded(device, device=device)
             link = shortfall(status, above)
             targets = [Target.ib_port(p.device, p.port) for p in ports if p.device == device]
             for target in targets:
@@ -302,8 +306,9 @@ class IbLinkPoller:
                 status, above = self._status(pci, bdf)
             except SourceError as exc:
                 errors["sysfs"] += 1
-                log.warning("nvswitch_pcie_read_failed", bdf=bdf, error=str(exc))
+                self._nvswitch_failures.failed(bdf, str(exc), bdf=bdf)
                 continue
+            self._nvswitch_failures.succeeded(bdf, bdf=bdf)
             target = Target.pci(bdf)
             result.samples.update(pcie_samples(target, status))
             link = shortfall(status, above)

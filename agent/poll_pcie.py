@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.exceptions import SourceError
+from agent.failure_episodes import FailureEpisodes
 from fleetwatch.model import SampleKey, SampleValue, Target
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class PciePoller:
         """Upstream ports are found on first use and remembered."""
         self._reader = reader
         self._upstream: dict[str, str | None] = {}
+        self._failures = FailureEpisodes(log, "pcie_read_failed")
 
     def poll(
         self,
@@ -87,4 +89,6 @@ class PciePoller:
                     errors["sysfs"] += port.read_errors
             except SourceError as exc:
                 errors["sysfs"] += 1
-                log.warning("pcie_read_failed", gpu_uuid=gpu.uuid, error=str(exc))
+                self._failures.failed(gpu.uuid, str(exc), gpu_uuid=gpu.uuid)
+            else:
+                self._failures.succeeded(gpu.uuid, gpu_uuid=gpu.uuid)

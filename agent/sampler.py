@@ -249,7 +249,9 @@ class Sampler:
         result = PollResult()
         now_ms = unix_ms(self._clock)
         errors = self.source_errors
-        readings = await self._read_gpus()
+        mono = self._clock.monotonic()
+        due = self._last_counters is None or mono - self._last_counters >= self._counter_interval
+        readings = await self._read_gpus(counters=due)
         if any(isinstance(r, GpuLostError) and g.uuid not in self._lost for g, r in readings):
             # The driver logs Xid 79 before NVML answers GPU-lost, and the line says more (the
             # Xid, its class): read the event sources again, so that a line logged while NVML
@@ -257,9 +259,8 @@ class Sampler:
             self._read_events(result, unix_ms(self._clock))
         for gpu, reading in readings:
             self._take_gpu(gpu, reading, result, now_ms)
-        # Counters in sysfs (IB ports, PCIe AER and link) are read at the counter interval.
-        mono = self._clock.monotonic()
-        due = self._last_counters is None or mono - self._last_counters >= self._counter_interval
+        # Counters (IB ports, PCIe AER and link in sysfs; the GPUs' PCIe replay counter in NVML,
+        # above) are read at the counter interval.
         if due:
             self._last_counters = mono
             if self._pcie is not None:
@@ -346,16 +347,19 @@ class Sampler:
                 ),
             )
 
-    async def _read_gpus(self) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
+    async def _read_gpus(
+        self, *, counters: bool = True
+    ) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
         """Every GPU's reading (or why there is none), in one awaited hand-off to the NVML thread.
 
-        When NVML hangs, the GPUs read before the stuck call; none while it stays stuck.
+        ``counters``: read the slow counters too (see :meth:`NvmlSource.read`). When NVML hangs,
+        the GPUs read before the stuck call; none while it stays stuck.
         """
         gpus = self.inventory.gpus
         if not gpus:
             return []
         reads = _GpuReads()
-        read_all = partial(self._read_all, reads, frozenset(self._lost))
+        read_all = partial(self._read_all, reads, frozenset(self._lost), counters=counters)
         try:
             await self._nvml.guard.call("read GPUs", read_all)
         except NvmlHungError as exc:
@@ -375,7 +379,7 @@ class Sampler:
             raise
         return reads.done
 
-    def _read_all(self, reads: _GpuReads, lost: frozenset[str]) -> None:
+    def _read_all(self, reads: _GpuReads, lost: frozenset[str], *, counters: bool) -> None:
         """On the NVML thread: read each GPU (a lost one is identified again first)."""
         nvml = self._nvml
         for gpu in self.inventory.gpus:
@@ -384,7 +388,7 @@ class Sampler:
             try:
                 if gpu.uuid in lost:
                     self._reprobe(gpu)
-                reading: GpuReading | SourceError = nvml.read(gpu)
+                reading: GpuReading | SourceError = nvml.read(gpu, counters=counters)
             except GpuLostError as exc:
                 nvml.forget(gpu.index)
                 reading = exc

@@ -37,9 +37,11 @@ import psutil
 
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent, fd_budget_for_process
+from agent.pci import normalize_bus_id
 from agent.poll_ib import IbPoller
 from agent.sim.hardware import SimNode
 from agent.sim.sysfs_tree import SimSysfsTree
+from agent.sources.nvml import load_pynvml
 from agent.sources.sysfs import SysfsReader
 from fleetwatch.clock import SystemClock, unix_ms
 from fleetwatch.model import sample_to_pb
@@ -65,14 +67,42 @@ def move_hardware(node: SimNode, tree: SimSysfsTree, rng: random.Random) -> None
         gpu.util_gpu = 95 + rng.randrange(5)
 
 
-async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
-    """Polls at the shipped cadence (fake clock), then with every signal due, then none."""
+def link_real_gpus(sysfs_root: Path) -> None:
+    """Give this machine's GPUs PCI functions in the fixture tree (the first fixture GPU's files).
+
+    The PCIe sysfs part of a poll then costs what it costs with simulated GPUs; NVML is real.
+    """
+    lib = load_pynvml()
+    lib.nvmlInit()
+    try:
+        buses = [
+            normalize_bus_id(lib.nvmlDeviceGetPciInfo(lib.nvmlDeviceGetHandleByIndex(i)).busId)
+            for i in range(lib.nvmlDeviceGetCount())
+        ]
+    finally:
+        lib.nvmlShutdown()
+    devices = sysfs_root / "bus" / "pci" / "devices"
+    template = (devices / "0000:18:00.0").readlink()
+    for bus in buses:
+        if not (devices / bus).exists():
+            (devices / bus).symlink_to(template)
+
+
+async def agent_polls(
+    workdir: Path, polls: int, rounds: int, *, real_nvml: bool = False
+) -> dict[str, Any]:
+    """Polls at the shipped cadence (fake clock), then with every signal due, then none.
+
+    ``real_nvml``: the GPUs are the machine's own, through pynvml (the rest stays simulated).
+    """
     clock = FakeClock()
     sysfs_root = workdir / "sys"
     shutil.copytree(FIXTURE, sysfs_root, symlinks=True)
     node = SimNode("bench-node", workdir / "sim", clock)
+    if real_nvml:
+        link_real_gpus(sysfs_root)
     hardware = Hardware(
-        nvml=node.nvml,
+        nvml=load_pynvml() if real_nvml else node.nvml,
         sysfs_root=sysfs_root,
         kmsg=node.kmsg,
         udev=node.udev,
@@ -124,6 +154,7 @@ async def agent_polls(workdir: Path, polls: int, rounds: int) -> dict[str, Any]:
         ),
         "cpu_ms_per_full_poll_median": round(statistics.median(full), 3),
         "cpu_ms_per_fast_poll_median": round(statistics.median(fast), 3),
+        "gpus": hardware.nvml.nvmlDeviceGetCount(),
         "samples_per_poll": len(agent.live.values),
         "report_bytes_per_poll_median": int(statistics.median(sent[5:])),
         "rss_mb": round(rss_mb, 1),
@@ -230,12 +261,20 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=200, help="polls per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--scrapes", type=int, default=400, help="node_exporter scrapes/round")
+    parser.add_argument(
+        "--nvml",
+        choices=("sim", "real"),
+        default="sim",
+        help="whose GPUs: the simulated 8-GPU node's, or this machine's through pynvml",
+    )
     args = parser.parse_args()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fleetwatch-bench-") as tmp:
         workdir = Path(tmp)
         log("agent: full polls ...")
-        result.update(asyncio.run(agent_polls(workdir, args.polls, args.rounds)))
+        polls = agent_polls(workdir, args.polls, args.rounds, real_nvml=args.nvml == "real")
+        result.update(asyncio.run(polls))
+        result["nvml"] = args.nvml
         log("agent: IB ports only ...")
         ib_ms = ib_polls(workdir, args.polls, args.rounds)
         result["ib_cpu_ms_per_poll_median"] = round(ib_ms, 3)

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 QUICK_CHECKS: Final = frozenset(c for c, level in LEVEL_OF.items() if level is Level.QUICK)
 _SHOWN_PIDS: Final = 8
+# What a real H100 passed alone into a VM answers: NVLink queries NOT_SUPPORTED, no link counted.
+NO_NVLINK: Final = (
+    "NVML reports no NVLink on this GPU (its link queries answer not supported: a PCIe card, "
+    "or a GPU passed into a VM without its NVLinks)"
+)
+NO_HCA: Final = (
+    "no InfiniBand or RoCE port under /sys/class/infiniband (no HCA, or its driver not loaded)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +163,10 @@ class QuickChecks:
             ]
         up = reading.nvlink_up
         down = [str(i) for i, state in enumerate(up) if not state]
+        if gpu.nvlink_count == 0:
+            evidence = NO_NVLINK
+        else:
+            evidence = f"links down: {', '.join(down)}" if down else "every link up"
         out.append(
             Measurement(
                 Check.NVLINK_UP,
@@ -162,7 +174,7 @@ class QuickChecks:
                 float(len(up) - len(down)),
                 "links",
                 text=f"{len(up) - len(down)}/{gpu.nvlink_count}",
-                evidence=f"links down: {', '.join(down)}" if down else "every link up",
+                evidence=evidence,
             ),
         )
         out.append(
@@ -234,6 +246,11 @@ class QuickChecks:
 
     def _nics(self, inventory: NodeInventory) -> list[Measurement]:
         out: list[Measurement] = []
+        if not inventory.ib_ports:  # the node's NIC (and so its gates) is not known
+            return [
+                Measurement(check, "node", None, "", error=NO_HCA)
+                for check in (Check.IB_PORT, Check.NIC_FIRMWARE, Check.NIC_PCIE_LINK)
+            ]
         for port in inventory.ib_ports:
             comp = f"ib:{port.device}/{port.port}"
             try:

@@ -7,6 +7,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # Bus numbers of the eight GPUs on a typical HGX H100 board.
 H100_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -40,7 +44,10 @@ class SimGpu:
     remap_failure: bool = False
     clock_event_reasons: int = 0
     temperature_c: int = 41
-    temperature_slowdown_c: int = 87  # NVML's slowdown threshold (an H100 SXM's)
+    # NVML's slowdown and shutdown thresholds, as a real H100 80GB HBM3 answered them (driver
+    # 580.159.04, tests/fixtures/nvml/): 89 °C and 95 °C.
+    temperature_slowdown_c: int = 89
+    temperature_shutdown_c: int = 95
     power_mw: int = 118_000
     util_gpu: int = 0
     util_mem: int = 0
@@ -53,7 +60,7 @@ class SimGpu:
     ecc_mode: int = 1  # current ECC mode (1 enabled)
     ecc_mode_pending: int = 1  # what it becomes after the next reset
     persistence_mode: int = 1
-    vbios_version: str = "96.00.99.00.01"
+    vbios_version: str = "96.00.99.00.01"  # the format a real H100's is in: 96.00.XX.00.XX
     # Capabilities this GPU lacks, by NVML field id or pynvml function name (architecture quirks).
     unsupported: set[int | str] = field(default_factory=set)
     # Every NVML call on the GPU answers NVML_ERROR_UNKNOWN (nvidia-smi: "Unable to determine the
@@ -95,3 +102,39 @@ class SimIbPort:
     rate_gbps: int = 400  # the rate the port trained at (NDR: 400 Gb/s)
     symbol_errors: int = 0  # physical-layer errors so far (what the counters were told)
     rcv_errors: int = 0
+
+
+def _answered(probe: Mapping[str, Any], call: str, default: Any) -> Any:  # noqa: ANN401 - JSON
+    answer = probe.get("calls", {}).get(call, {})
+    return answer.get("value", default) if answer.get("status") == "ok" else default
+
+
+def gpu_from_probe(probe: Mapping[str, Any], index: int = 0, uuid: str = "GPU-sim-0") -> SimGpu:
+    """A simulated GPU like the one an NVML probe recorded (``agent.sources.nvml_probe``).
+
+    Its model, NVLink count, PCIe link, temperature thresholds, ECC and persistence modes and
+    VBIOS come from the record; what moves (temperature, power, clocks) keeps the defaults.
+    """
+    links = int(probe.get("nvlink_count", 0))
+    ecc = _answered(probe, "nvmlDeviceGetEccMode", [1, 1])
+    return SimGpu(
+        index=index,
+        uuid=uuid,
+        bus=0x18 + index,
+        model=str(_answered(probe, "nvmlDeviceGetName", H100_MODEL)),
+        nvlink_up=[True] * links,
+        pcie_gen=int(_answered(probe, "nvmlDeviceGetCurrPcieLinkGeneration", 5)),
+        pcie_width=int(_answered(probe, "nvmlDeviceGetCurrPcieLinkWidth", 16)),
+        max_pcie_gen=int(_answered(probe, "nvmlDeviceGetMaxPcieLinkGeneration", 5)),
+        max_pcie_width=int(_answered(probe, "nvmlDeviceGetMaxPcieLinkWidth", 16)),
+        temperature_slowdown_c=int(
+            _answered(probe, "nvmlDeviceGetTemperatureThreshold(SLOWDOWN)", 89)
+        ),
+        temperature_shutdown_c=int(
+            _answered(probe, "nvmlDeviceGetTemperatureThreshold(SHUTDOWN)", 95)
+        ),
+        ecc_mode=int(ecc[0]),
+        ecc_mode_pending=int(ecc[1]),
+        persistence_mode=int(_answered(probe, "nvmlDeviceGetPersistenceMode", 1)),
+        vbios_version=str(_answered(probe, "nvmlDeviceGetVbiosVersion", "96.00.99.00.01")),
+    )

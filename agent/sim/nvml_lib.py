@@ -37,10 +37,19 @@ UNKNOWN: Final = 999  # NVML_ERROR_UNKNOWN
 VALUE_UNSIGNED_LONG_LONG: Final = 3
 ENTRY_CACHE_LIMIT: Final = 100_000
 
+VALUE_UNSIGNED_INT: Final = 1
+# Field value types as a real H100 answers them (tests/fixtures/nvml/): the PCIe replay counter
+# comes as an unsigned int, the ECC and row-remap fields as unsigned long longs.
+FIELD_VALUE_TYPES: Final = {94: VALUE_UNSIGNED_INT}
+FI_NVLINK_LINK_COUNT: Final = 91
+NVLINK_FIELDS: Final = frozenset({161, 162, 163, 165})
+
 EVENT_XID: Final = 0x8
 EVENT_DBE: Final = 0x2
 EVENT_GPU_UNAVAILABLE: Final = 0x4000
-SUPPORTED_EVENTS: Final = EVENT_XID | EVENT_DBE | EVENT_GPU_UNAVAILABLE
+# What a real H100 answers nvmlDeviceGetSupportedEventTypes with (driver 580.159.04); the agent
+# registers the Xid, double-bit ECC and GPU-unavailable bits of it.
+SUPPORTED_EVENTS: Final = 0xFF9F
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +64,14 @@ class SimPciInfo:
 
 @dataclass(frozen=True, slots=True)
 class SimValue:
-    """``nvmlValue_t``; only the 64-bit unsigned member is used."""
+    """``nvmlValue_t``: the unsigned members (a union: both hold the same number here)."""
 
     ullVal: int  # noqa: N815 - NVML's name
+
+    @property
+    def uiVal(self) -> int:  # noqa: N802 - NVML's name
+        """The 32-bit unsigned member."""
+        return self.ullVal
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +141,7 @@ def _field_state(gpu: SimGpu) -> tuple[object, ...]:
 def _fields(gpu: SimGpu) -> dict[tuple[int, int], int]:
     """Every field the simulated GPU can answer, by (field id, scope)."""
     values = {
-        (91, 0): len(gpu.nvlink_up),
+        (FI_NVLINK_LINK_COUNT, 0): len(gpu.nvlink_up),
         (94, 0): gpu.pcie_replays,
         (3, 0): gpu.ecc_sbe_volatile,
         (4, 0): gpu.ecc_dbe_volatile,
@@ -145,6 +159,11 @@ def _fields(gpu: SimGpu) -> dict[tuple[int, int], int]:
         values[162, link] = recovery
         values[163, link] = crc
     return values
+
+
+def _no_nvlink(gpu: SimGpu, field_id: int) -> bool:
+    """A GPU without NVLink (a PCIe card, or one passed into a VM alone) refuses link fields."""
+    return not gpu.nvlink_up and (field_id == FI_NVLINK_LINK_COUNT or field_id in NVLINK_FIELDS)
 
 
 class SimNvmlLibrary:
@@ -310,14 +329,20 @@ class SimNvmlLibrary:
         cache = self._entries  # entries are immutable: reuse one per (field, scope, value)
         for field_id, scope in fieldIds:
             value = known.get((field_id, scope))
-            if value is None or field_id in gpu.unsupported:
+            if value is None or field_id in gpu.unsupported or _no_nvlink(gpu, field_id):
                 value = -1
             entry = cache.get((field_id, scope, value))
             if entry is None:
                 entry = (
                     SimFieldValue(field_id, scope, NOT_SUPPORTED)
                     if value < 0
-                    else SimFieldValue(field_id, scope, SUCCESS, value=SimValue(value))
+                    else SimFieldValue(
+                        field_id,
+                        scope,
+                        SUCCESS,
+                        FIELD_VALUE_TYPES.get(field_id, VALUE_UNSIGNED_LONG_LONG),
+                        SimValue(value),
+                    )
                 )
                 if len(cache) < ENTRY_CACHE_LIMIT:
                     cache[field_id, scope, value] = entry
@@ -328,8 +353,13 @@ class SimNvmlLibrary:
     # ---- per-call API ------------------------------------------------------------------------
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:  # noqa: ANN401, N802
-        """Return 1 (enabled) or 0; an index past the GPU's links is an invalid argument."""
+        """Return 1 (enabled) or 0; an index past the GPU's links is an invalid argument.
+
+        A GPU without NVLink answers NOT_SUPPORTED, as a real H100 passed into a VM alone does.
+        """
         gpu = self._gpu(handle, "nvmlDeviceGetNvLinkState")
+        if not gpu.nvlink_up:
+            raise self._error(NOT_SUPPORTED)
         if not 0 <= link < len(gpu.nvlink_up):
             raise self._error(INVALID_ARGUMENT)
         return int(gpu.nvlink_up[link])
@@ -337,6 +367,8 @@ class SimNvmlLibrary:
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:  # noqa: ANN401, N802
         """Return a DL error counter of one link."""
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
+        if not gpu.nvlink_up:
+            raise self._error(NOT_SUPPORTED)
         if not 0 <= link < len(gpu.nvlink_up) or counter not in (0, 1, 2):
             raise self._error(INVALID_ARGUMENT)
         return gpu.nvlink_errors[link][counter]
@@ -392,7 +424,7 @@ class SimNvmlLibrary:
         """Return a temperature threshold in °C: the slowdown one (1) or shutdown (0)."""
         name = "nvmlDeviceGetTemperatureThreshold"
         if threshold == THRESHOLD_SHUTDOWN:
-            return self._value(handle, name, lambda g: g.temperature_slowdown_c + 5)
+            return self._value(handle, name, lambda g: g.temperature_shutdown_c)
         if threshold != THRESHOLD_SLOWDOWN:
             raise self._error(NOT_SUPPORTED)
         return self._value(handle, name, lambda g: g.temperature_slowdown_c)

@@ -137,6 +137,7 @@ class _Plan:
     """What one GPU supports, probed once."""
 
     fields: list[fi.FieldKey] = field(default_factory=list)
+    fast_fields: list[fi.FieldKey] = field(default_factory=list)  # without the slow counters
     batched: frozenset[fi.FieldKey] = frozenset()
     links_batched: bool = False
     unsupported: set[str] = field(default_factory=set)
@@ -259,6 +260,7 @@ class NvmlSource:
         plan = _Plan()
         links = self._count_nvlinks(handle, plan)
         plan.fields = self._probe_fields(handle, plan, links)
+        plan.fast_fields = [key for key in plan.fields if key not in fi.SLOW_FIELDS]
         plan.batched = frozenset(plan.fields)
         plan.links_batched = all(
             (field_id, link) in plan.batched for link in range(links) for field_id in fi.LINK_FIELDS
@@ -385,9 +387,14 @@ class NvmlSource:
             vbios_version=None if vbios is None else str(vbios),
         )
 
-    def read(self, gpu: GpuIdentity) -> GpuReading:
-        """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus."""
-        return self.guard.run(f"read GPU {gpu.index}", partial(self._read, gpu))
+    def read(self, gpu: GpuIdentity, *, counters: bool = True) -> GpuReading:
+        """Poll one GPU. Raises :class:`GpuLostError` when it has fallen off the bus.
+
+        ``counters=False`` leaves out the slow counters (:data:`~agent.sources.nvml_fields.
+        SLOW_FIELDS`: the PCIe replay counter), which the agent reads at its counter interval;
+        they are None in that reading.
+        """
+        return self.guard.run(f"read GPU {gpu.index}", partial(self._read, gpu, counters=counters))
 
     def _slowdown(self, plan: _Plan, handle: Any) -> int | None:  # noqa: ANN401 - NVML's
         """The GPU's slowdown temperature threshold (°C), asked once; None: not supported."""
@@ -399,11 +406,11 @@ class NvmlSource:
             plan.slowdown_read = True
         return plan.slowdown_c
 
-    def _read(self, gpu: GpuIdentity) -> GpuReading:
+    def _read(self, gpu: GpuIdentity, *, counters: bool = True) -> GpuReading:
         lib = self._lib
         h = self._handle(gpu.index)
         plan = self._plans.setdefault(gpu.index, _Plan())
-        got = self._fields(h, plan, plan.fields)
+        got = self._fields(h, plan, plan.fields if counters else plan.fast_fields)
         batched = plan.batched
 
         def pick(key: fi.FieldKey, name: str, fn: Callable[..., int], *args: int) -> int | None:
@@ -479,7 +486,9 @@ class NvmlSource:
                 (fi.FI_PCIE_REPLAY_COUNTER, 0),
                 "pcie_replay",
                 lib.nvmlDeviceGetPcieReplayCounter,
-            ),
+            )
+            if counters
+            else None,
             pcie_gen=self._optional(
                 plan,
                 "pcie_gen",

@@ -1,15 +1,21 @@
 """The real NVML source on a real GPU. Skipped where no NVIDIA driver answers."""
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
 from agent.exceptions import NvmlError
+from agent.sim.devices import gpu_from_probe
+from agent.sim.nvml_lib import SimNvmlLibrary
 from agent.sources.nvml import NvmlSource, load_pynvml
 from agent.sources.nvml_events import NvmlEventWatcher
+from agent.sources.nvml_probe import differences, probe
 from fleetwatch.clock import SystemClock
 
 pytestmark = pytest.mark.gpu
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +57,30 @@ def test_real_event_thread_starts_waits_and_stops(source: NvmlSource):
     assert time.monotonic() - began < 1.0
     assert watcher.waits >= 2
     assert watcher.errors == 0
+
+
+def test_the_simulator_answers_as_this_gpu_does(source: NvmlSource):
+    """Every call and field the agent uses: same status and type from the simulator given a GPU
+    like this one (tests/unit/test_sim_matches_real_gpu.py checks the same against records)."""
+    lib = load_pynvml()
+    real = probe(lib)
+    sim_lib = SimNvmlLibrary([gpu_from_probe(real)])
+    sim_lib.nvmlInit()
+    assert differences(real, probe(sim_lib)) == []
+
+
+def test_this_gpu_answers_as_its_record_says(source: NvmlSource):
+    """Where a record of this model and driver exists, the GPU still answers as recorded."""
+    lib = load_pynvml()
+    real = probe(lib)
+    model = real["calls"]["nvmlDeviceGetName"]["value"]
+    driver = real["system"]["nvmlSystemGetDriverVersion"]["value"]
+    matching = [
+        record
+        for record in (json.loads(p.read_text()) for p in RECORDS.glob("real-*.json"))
+        if record["probe"]["calls"]["nvmlDeviceGetName"]["value"] == model
+        and record["probe"]["system"]["nvmlSystemGetDriverVersion"]["value"] == driver
+    ]
+    if not matching:
+        pytest.skip(f"no record of {model} on driver {driver} under {RECORDS}")
+    assert differences(matching[0]["probe"], real) == []

@@ -39,7 +39,7 @@ class TestGpuThermal:
     ):
         gpu = Target.gpu(node.gpus[1].uuid)
         cool = (await sampler.poll()).samples
-        assert cool[gpu, "temperature_slowdown_celsius"] == 87
+        assert cool[gpu, "temperature_slowdown_celsius"] == 89
         assert {name: cool[gpu, name] for name in CLOCK_REASON_SIGNALS} == dict.fromkeys(
             CLOCK_REASON_SIGNALS, 0
         )
@@ -54,7 +54,7 @@ class TestGpuThermal:
         node.gpus[0].unsupported.add("nvmlDeviceGetTemperatureThreshold")
         samples = (await sampler.poll()).samples
         assert (Target.gpu(node.gpus[0].uuid), "temperature_slowdown_celsius") not in samples
-        assert samples[Target.gpu(node.gpus[1].uuid), "temperature_slowdown_celsius"] == 87
+        assert samples[Target.gpu(node.gpus[1].uuid), "temperature_slowdown_celsius"] == 89
 
 
 class TestUnreadableGpu:

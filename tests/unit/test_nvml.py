@@ -51,9 +51,14 @@ class TestFieldValues:
         # batch + gen, width, reasons, temp, power, util, clock; the first poll asks the
         # slowdown temperature threshold too (fixed per model: asked once)
         assert src.calls - before == 9
-        assert reading.temperature_slowdown_c == 87
+        assert reading.temperature_slowdown_c == 89
         before = src.calls
-        assert src.read(gpu).temperature_slowdown_c == 87
+        assert src.read(gpu).temperature_slowdown_c == 89
+        assert src.calls - before == 8
+        before = src.calls
+        fast = src.read(gpu, counters=False)  # the batch without the PCIe replay counter
+        assert fast.pcie_replay_count is None
+        assert fast.ecc_dbe_volatile == 2
         assert src.calls - before == 8
         assert reading.nvlinks[2].replay_errors == 5
         assert reading.nvlinks[2].recovery_errors == 1

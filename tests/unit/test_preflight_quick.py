@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import TYPE_CHECKING
 
-from agent.preflight.quick import QUICK_CHECKS, QuickChecks
+from agent.preflight.quick import NO_HCA, NO_NVLINK, QUICK_CHECKS, QuickChecks
 from agent.sampler import NodeInventory
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
@@ -88,3 +89,20 @@ def test_a_gpu_lost_after_start_counts_against_gpu_count_and_is_named(tmp_path: 
     assert "lost" in count.evidence
     assert not any(component == "gpu:4" for _, component in got)
     assert Check.ECC_MODE.value in {c for c, _ in got}
+
+
+def test_a_gpu_without_nvlink_and_a_node_without_hca_say_so(tmp_path: Path):
+    """What a real H100 passed alone into a VM shows (tests/fixtures/nvml/): NVLink not supported,
+    no InfiniBand port. The checks name that instead of 'every link up' or a missing result."""
+    node = SimNode("n1", tmp_path, FakeClock())
+    for gpu in node.gpus:
+        gpu.nvlink_up = []
+        gpu.nvlink_errors = []
+    shutil.rmtree(node.sysfs.root / "class" / "infiniband")
+    (node.sysfs.root / "class" / "infiniband").mkdir()
+    got = read(node)
+    nvlink = got["nvlink_up", "gpu:0"]
+    assert nvlink.value == 0
+    assert nvlink.evidence == NO_NVLINK
+    for check in ("ib_port", "nic_firmware", "nic_pcie_link"):
+        assert got[check, "node"].error == NO_HCA
