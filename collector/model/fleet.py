@@ -349,6 +349,7 @@ def _bounded_set(
 
 def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> int:
     if target.kind == TargetKind.NVLINK:
+        gpu.link_generation += 1
         if signal == "nvlink_up":
             gpu.nvlink_up[target.index] = bool(value)
         return _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)

@@ -24,6 +24,10 @@ MODEL_FIELDS: Final = frozenset(
     {
         "gpu_present",
         "nvlink_up",
+        # the link error counters move the GPU's link_generation (see _apply_gpu)
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
+        "nvlink_crc_errors",
         "pcie_replay_count",
         "ib_state",
         "ib_phys_state",

@@ -30,6 +30,9 @@ class GpuState:
     last_xid: int = 0
     signals: dict[str, SampleValue] = field(default_factory=dict)
     link_signals: dict[int, dict[str, SampleValue]] = field(default_factory=dict)
+    # Moves whenever a link's state or error counter is set: what is derived from the links
+    # (links down, error sums) is computed again only when it moved (the exposition keeps it).
+    link_generation: int = 0
 
     @property
     def nvlinks_down(self) -> int:
@@ -56,6 +59,7 @@ class GpuState:
             self.last_xid,
             dict(self.signals),
             {link: dict(values) for link, values in self.link_signals.items()},
+            self.link_generation,
         )
 
     def link_total(self, signal: str) -> float | None:

@@ -195,6 +195,39 @@ def test_a_node_is_rendered_once_until_it_changes(fleet: FleetModel):
     assert exposition.renders == 4  # an event shows at once
 
 
+def test_kept_lines_follow_every_kind_of_change(fleet: FleetModel):
+    """The kept text (each GPU's derived lines, each port's and the node's, each signal dict's
+    sample lines) matches prometheus_client's rendering after each kind of change."""
+    clock = Clock()
+    flags = NodeFlags()
+    exposition = NodeExposition(fleet, monotonic=clock, flags=lambda: flags)
+    assert samples(exposition.everything(TEXT)) == samples(reference(fleet))
+    uuid = made_up_uuid("n1", 1)
+    changes = [
+        [sample_to_pb(Target.gpu(uuid), "temperature_celsius", 71.0)],
+        [sample_to_pb(Target.nvlink(uuid, 1), "nvlink_replay_errors", 40)],
+        [sample_to_pb(Target.nvlink(uuid, 0), "nvlink_up", 0)],
+        [sample_to_pb(Target.nvlink(uuid, 1), "nvlink_crc_errors", 3)],
+        [sample_to_pb(Target.gpu(uuid), "clock_event_reasons", 0x4)],
+        [sample_to_pb(Target.gpu(uuid), "pcie_replay_count", 9)],
+        [sample_to_pb(Target.ib_port("mlx5_1", 1), "ib_state", "DOWN")],
+        [sample_to_pb(Target.ib_port("mlx5_0", 1), "ib_symbol_error", 2)],
+        [sample_to_pb(Target.node(), "agent_source_errors_kmsg", 5)],
+        [sample_to_pb(Target.node(), "agent_outbox_pending", 0)],
+    ]
+    for change in changes:
+        fleet.apply_samples("n1", change)
+        clock.now += 10.0  # past the render interval
+        assert samples(exposition.everything(TEXT)) == samples(reference(fleet, flags)), change
+    fleet.apply_event("n1", EventKind.XID, Target.gpu(uuid), 48)
+    assert samples(exposition.everything(TEXT)) == samples(reference(fleet, flags))
+    flags = NodeFlags(drained=frozenset({"n1"}))
+    assert samples(exposition.everything(TEXT)) == samples(reference(fleet, flags))
+    add_node(fleet, "n1", driver="560.1")  # a new Hello: new GPU objects, another driver
+    clock.now += 10.0
+    assert samples(exposition.everything(TEXT)) == samples(reference(fleet, flags))
+
+
 def test_a_state_change_shows_at_once(fleet: FleetModel):
     flags = NodeFlags()
     exposition = NodeExposition(fleet, monotonic=Clock(), flags=lambda: flags)
