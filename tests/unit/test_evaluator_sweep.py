@@ -1,7 +1,8 @@
 """The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
 
-from collector.incidents.evaluator import Evaluator, watched_signals
+from collector.incidents.evaluator import Evaluator, paced_signals, watched_signals
 from collector.model.fleet import FleetModel
+from collector.model.target_keys import gpu_key
 from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.engine import Phase
@@ -265,3 +266,69 @@ class TestSweepOnlyWhatTimeCanChange:
         assert ev.evaluations == before  # "x" is read by no rule
         ev.tick()
         assert ev.evaluations == before + 8
+
+
+SLOW_HOT = HOT.replace("    severity: warning\n", "    for: 2m\n    severity: warning\n")
+INSTANT_HOT = (
+    "  - name: very_hot\n"
+    "    scope: gpu\n"
+    "    when: 'has(gpu.signals.temperature_celsius) && gpu.signals.temperature_celsius > 99.0'\n"
+    "    severity: critical\n"
+)
+
+
+class TestPacedSignals:
+    """A signal read only by rules that must hold a minute or more is evaluated at a pace."""
+
+    def test_only_signals_whose_every_reader_holds_a_minute_are_paced(self):
+        slow = parse_rules(SLOW_HOT, "t.yaml")
+        assert "temperature_celsius" in paced_signals(slow, watched_signals(slow))
+        both = parse_rules(SLOW_HOT + INSTANT_HOT, "t.yaml")
+        assert "temperature_celsius" not in paced_signals(both, watched_signals(both))
+
+    def test_a_temperature_moving_every_second_is_evaluated_every_five(self):
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = evaluator(SLOW_HOT, fleet, clock, 3600.0)
+        ev.tick()
+        (uuid,) = fleet.view()["n1"].gpus
+        before = ev.evaluations
+        for second in range(20):
+            temp = 60.0 + second % 3
+            fleet.apply_samples("n1", [sample_to_pb(Target.gpu(uuid), "temperature_celsius", temp)])
+            ev.tick()
+            clock.advance(1.0)
+        assert 4 <= ev.evaluations - before <= 5  # not 20
+
+    def test_a_held_sample_is_evaluated_when_its_pause_ends(self):
+        """Nothing held is lost: the last value of a pause is evaluated once it ends, though no
+        sample follows it (an agent sends only changes). A target with an open incident is
+        evaluated at every tick, paced or not."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = evaluator(SLOW_HOT, fleet, clock, 3600.0)
+        ev.tick()
+        (uuid,) = fleet.view()["n1"].gpus
+        key = gpu_key("n1", fleet.view()["n1"].gpus[uuid].index)
+
+        def temp(value: float) -> None:
+            sample = sample_to_pb(Target.gpu(uuid), "temperature_celsius", value)
+            fleet.apply_samples("n1", [sample])
+
+        temp(70.0)
+        ev.tick()  # the first sample of a pause goes through
+        clock.advance(1.0)
+        temp(95.0)  # within the pause: held
+        ev.tick()
+        assert ev.engine.get("hot", key) is None
+        clock.advance(4.5)
+        ev.tick()  # the pause is over: the held 95 °C is evaluated
+        incident = ev.engine.get("hot", key)
+        assert incident is not None
+        assert incident.phase == Phase.PENDING
+        clock.advance(1.0)
+        temp(70.0)  # an open incident's target: evaluated at the next tick
+        ev.tick()
+        assert ev.engine.get("hot", key) is None
