@@ -165,6 +165,7 @@ _WALKS_SIGNALS: Final = re.compile(
     r"signals\s*(\)|,|\.\s*(all|exists|exists_one|filter|map)\s*\()|in\s+[\w.]*signals\b"
 )
 _WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INDEXES_SIGNALS: Final = re.compile(r"signals\s*\[")
 
 
 def rule_words(rule: Rule) -> frozenset[str]:
@@ -186,6 +187,39 @@ def paced_signals(rules: RuleSet, watched: frozenset[str] | None) -> frozenset[s
         for signal, rules_of in readers.items()
         if signal not in MODEL_SIGNALS and all(r.for_s >= PACED_MIN_FOR_S for r in rules_of)
     )
+
+
+def reads_named_signals(rule: Rule) -> bool:
+    """Whether the rule reads signals only by name (``x.signals.name``).
+
+    Never the whole map, and never by a computed key: then a signals map can be cut to the names
+    the rule says.
+    """
+    counted = rule.escalation.occurrences if rule.escalation is not None else ""
+    return not any(
+        _WALKS_SIGNALS.search(text) or _INDEXES_SIGNALS.search(text)
+        for text in (rule.when, counted or "")
+    )
+
+
+def cel_view(data: dict[str, Any], words: frozenset[str], *, cut_signals: bool) -> dict[str, Any]:
+    """The part of ``data`` a condition with ``words`` can read.
+
+    CEL converts every value it is handed, read or not: a GPU rule got the node's, the GPU's
+    and the fleet's maps (about eighty signals) for the two or three it reads, and the
+    conversion was half of its evaluation. Variables the condition does not name are left out,
+    and, when ``cut_signals``, each ``signals`` map keeps only the names the condition says.
+    """
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in words:
+            continue
+        if cut_signals and isinstance(value, dict) and "signals" in value:
+            signals = value["signals"]
+            out[name] = {**value, "signals": {k: signals[k] for k in words if k in signals}}
+        else:
+            out[name] = value
+    return out
 
 
 def watched_signals(rules: RuleSet) -> frozenset[str] | None:
@@ -255,6 +289,7 @@ class Evaluator:
         self._dirty: set[tuple[str, str]] = set()  # (node, target key)
         self._touched: dict[tuple[str, str], set[str]] = {}  # (node, key) -> signals sampled
         self._reads = {r.name: rule_words(r) for r in rules.rules}
+        self._cut_signals = {r.name: reads_named_signals(r) for r in rules.rules}
         self._reading_cache: dict[tuple[Scope, frozenset[str]], tuple[Rule, ...]] = {}
         self.evaluations = 0
         self.errors: dict[str, int] = {}
@@ -492,7 +527,8 @@ class Evaluator:
     ) -> list[Outcome]:
         self.evaluations += 1
         context: TargetContext = _Context(self, key, now)
-        holds, error = self.env.evaluate(self._compiled[rule.name], data, context)
+        view = cel_view(data, self._reads[rule.name], cut_signals=self._cut_signals[rule.name])
+        holds, error = self.env.evaluate(self._compiled[rule.name], view, context)
         if error is not None and not error.startswith("NOT_FOUND"):
             count = self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
             if count == 1 or count % ERROR_LOG_EVERY == 0:
