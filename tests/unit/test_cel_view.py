@@ -26,6 +26,7 @@ from rules.loader import load_rules, parse_rules
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
+    from collector.incidents.evaluator import Outcome
     from rules.model import Rule
 
 VALUES = (0, 1, 2, 3, 5, 40, 80, 90, 95, 400, 10**6, 0.5, 99.5)
@@ -38,7 +39,9 @@ class Capturing(Evaluator):
         super().__init__(**kwargs)
         self.seen: list[tuple[Rule, str, dict[str, Any]]] = []
 
-    def _evaluate(self, rule, node, key, data, now):  # type: ignore[no-untyped-def]
+    def _evaluate(
+        self, rule: Rule, node: str, key: str, data: dict[str, Any], now: float
+    ) -> list[Outcome]:
         self.seen.append((rule, key, data))
         return super()._evaluate(rule, node, key, data, now)
 
