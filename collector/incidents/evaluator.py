@@ -399,6 +399,10 @@ class Evaluator:
             self._touched.setdefault(target, set()).add(signal)
             self._paced_at[target] = (now, set())
             self._pace_queue.append((now, target))
+        elif held[0] == now and not held[1]:
+            # The same report's other signals of the target go with the first (an NVLink's
+            # three counters come together: not one now and two more at the pause's end).
+            self._touched.setdefault(target, set()).add(signal)
         else:
             held[1].add(signal)
 

@@ -332,3 +332,28 @@ class TestPacedSignals:
         temp(70.0)  # an open incident's target: evaluated at the next tick
         ev.tick()
         assert ev.engine.get("hot", key) is None
+
+    def test_a_reports_signals_of_one_target_go_through_together(self):
+        """An NVLink's three counters arrive in one report: evaluated once, not again 5 s on."""
+        rules = SLOW_HOT.replace(
+            "temperature_celsius > 90.0",
+            "temperature_celsius > 90.0 && "
+            "has(gpu.signals.power_watts) && gpu.signals.power_watts > 1.0",
+        )
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = evaluator(rules, fleet, clock, 3600.0)
+        ev.tick()
+        (uuid,) = fleet.view()["n1"].gpus
+        before = ev.evaluations
+        gpu = Target.gpu(uuid)
+        fleet.apply_samples(
+            "n1",
+            [sample_to_pb(gpu, "temperature_celsius", 70.0), sample_to_pb(gpu, "power_watts", 400)],
+        )
+        ev.tick()
+        assert ev.evaluations == before + 1
+        clock.advance(6.0)
+        ev.tick()  # nothing was held: nothing more to evaluate
+        assert ev.evaluations == before + 1
