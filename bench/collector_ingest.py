@@ -64,7 +64,8 @@ The reconnect storm (``bench/ingest/reconnect.py``, ``--reconnect-nodes``, 4,096
 the collector killed and started again under a fleet that reconnects with the agent's backoff;
 ``reconnect_s_at_4096`` from its first accepted connection to every node's first Report in the
 model (null with ``why_reconnect`` when that size was not run or not every node came back).
-``fault_to_action_p99_ms_at_4096`` is null with a why: not built yet.
+``fault_to_action_p99_ms_at_4096``: the same faults as the fault run, sent after the window of
+the 4,096-node size with Prometheus scraping (a ``why`` says when that size was not kept up with).
 
 ``--profile`` runs py-spy on the collector during the window of ``--profile-nodes`` nodes and
 prints the top functions. ``--quick``: 256 and 1,024 nodes, short windows, no fault run.
@@ -112,6 +113,7 @@ QUICK_SCRAPE_SIZES = (1024,)
 FAULT_NODES = 2048
 BISECT_STEP = 128
 TARGET_NODES = 4096
+SCRAPED_FAULT_NODES = 4096  # the faults also run at this scraped size
 TARGET_P99_MS = 250.0
 
 
@@ -249,7 +251,7 @@ def parse_args() -> argparse.Namespace:
     add("--quick", action="store_true", help="256 and 1,024 nodes, short windows, no faults")
     add("--sizes", type=int, nargs="+", help="fleet sizes to run (default 256 1024 4096 8192)")
     add("--all-sizes", action="store_true", help="run larger sizes after one failed clearly")
-    add("--bisect", type=int, default=2, help="extra sizes between kept up and not")
+    add("--bisect", type=int, default=1, help="extra sizes between kept up and not")
     add("--interval", type=float, default=1.0, help="s between a node's reports")
     add("--warmup", type=float, default=10.0, help="s between connected and the window")
     add("--window", type=float, default=30.0, help="s measured")
@@ -326,13 +328,39 @@ def run_sizes(ctx: Context) -> tuple[list[dict[str, Any]], list[int]]:
     return rows, not_run
 
 
-def run_scraped_sizes(ctx: Context) -> list[dict[str, Any]]:
+def failed_clearly_below(rows: list[dict[str, Any]], nodes: int, args: argparse.Namespace) -> int:
+    """The smallest size at or below ``nodes`` that failed clearly (0: none, or --all-sizes).
+
+    A storm or a scraped run at a size the collector could not even take in without them would
+    only time out (the load's 240 s), so it is not run: the budget goes to what can be measured.
+    """
+    if args.all_sizes:
+        return 0
+    failed = [r["nodes"] for r in rows if r.get("clear_fail") and r["nodes"] <= nodes]
+    return min(failed, default=0)
+
+
+def run_scraped_sizes(ctx: Context, plain: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``--scrape-sizes`` again, Prometheus scraping every series meanwhile."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nodes in ctx.args.scrape_sizes:
+        failed = failed_clearly_below(plain, nodes, ctx.args)
+        if failed:
+            why = f"not run: {failed} nodes failed clearly without Prometheus"
+            log(f"size {nodes} with Prometheus: {why}")
+            rows.append({"nodes": nodes, "kept_up": False, "not_run": True, "why_not": why})
+            continue
         log(f"size {nodes} with Prometheus scraping every {ctx.args.scrape_interval:g} s ...")
-        row = run_size(ctx, nodes, scraped=True)
+        # At 4,096 nodes the faults run after the window, the scrape still on.
+        faults = nodes == SCRAPED_FAULT_NODES and ctx.args.faults > 0
+        row = run_size(ctx, nodes, scraped=True, faults=faults)
         show_row(row)
+        if faults:
+            log(
+                f"  faults while scraped: p50 {row.get('fault_p50_ms')} ms, p99 "
+                f"{row.get('fault_p99_ms')} ms, {row.get('faults_without_webhook')} without a "
+                "webhook"
+            )
         log(
             f"  Prometheus: {row.get('prometheus_targets_up')} of "
             f"{row.get('prometheus_targets')} targets up, {row.get('prometheus_samples_per_round')}"
@@ -367,14 +395,22 @@ def with_scrape(
     result |= scrape_cpu
 
 
-def with_reconnect(result: dict[str, Any], reconnect: dict[str, Any]) -> None:
-    """The reconnect storm's keys, and the fault run at 4,096 nodes (not built yet: null)."""
+def with_reconnect(
+    result: dict[str, Any], reconnect: dict[str, Any], scraped: list[dict[str, Any]]
+) -> None:
+    """The reconnect storm's keys, and the faults at 4,096 nodes with the scrape on."""
     result |= reconnect
-    result["fault_to_action_p99_ms_at_4096"] = None
-    result["why_fault_to_action_at_4096"] = (
-        "not measured yet: the fault run is at --fault-nodes (2,048); at 4,096 nodes with the "
-        "scrape on it is still to be built"
-    )
+    row = next((r for r in scraped if r["nodes"] == SCRAPED_FAULT_NODES), None)
+    p99 = None if row is None else row.get("fault_p99_ms")
+    result["fault_to_action_p99_ms_at_4096"] = p99
+    if row is None:
+        result["why_fault_to_action_at_4096"] = "4,096 was not among --scrape-sizes (or --faults 0)"
+    elif p99 is None:
+        result["why_fault_to_action_at_4096"] = f"no fault figure: {row.get('why_not')}"
+    elif not row["kept_up"]:
+        result["why_fault_to_action_at_4096"] = (
+            f"measured, but the collector did not keep up with 4,096 nodes: {row.get('why_not')}"
+        )
 
 
 def run_fault_size(ctx: Context, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -493,8 +529,20 @@ def main() -> None:  # noqa: PLR0915 - the benchmark's steps, in order
         rows, not_run = run_sizes(ctx)
         fault_row = run_fault_size(ctx, rows)
         floor = run_floor(ctx, rows) if args.floor else None
-        scraped = run_scraped_sizes(ctx)
-        reconnect = reconnect_figures(args.reconnect_nodes, workdir, recording, cores, command)
+        scraped = run_scraped_sizes(ctx, rows)
+        storm_failed = failed_clearly_below(rows, args.reconnect_nodes, args)
+        if storm_failed and args.reconnect_nodes > 0:
+            reconnect = {
+                "reconnect_s_at_4096": None,
+                "reconnect_nodes": args.reconnect_nodes,
+                "why_reconnect": (
+                    f"not run: {storm_failed} nodes failed clearly without a restart (a fleet "
+                    "the collector cannot take in cannot be measured coming back)"
+                ),
+            }
+            log(f"reconnect storm: {reconnect['why_reconnect']}")
+        else:
+            reconnect = reconnect_figures(args.reconnect_nodes, workdir, recording, cores, command)
         log(f"exposition CPU: {args.scrape_cpu_nodes} nodes, {args.scrape_cpu_rounds} rounds ...")
         scrape_cpu = measure_scrape(
             Recording.load(recording), args.scrape_cpu_nodes, args.scrape_cpu_rounds
@@ -519,7 +567,7 @@ def main() -> None:  # noqa: PLR0915 - the benchmark's steps, in order
     if floor is not None:
         with_floor(result, rows, floor)
     with_scrape(result, args, scraped, scrape_cpu)
-    with_reconnect(result, reconnect)
+    with_reconnect(result, reconnect, scraped)
     result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, sort_keys=True), flush=True)
 
