@@ -11,17 +11,16 @@ leaves either the old cursor or the new one, never half of one.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from agent.atomic_file import replace_atomically
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from pathlib import Path
 
     from agent.sources.kmsg import KmsgRecord
 
@@ -82,24 +81,11 @@ class KmsgCursor:
         if seq == self._saved:
             return
         payload = json.dumps({"version": CURSOR_VERSION, "boot_id": self.boot_id, "seq": seq})
-        tmp: Path | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            tmp = Path(name)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(payload + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            tmp.replace(self.path)
-            tmp = None
+            replace_atomically(self.path, payload + "\n")
         except OSError as exc:
             self._failed("kmsg_cursor_save_failed", exc.strerror or str(exc))
             return
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    tmp.unlink(missing_ok=True)
         self._saved = seq
 
     def _read(self) -> dict[str, object] | None:

@@ -9,14 +9,15 @@ is replaced atomically (temporary file, fsync, rename).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
+
+from agent.atomic_file import replace_atomically
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 log = structlog.get_logger("agent.sel_cursor")
 
@@ -64,24 +65,11 @@ class SelCursor:
         if key == self._saved:
             return
         payload = json.dumps({"version": CURSOR_VERSION, "bmc": self.bmc, "key": key})
-        tmp: Path | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            tmp = Path(name)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(payload + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            tmp.replace(self.path)
-            tmp = None
+            replace_atomically(self.path, payload + "\n")
         except OSError as exc:
             self._failed("sel_cursor_save_failed", exc.strerror or str(exc))
             return
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    tmp.unlink(missing_ok=True)
         self._saved = key
 
     def _failed(self, event: str, error: str) -> None:
