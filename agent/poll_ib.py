@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent.exceptions import SourceError
+from agent.failure_episodes import FailureEpisodes
 from agent.probes.counters import (
     IB_COUNTER_SPECS,
     MLX5_HW_COUNTER_SPECS,
@@ -104,6 +105,7 @@ class IbPoller:
         self._base = CounterTracker(IB_COUNTER_SPECS)
         self._hw = CounterTracker(MLX5_HW_COUNTER_SPECS)
         self._names: dict[tuple[str, str], _Names] = {}
+        self._failures = FailureEpisodes(log, "ib_read_failed")
 
     @property
     def counter_resets(self) -> int:
@@ -122,12 +124,15 @@ class IbPoller:
         """Read every port's state, and its counters when ``counters`` says they are due."""
         mono = self._clock.monotonic()
         for port in ports:
+            key = (port.device, port.port)
             try:
                 downed = self._counters(port, result, mono, errors) if counters else None
                 self._state(port, result, now_ms, downed)
             except SourceError as exc:
                 errors["sysfs"] += 1
-                log.warning("ib_read_failed", device=port.device, port=port.port, error=str(exc))
+                self._failures.failed(key, str(exc), device=port.device, port=port.port)
+            else:
+                self._failures.succeeded(key, device=port.device, port=port.port)
 
     def _state(
         self,
