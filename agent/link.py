@@ -69,6 +69,19 @@ class ProtocolError(Exception):
     """The collector broke the contract (e.g. no Welcome after Hello)."""
 
 
+def _raise_if_cancelled() -> None:
+    """End the link when its task is being cancelled, whatever error the stream ended with.
+
+    gRPC can turn the cancellation of a task awaiting a call into an error of its own (the
+    call's CANCELLED, or InvalidStateError: 'RPC already finished'). Taken for a broken stream,
+    it made the link reconnect for ever, and an agent stopping (or a simulated crash) waited on
+    it: a CI run's agent restart hung for two minutes.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class CollectorLink:
     """Keeps one stream to a collector alive for as long as the agent runs."""
 
@@ -140,6 +153,7 @@ class CollectorLink:
             try:
                 await self._connect_once()
             except grpc.aio.AioRpcError as exc:
+                _raise_if_cancelled()
                 self.failures += 1
                 reason = STREAM_LOST if self._welcomed else CONNECT_FAILED
                 log.warning(
@@ -151,6 +165,7 @@ class CollectorLink:
             except Exception as exc:  # noqa: BLE001 - whatever broke this stream, reconnect
                 # e.g. ProtocolError, OSError, or asyncio.InvalidStateError when gRPC finished
                 # the call between our read and our write.
+                _raise_if_cancelled()
                 self.failures += 1
                 reason = self._reason(exc)
                 log.warning(

@@ -57,3 +57,34 @@ async def test_silent_collector_is_abandoned_and_retried(tmp_path: Path):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop(None)
+
+
+async def test_a_cancel_that_grpc_turns_into_its_own_error_still_ends_the_link():
+    """gRPC may answer the cancellation of a task awaiting a call with an error of its own
+    (InvalidStateError 'RPC already finished', or CANCELLED): the link must end, not retry."""
+    link = CollectorLink(
+        targets=["127.0.0.1:1"],
+        hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
+        outbox=Outbox("b"),
+        live=LiveSamples(),
+        clock=SystemClock(),
+        backoff=Backoff(0.01, 0.02),
+        intervals=Intervals(poll=1.0, heartbeat=1.0),
+    )
+    streaming = asyncio.Event()
+
+    async def stream_that_swallows_cancel() -> None:
+        streaming.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise asyncio.InvalidStateError("RPC already finished.") from None
+
+    link._connect_once = stream_that_swallows_cancel  # type: ignore[method-assign]
+    task = asyncio.create_task(link.run())
+    await asyncio.wait_for(streaming.wait(), 5)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done, "the link went on after its task was cancelled"
+    assert task.cancelled()
+    assert link.failures == 0
