@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent.exceptions import GpuLostError, SourceError
-from agent.failure_episodes import FailureEpisodes
 from agent.findings import PendingEvent, PollResult
 from agent.nvml_guard import NvmlHungError
 from agent.poll_ib import IbPoller
@@ -127,8 +126,6 @@ class Sampler:
         # and each GPU's polls in a row whose read failed (NVML answered an error, not GPU-lost).
         self._unidentified = 0
         self._read_failures: dict[str, int] = {}
-        # A GPU whose reads keep failing (NVML's Unknown Error) logs once, and once when it reads.
-        self._read_failed = FailureEpisodes(log, "gpu_read_failed")
         self._nvlink_prev: dict[tuple[str, int], bool] = {}
 
     def discover(self) -> NodeInventory:
@@ -413,10 +410,11 @@ class Sampler:
             self.source_errors["nvml"] += 1
             failures = self._read_failures[gpu.uuid] = self._read_failures.get(gpu.uuid, 0) + 1
             result.samples[Target.gpu(gpu.uuid), "nvml_read_failures"] = failures
-            self._read_failed.failed(gpu.uuid, str(reading), gpu_uuid=gpu.uuid)
+            if failures == 1:  # NVML's Unknown Error comes at every poll: logged once a spell
+                log.warning("gpu_read_failed", gpu_uuid=gpu.uuid, error=str(reading))
             return
-        self._read_failed.succeeded(gpu.uuid, gpu_uuid=gpu.uuid)
         if self._read_failures.pop(gpu.uuid, 0):  # read again: say so once (absent otherwise)
+            log.info("gpu_read_failed_ended", gpu_uuid=gpu.uuid)
             result.samples[Target.gpu(gpu.uuid), "nvml_read_failures"] = 0
         if gpu.uuid in self._lost:
             self._lost.discard(gpu.uuid)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from agent.sources.nvml import GpuIdentity, NvmlSource, load_pynvml  # noqa: E40
 from agent.sources.nvml_events import NvmlEventWatcher  # noqa: E402
 from agent.sources.nvml_probe import call_times_us, differences, probe  # noqa: E402
 from fleetwatch.clock import SystemClock  # noqa: E402
+from fleetwatch.testing import free_port  # noqa: E402
 
 CLI = [sys.executable, "-c", "import sys; from fleetwatch.cli import main; sys.exit(main())"]
 
@@ -290,20 +290,11 @@ def preflight_runners() -> dict[str, Any]:
     began = time.monotonic()
     out["host"] = [asdict(m) for m in copies.measure_host([0], 90.0)]
     out["host_s"] = round(time.monotonic() - began, 1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    group = Group("gpu-check", ("local",), 0, 1, "127.0.0.1", port, 64 << 20, 90.0)
+    group = Group("gpu-check", ("local",), 0, 1, "127.0.0.1", free_port(), 64 << 20, 90.0)
     began = time.monotonic()
     out["ladder_1gpu"] = asdict(TorchLadder().run(group, 20))
     out["ladder_s"] = round(time.monotonic() - began, 1)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def end_to_end(out_dir: Path, *, simulate: bool = False) -> dict[str, Any]:

@@ -142,6 +142,12 @@ class _Sweep:
 _READS_FLEET: Final = re.compile(r"\b(fleet|share_of_ports)\b")
 
 
+def rule_texts(rule: Rule) -> tuple[str, str]:
+    """What a rule's answer is computed from: its condition and its occurrence count ("")."""
+    counted = rule.escalation.occurrences if rule.escalation is not None else ""
+    return rule.when, counted or ""
+
+
 def _sample_windows(rules: RuleSet) -> dict[str, float]:
     """The longest window each counter signal is asked over, by any rule."""
     import re  # noqa: PLC0415
@@ -151,8 +157,7 @@ def _sample_windows(rules: RuleSet) -> dict[str, float]:
     windows: dict[str, float] = {}
     pattern = re.compile(r"""(?:increase|rate)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
     for rule in rules.rules:
-        counted = rule.escalation.occurrences if rule.escalation is not None else ""
-        for signal, window in pattern.findall(rule.when + " " + counted):
+        for signal, window in pattern.findall(" ".join(rule_texts(rule))):
             windows[signal] = max(windows.get(signal, 0.0), parse_duration(window))
     return windows
 
@@ -170,8 +175,7 @@ _INDEXES_SIGNALS: Final = re.compile(r"signals\s*\[")
 
 def rule_words(rule: Rule) -> frozenset[str]:
     """Every word of a rule's condition and of its occurrence count: the signals it can read."""
-    counted = rule.escalation.occurrences if rule.escalation is not None else ""
-    return frozenset(_WORD.findall(rule.when)) | frozenset(_WORD.findall(counted or ""))
+    return frozenset(word for text in rule_texts(rule) for word in _WORD.findall(text))
 
 
 def paced_signals(rules: RuleSet, watched: frozenset[str] | None) -> frozenset[str]:
@@ -195,10 +199,8 @@ def reads_named_signals(rule: Rule) -> bool:
     Never the whole map, and never by a computed key: then a signals map can be cut to the names
     the rule says.
     """
-    counted = rule.escalation.occurrences if rule.escalation is not None else ""
     return not any(
-        _WALKS_SIGNALS.search(text) or _INDEXES_SIGNALS.search(text)
-        for text in (rule.when, counted or "")
+        _WALKS_SIGNALS.search(text) or _INDEXES_SIGNALS.search(text) for text in rule_texts(rule)
     )
 
 
@@ -230,8 +232,7 @@ def watched_signals(rules: RuleSet) -> frozenset[str] | None:
     """
     words: set[str] = set(MODEL_SIGNALS)
     for rule in rules.rules:
-        counted = rule.escalation.occurrences if rule.escalation is not None else ""
-        for text in (rule.when, counted):
+        for text in rule_texts(rule):
             if _WALKS_SIGNALS.search(text):
                 return None
             words.update(_WORD.findall(text))

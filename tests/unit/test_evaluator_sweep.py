@@ -277,6 +277,17 @@ INSTANT_HOT = (
 )
 
 
+def one_gpu(rules: str) -> tuple[FakeClock, FleetModel, Evaluator, str]:
+    """A node of one GPU under ``rules``, its first sweep done: (clock, fleet, evaluator, uuid)."""
+    clock = FakeClock()
+    fleet = FleetModel()
+    fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+    ev = evaluator(rules, fleet, clock, 3600.0)
+    ev.tick()
+    (uuid,) = fleet.view()["n1"].gpus
+    return clock, fleet, ev, uuid
+
+
 class TestPacedSignals:
     """A signal read only by rules that must hold a minute or more is evaluated at a pace."""
 
@@ -287,12 +298,7 @@ class TestPacedSignals:
         assert "temperature_celsius" not in paced_signals(both, watched_signals(both))
 
     def test_a_temperature_moving_every_second_is_evaluated_every_five(self):
-        clock = FakeClock()
-        fleet = FleetModel()
-        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
-        ev = evaluator(SLOW_HOT, fleet, clock, 3600.0)
-        ev.tick()
-        (uuid,) = fleet.view()["n1"].gpus
+        clock, fleet, ev, uuid = one_gpu(SLOW_HOT)
         before = ev.evaluations
         for second in range(20):
             temp = 60.0 + second % 3
@@ -305,12 +311,7 @@ class TestPacedSignals:
         """Nothing held is lost: the last value of a pause is evaluated once it ends, though no
         sample follows it (an agent sends only changes). A target with an open incident is
         evaluated at every tick, paced or not."""
-        clock = FakeClock()
-        fleet = FleetModel()
-        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
-        ev = evaluator(SLOW_HOT, fleet, clock, 3600.0)
-        ev.tick()
-        (uuid,) = fleet.view()["n1"].gpus
+        clock, fleet, ev, uuid = one_gpu(SLOW_HOT)
         key = gpu_key("n1", fleet.view()["n1"].gpus[uuid].index)
 
         def temp(value: float) -> None:
@@ -340,12 +341,7 @@ class TestPacedSignals:
             "temperature_celsius > 90.0 && "
             "has(gpu.signals.power_watts) && gpu.signals.power_watts > 1.0",
         )
-        clock = FakeClock()
-        fleet = FleetModel()
-        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
-        ev = evaluator(rules, fleet, clock, 3600.0)
-        ev.tick()
-        (uuid,) = fleet.view()["n1"].gpus
+        clock, fleet, ev, uuid = one_gpu(rules)
         before = ev.evaluations
         gpu = Target.gpu(uuid)
         fleet.apply_samples(

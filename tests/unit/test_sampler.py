@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
 from agent.sampler import Sampler
@@ -275,6 +276,22 @@ class TestSamplerSysfsAndKernelLog:
         assert samples[gpu, "temperature_celsius"] == 77  # read every poll
         node.clock.advance(1.0)
         assert (await sampler.poll()).samples[gpu, "pcie_replay_count"] == 40
+
+    async def test_a_gpu_that_keeps_failing_its_reads_is_logged_once(
+        self, sampler: Sampler, node: SimNode
+    ):
+        """NVML's Unknown Error on every call: counted at every poll, logged once, and once
+        more when the GPU reads again."""
+        gpu = Target.gpu(node.gpus[1].uuid)
+        with capture_logs() as logs:
+            node.gpus[1].unknown_error = True
+            for _ in range(4):
+                last = await sampler.poll()
+            assert last.samples[gpu, "nvml_read_failures"] == 4
+            node.gpus[1].unknown_error = False
+            await sampler.poll()
+        events = [e["event"] for e in logs if e["event"].startswith("gpu_read_failed")]
+        assert events == ["gpu_read_failed", "gpu_read_failed_ended"]
 
     async def test_saturated_counter_is_flagged(self, sampler: Sampler, node: SimNode):
         """A 16-bit error counter stuck at its top is flagged, its rate not faked as zero."""
