@@ -455,17 +455,18 @@ class Dispatcher:
         rule: Rule,
         actions: tuple[ActionSpec, ...],
         *,
-        recurred: bool = False,
+        escalation: bool = False,
     ) -> None:
         """Run the firing incident's actions, one after another, each journaled twice.
 
         A GPU reset that fails escalates at once: the rule's escalation actions run for this
         incident (a reset that cannot help is no reason to wait for the fault to come back).
-        ``recurred``: the fault came back while the incident fired and escalated it; these are
-        the escalation's actions, journaled as ``escalated_<action>`` (as a failed reset's are,
-        so an incident runs each escalation action once, whichever way it escalated).
+        ``escalation``: these are the escalation's actions (the incident fired escalated, or the
+        fault came back while it fired and escalated it), journaled as ``escalated_<action>``
+        (as a failed reset's are, so an incident runs each escalation action once, whichever
+        way it escalated).
         """
-        if recurred:
+        if escalation:
             await self._fire(incident, rule, _expand(actions), prefix="escalated_")
             return
         failed_reset = await self._fire(incident, rule, _expand(actions))
@@ -504,8 +505,10 @@ class Dispatcher:
             finally:
                 if busy is not None:
                     busy.discard(where)
-            if not new:
-                continue  # this action of this incident was decided before: never twice
+            if not new:  # this action of this incident was decided before: never twice
+                if spec.name == "reset_gpu" and await self._reset_failed(incident, action_id):
+                    failed_reset = True  # a crash cut its escalation short: hand that on
+                continue
             if state != "planned":
                 if state == "deferred":
                     self.deferred += 1
@@ -515,6 +518,11 @@ class Dispatcher:
             outcome = await self._run_journaled(action_id, incident, rule, spec, name)
             failed_reset |= spec.name == "reset_gpu" and not outcome.ok and not outcome.retry
         return failed_reset
+
+    async def _reset_failed(self, incident: IncidentRow, action_id: int) -> bool:
+        """Whether the journaled reset ``action_id`` ended failed or refused for good."""
+        rows = await self._journal.do(lambda s: s.incidents.actions(node=incident.node))
+        return any(r.id == action_id and r.state in ("failed", "refused") for r in rows)
 
     def _busy_set(self, spec: ActionSpec) -> set[str] | None:
         """Where an action of this kind marks what it is working on, if anywhere."""

@@ -480,9 +480,11 @@ class Evaluator:
             touched=touched,
         )
         outcomes: list[Outcome] = []
+        nodes = self.fleet.view()
         for node, key, _scope, rules, data in self._targets(sweep):
+            waiting = not nodes[node].reported
             for rule in rules:
-                outcomes += self._evaluate(rule, node, key, data, now)
+                outcomes += self._evaluate(rule, node, key, data, now, waiting=waiting)
         if urgent:
             return outcomes
         if self.jobs is not None:
@@ -522,14 +524,24 @@ class Evaluator:
         self._whole_next -= whole
         return whole
 
-    def _evaluate(
+    def _evaluate(  # noqa: PLR0913 - a target's rule, its data, and whether it has any yet
         self,
         rule: Rule,
         node: str,
         key: str,
         data: dict[str, Any],
         now: float,
+        *,
+        waiting: bool = False,
     ) -> list[Outcome]:
+        """Evaluate ``rule`` on one target and let the engine move its incident.
+
+        ``waiting``: the target's node has sent no Report since its Hello or since this
+        collector took it back from the journal, so its model holds no readings yet. A rule
+        that does not hold there changes nothing: an incident open on it is neither resolved
+        nor its ``for`` restarted by the want of data (it would fire again, with new actions,
+        a second later when the first Report came in).
+        """
         self.evaluations += 1
         context: TargetContext = _Context(self, key, now)
         view = cel_view(data, self._reads[rule.name], cut_signals=self._cut_signals[rule.name])
@@ -540,6 +552,8 @@ class Evaluator:
                 log.warning(
                     "rule_evaluation_failed", rule=rule.name, target=key, error=error, count=count
                 )
+        if waiting and not holds:
+            return []
         occurrences = None
         counted = self._occurrences.get(rule.name)
         if counted is not None and (holds or self.engine.get(rule.name, key) is not None):

@@ -151,6 +151,7 @@ class _Run:
                 boot_id="rule-test",
             )
             self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
+            self.fleet.apply_report(name, pb.Report())  # an agent's first Report follows
         self.evaluator = Evaluator(
             rules=load_rules(rule_paths, builtin=builtin),
             fleet=self.fleet,

@@ -46,12 +46,13 @@ class ActionSink(Protocol):
         rule: Rule,
         actions: tuple[ActionSpec, ...],
         *,
-        recurred: bool = False,
+        escalation: bool = False,
     ) -> None:
         """Run (or journal as skipped) a firing incident's actions.
 
-        ``recurred``: the fault recurred while the incident fired and escalated it; the
-        actions are its escalation's, journaled as ``escalated_<action>``.
+        ``escalation``: the actions are the rule's escalation's (the incident fired escalated,
+        or the fault recurred while it fired and escalated it), journaled as
+        ``escalated_<action>`` whichever way it escalated.
         """
         ...
 
@@ -192,15 +193,19 @@ class IncidentService:
         actions (or between two of them), and the engine does not fire a restored incident
         again. The sink journals each action under its idempotency key first and runs only
         the keys it finds new, so actions already journaled are not repeated: those cut short
-        are settled by the sink's own start. An escalated incident is not handed on: which of
-        its actions ran under which name depends on how it escalated, and the sink settles those
-        it journaled.
+        are settled by the sink's own start. An escalated incident is handed its escalation's
+        actions (journaled as ``escalated_<action>`` however it escalated); the rule's own
+        actions of an incident that escalated later were handed on when it was not yet.
         """
         rule = self.evaluator.engine.rules[incident.rule]
-        if self.sink is None or incident.escalated or not rule.actions:
+        if self.sink is None:
+            return
+        escalation = incident.escalated and rule.escalation is not None
+        actions = rule.escalation.actions if escalation and rule.escalation else rule.actions
+        if not actions:
             return
         row = self._row(incident, rule, self.evaluator.verdict(incident, rule))
-        self._act(row.id, self.sink.fire(row, rule, rule.actions))
+        self._act(row.id, self.sink.fire(row, rule, actions, escalation=escalation))
 
     async def reload_silences(self) -> None:
         """Read the silences again (after one was added or removed)."""
@@ -365,7 +370,7 @@ class IncidentService:
             )
             if self.sink is not None and outcome.transition.actions:
                 self._act(
-                    row.id, self.sink.fire(row, rule, outcome.transition.actions, recurred=True)
+                    row.id, self.sink.fire(row, rule, outcome.transition.actions, escalation=True)
                 )
         elif incident.phase == Phase.FIRING:
             log.warning(
@@ -378,7 +383,12 @@ class IncidentService:
                 silenced_by=verdict.silenced_by,
             )
             if self.sink is not None:
-                self._act(row.id, self.sink.fire(row, rule, outcome.transition.actions))
+                self._act(
+                    row.id,
+                    self.sink.fire(
+                        row, rule, outcome.transition.actions, escalation=incident.escalated
+                    ),
+                )
         elif incident.phase == Phase.RESOLVED:
             log.info(event, rule=rule.name, target=incident.target)
             if self.sink is not None:

@@ -256,6 +256,7 @@ class FleetModel:
         resets = 0
         with self._lock:
             node = self._nodes[name]
+            node.reported = True
             slots = self._slots[name]
             by_key, all_values = slots.by_key, slots.values
             traits = self._traits

@@ -123,6 +123,7 @@ class NodeState:
     ports: dict[tuple[str, int], PortState] = field(default_factory=dict)
     connected: bool = False
     reachable: bool = True
+    reported: bool = False  # a Report since its Hello (or its restore from the journal)
     last_seen_mono: float = 0.0
     last_seen_unix: float = 0.0
     events: Counter[str] = field(default_factory=Counter)
@@ -145,6 +146,7 @@ class NodeState:
             {key: port.copy() for key, port in self.ports.items()},
             self.connected,
             self.reachable,
+            self.reported,
             self.last_seen_mono,
             self.last_seen_unix,
             Counter(self.events),

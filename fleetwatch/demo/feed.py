@@ -69,16 +69,16 @@ class IncidentFeed:
         rule: Rule,
         actions: tuple[ActionSpec, ...],
         *,
-        recurred: bool = False,
+        escalation: bool = False,
     ) -> None:
         """Let the dispatcher run the actions, then note the firing and their outcomes."""
         self._acting += 1
         try:
             if self._inner is not None:
-                await self._inner.fire(incident, rule, actions, recurred=recurred)
+                await self._inner.fire(incident, rule, actions, escalation=escalation)
         finally:
             self._acting -= 1
-        await self._show("RECURRED" if recurred else "FIRING", incident)
+        await self._show("ESCALATED" if escalation else "FIRING", incident)
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Let the dispatcher undo what it should, then note the resolution."""

@@ -7,6 +7,10 @@ spot, as the OOM killer or a power cut would end it, the first time STEP is reac
 
 * ``event``: an Xid event's row has just been committed (the agent has no ack yet);
 * ``incident``: an incident has just been journaled as firing (its actions not yet);
+* ``escalated``: a firing incident has just been journaled as escalated (its escalation's
+  actions not yet);
+* ``reset_failed``: a GPU reset's failure has just been journaled (the escalation it calls
+  for not yet);
 * ``action``: a ``notify`` action has just been journaled as planned (nothing sent yet);
 * ``answered``: the webhook answered a ``notify``, its outcome not yet journaled;
 * ``outcome``: a ``notify``'s outcome has just been journaled;
@@ -34,7 +38,16 @@ if TYPE_CHECKING:
     from collector.store.events import EventRow
     from collector.store.incidents import ActionRow, IncidentRow
 
-STEPS: Final = ("event", "incident", "action", "answered", "outcome", "deferred")
+STEPS: Final = (
+    "event",
+    "incident",
+    "escalated",
+    "action",
+    "answered",
+    "outcome",
+    "reset_failed",
+    "deferred",
+)
 
 
 def _die() -> None:
@@ -53,6 +66,7 @@ class Crash:
             raise SystemExit(msg)
         self.step = step
         self.notify_ids: set[int] = set()
+        self.reset_ids: set[int] = set()
 
     def at(self, step: str) -> None:
         """Die here when this is the chosen step."""
@@ -77,9 +91,13 @@ class Crash:
             upsert_incident(store, row)
             if row.phase == "firing":
                 crash.at("incident")
+                if row.escalated:
+                    crash.at("escalated")
 
         def action(store: IncidentStore, row: ActionRow) -> tuple[int, bool]:
             action_id, new = add_action(store, row)
+            if row.action == "reset_gpu":
+                crash.reset_ids.add(action_id)
             if row.action == "notify":
                 crash.notify_ids.add(action_id)
                 if new:
@@ -95,6 +113,8 @@ class Crash:
             finish_action(store, action_id, state, detail, finished_ms)
             if answered:
                 crash.at("outcome")
+            if action_id in crash.reset_ids and state == "failed":
+                crash.at("reset_failed")
             if state == "deferred" and detail.startswith("collector restarted"):
                 crash.at("deferred")
 

@@ -40,10 +40,17 @@ class Capturing(Evaluator):
         self.seen: list[tuple[Rule, str, dict[str, Any]]] = []
 
     def _evaluate(
-        self, rule: Rule, node: str, key: str, data: dict[str, Any], now: float
+        self,
+        rule: Rule,
+        node: str,
+        key: str,
+        data: dict[str, Any],
+        now: float,
+        *,
+        waiting: bool = False,
     ) -> list[Outcome]:
         self.seen.append((rule, key, data))
-        return super()._evaluate(rule, node, key, data, now)
+        return super()._evaluate(rule, node, key, data, now, waiting=waiting)
 
 
 def signal_words(rules: list[Rule]) -> list[str]:

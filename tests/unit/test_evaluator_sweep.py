@@ -353,3 +353,41 @@ class TestPacedSignals:
         clock.advance(6.0)
         ev.tick()  # nothing was held: nothing more to evaluate
         assert ev.evaluations == before + 1
+
+
+class TestNodesWithoutReadings:
+    """A node restored from the journal, or that said Hello again, holds no readings until its
+    first Report: an incident open on it is not resolved by the want of data."""
+
+    def test_an_open_incident_waits_for_the_first_report_before_it_resolves(self):
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 0.0, 0.0)
+        ev = evaluator(HOT, fleet, clock, 1.0)
+        (uuid,) = fleet.view()["n1"].gpus
+        fleet.apply_samples("n1", [sample_to_pb(Target.gpu(uuid), "temperature_celsius", 95.0)])
+        ev.tick()
+        assert [(i.rule, i.phase) for i in ev.engine.open_incidents()] == [("hot", Phase.FIRING)]
+
+        fleet.on_hello(made_up_hello("n1", gpus=1, ib_ports=0), 1.0, 0.0)  # it reconnects
+        for _ in range(3):
+            clock.advance(1.0)
+            assert ev.tick() == []  # evaluated, but nothing read yet: still firing
+        assert [i.phase for i in ev.engine.open_incidents()] == [Phase.FIRING]
+
+        fleet.apply_samples("n1", [sample_to_pb(Target.gpu(uuid), "temperature_celsius", 60.0)])
+        clock.advance(1.0)
+        resolved = [o.transition.incident for o in ev.tick()]
+        assert [(i.rule, i.phase) for i in resolved] == [("hot", Phase.RESOLVED)]
+
+    def test_a_rule_that_holds_still_fires_on_a_node_without_readings(self):
+        """A node taken back from the journal that never reconnects is still seen: a rule
+        about its liveness holds without a Report."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        fleet.restore(made_up_hello("n1", gpus=0, ib_ports=0), reachable=False, mono=0.0, unix=0.0)
+        ev = evaluator(RULES, fleet, clock, 1.0)
+        ev.tick()
+        assert [(i.rule, i.phase) for i in ev.engine.open_incidents()] == [
+            ("any_node", Phase.FIRING)
+        ]

@@ -1,0 +1,182 @@
+"""An escalation's drain arrives exactly once, whichever way the incident escalated, when the
+collector is killed between the escalation and its actions.
+
+As in ``test_action_crash.py``: the collector is a real process that SIGKILLs itself at one
+journal step (``crashing_collector.py``), is started again on the same journal, and a real
+receiver counts the signed webhooks. Three ways to escalate:
+
+* ``at_once``: the fault fires, resolves and fires again within the escalation's window, so
+  the second incident fires escalated; killed once that firing is journaled, before its drain
+  is;
+* ``recurred``: the fault comes back while the incident fires; killed once the escalation is
+  journaled, before its drain is;
+* ``reset_failed``: the rule's GPU reset fails, which escalates at once; killed once the
+  failure is journaled, before the drain it calls for is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import TYPE_CHECKING
+
+import pytest
+
+from agent.sim.cluster import SimCluster
+from fleetwatch.clock import SystemClock
+from fleetwatch.testing import free_port, wait_until
+from fleetwatch.webhook_receiver import WebhookReceiver
+from tests.integration.test_action_crash import died, journal, start
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from agent.sim.hardware import SimNode
+
+pytestmark = pytest.mark.integration
+
+SECRET = b"escalation-crash-secret"
+NODE = "node-1"
+
+RULES = {
+    "at_once": """\
+version: 1
+rules:
+  - name: xid_seen
+    scope: gpu
+    when: 'events("xid", "3s") > 0'
+    severity: critical
+    actions: [notify]
+    escalate: {after: 2, within: 1h, actions: [drain_node]}
+""",
+    "recurred": """\
+version: 1
+rules:
+  - name: dbe_seen
+    scope: gpu
+    when: 'increase("ecc_dbe_aggregate_total", "24h") > 0.0'
+    keep_firing_for: 1h
+    severity: critical
+    actions: [notify]
+    escalate:
+      after: 2
+      within: 7d
+      occurrences: 'gpu.signals.ecc_dbe_aggregate_total'
+      actions: [drain_node]
+""",
+    "reset_failed": """\
+version: 1
+rules:
+  - name: link_down
+    scope: gpu
+    when: 'gpu.nvlinks_down > 0'
+    severity: critical
+    actions: [reset_gpu]
+    escalate: {after: 3, within: 1h, actions: [drain_node]}
+""",
+}
+STEP = {"at_once": "escalated", "recurred": "escalated", "reset_failed": "reset_failed"}
+
+
+def write_config(tmp_path: Path, port: int, receiver_url: str, rules: str) -> Path:
+    secret = tmp_path / "webhook.secret"
+    secret.write_bytes(SECRET + b"\n")
+    rule_file = tmp_path / "rules.yaml"
+    rule_file.write_text(rules)
+    cfg = tmp_path / "collector.toml"
+    cfg.write_text(
+        f"""\
+[collector]
+listen = "127.0.0.1:{port}"
+http = "127.0.0.1:0"
+journal = "{tmp_path / "journal.db"}"
+rules = ["{rule_file}"]
+rules_interval = 0.2
+
+[collector.actions]
+max_drained_share = 1.0
+
+[collector.actions.drain_webhook]
+url = "{receiver_url}/drain"
+secret_file = "{secret}"
+
+[collector.actions.notify.default]
+url = "{receiver_url}/notify"
+secret_file = "{secret}"
+"""
+    )
+    return cfg
+
+
+async def cause(way: str, node: SimNode, receiver: WebhookReceiver, tmp_path: Path) -> None:
+    """Make the node's GPU 0 escalate ``way``."""
+    if way == "at_once":
+        node.xid(0, 13, "escalation crash test")
+        await wait_until(
+            lambda: bool(journal(tmp_path, "SELECT 1 FROM incidents WHERE phase = 'resolved'")),
+            60,
+            "the first incident resolved",
+        )
+        node.xid(0, 13, "escalation crash test, again")
+    elif way == "recurred":
+        node.ecc_errors(0, dbe=1)
+        await wait_until(lambda: bool(receiver.deliveries()), 60, "the first notification")
+        node.ecc_errors(0, dbe=1)
+    else:
+        node.gpus[0].reset_fails = True
+        node.nvlink_down(0, 0)
+
+
+@pytest.mark.parametrize("way", list(RULES))
+async def test_the_escalations_drain_arrives_once_after_a_crash(tmp_path: Path, way: str):
+    receiver = WebhookReceiver(clock=SystemClock(), secret=SECRET)
+    receiver.start()
+    port, log = free_port(), tmp_path / "collector.log"
+    cfg = write_config(tmp_path, port, receiver.url, RULES[way])
+    procs = [start(STEP[way], cfg, log)]
+    cluster = SimCluster(
+        [NODE],
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{port}",
+        poll_interval=0.05,
+        heartbeat_interval=0.5,
+        backoff_initial=0.05,
+        backoff_max=0.3,
+    )
+    cluster.start()
+
+    def drains() -> list[str]:
+        hooks = receiver.deliveries()
+        return [d.body["payload"]["node"] for d in hooks if d.body["kind"] == "drain_request"]
+
+    try:
+        await wait_until(lambda: cluster.agents[NODE].link.connected, 60, "the agent connected")
+        await cause(way, cluster.nodes[NODE], receiver, tmp_path)
+        await wait_until(lambda: died(procs[0]), 60, f"the collector died at {STEP[way]}")
+        assert procs[0].returncode == -signal.SIGKILL, log.read_text()[-2000:]
+        assert drains() == []  # killed before the escalation's drain was journaled
+        procs.append(start(None, cfg, log))
+        await wait_until(lambda: bool(drains()), 60, "the escalation's drain after the restart")
+        # the restarted collector's ticks go on: nothing is handed on a second time
+        await wait_until(
+            lambda: bool(journal(tmp_path, "SELECT 1 FROM actions WHERE state = 'succeeded'")),
+            30,
+            "the drain's outcome journaled",
+        )
+        await asyncio.sleep(1.0)
+    finally:
+        await cluster.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+        receiver.stop()
+
+    assert drains() == [NODE]
+    escalated = journal(
+        tmp_path, "SELECT action, state FROM actions WHERE action LIKE 'escalated_%' ORDER BY id"
+    )
+    assert escalated == [("escalated_drain_node", "succeeded")], escalated
+    notes = [d for d in receiver.deliveries() if d.body["kind"] == "notification"]
+    assert len(notes) == (0 if way == "reset_failed" else 1), notes  # the rule's own, once
