@@ -23,3 +23,10 @@ class TestBuiltinRuleCount:
         stated = [int(n) for n in BUILTIN_COUNT.findall(DOC.read_text(encoding="utf-8"))]
         assert len(stated) >= 2, "docs/rules.md no longer states the count as this test expects"
         assert [loaded] * len(stated) == stated
+
+    def test_the_config_check_example_counts_them_too(self):
+        """docs/deploy.md shows `fleetwatch config check`'s line, with the built-in count."""
+        text = (DOC.parent / "deploy.md").read_text(encoding="utf-8")
+        stated = [int(n) for n in re.findall(r"(\d+) rules \(built-in\)", text)]
+        assert stated, "docs/deploy.md no longer shows config check's count"
+        assert stated == [len(load_rules().rules)] * len(stated)
