@@ -1,4 +1,4 @@
-"""No two modules of ours import each other, directly or round a loop (docs/architecture.md).
+"""No two modules of ours import each other, directly or round a loop (docs/decisions.md).
 
 Imports under ``TYPE_CHECKING`` and inside functions count too: a loop there still means two
 modules that cannot be understood (or moved) one without the other.
