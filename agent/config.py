@@ -46,6 +46,9 @@ class AgentConfig:
     udev: bool = True
     nvml_events: bool = True  # Xid events from NVML, besides the kernel log
     counter_interval: float = 30.0  # IB counters (firmware queries) and PCIe AER/link files
+    # A GPU's temperature, power, utilisation and SM clock travel at most this often (each
+    # series; 0: at every change); states and error counters always at the next report.
+    gauge_interval: float = 5.0
     # Self limits (docs/signals.md): NVML work waits this long before the poll goes on without
     # it; above this RSS the agent sheds held step reports (0: off); polls costing more CPU than
     # this share of the poll interval stretch the interval (0: off).
@@ -92,6 +95,7 @@ class AgentConfig:
             "nvml_call_timeout",
         ):
             check_number(getattr(self, key), key, ConfigError)
+        check_number(self.gauge_interval, "gauge_interval", ConfigError, inclusive=True)
         _check_self_limits(self)
         bmc: object = self.bmc  # a TOML table, to check and convert
         if bmc is not None and not isinstance(bmc, BmcConfig):

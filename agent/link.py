@@ -343,8 +343,12 @@ class CollectorLink:
                 await self._write(call, lock, pb.AgentMessage(report=report))
                 last_write = self._clock.monotonic()
                 first_report = False
-            wait = self.intervals.heartbeat - (self._clock.monotonic() - last_write)
-            # until a poll changed something or the next heartbeat is due
+            now = self._clock.monotonic()
+            wait = self.intervals.heartbeat - (now - last_write)
+            held = self._live.next_due()  # a gauge held back by its pace
+            if held is not None:
+                wait = min(wait, held - now)
+            # until a poll changed something, a held gauge or the next heartbeat is due
             await wait_for_event(self._live.changed, max(wait, 0.0), self._clock)
 
     async def _send_job_steps(self, call: Call, lock: asyncio.Lock) -> None:

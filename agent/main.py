@@ -176,7 +176,7 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     if cfg.state_dir is not None:
         spool = Spool(cfg.state_dir / "spool", hardware.boot_id, fsync=hardware.fsync)
     outbox = Outbox(hardware.boot_id, spool=spool, budget=budget)
-    live = LiveSamples()
+    live = LiveSamples(cfg.gauge_interval, clock.monotonic)
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
     commands = CommandRunner(sampler, hardware.gpu_reset)
     jobs = None

@@ -69,8 +69,12 @@ class SimCluster:
         state_dir: Path | None = None,
         nvml_call_timeout: float = 5.0,
         preflight: RunnersFor | None = None,
+        gauge_interval: float | None = None,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
+
+        Time is compressed here as in the tests: the counters are read every poll of a second or
+        more, and a GPU's gauges travel as often (``gauge_interval`` None), unless told.
 
         Each agent listens for step reports at ``job_socket_dir/<node>.sock`` (``root`` by
         default; a Unix socket path must stay under 108 bytes) and keeps its state (the outbox
@@ -89,6 +93,7 @@ class SimCluster:
         self.fds = FdBudget(256)
         self._preflight = preflight
         self.job_sockets: dict[str, Path] = {}
+        gauge = max(poll_interval, 1.0) if gauge_interval is None else gauge_interval
         for name in names:
             node = SimNode(name, root / name / "sys", clock)
             self.job_sockets[name] = (job_socket_dir or root) / f"{name}.sock"
@@ -104,6 +109,7 @@ class SimCluster:
                 backoff_initial=backoff_initial,
                 backoff_max=backoff_max,
                 counter_interval=max(poll_interval, 1.0),
+                gauge_interval=gauge,
                 state_dir=None if state_dir is None else state_dir / name,
                 job_socket=self.job_sockets[name],
                 nvml_call_timeout=nvml_call_timeout,

@@ -147,7 +147,9 @@ def fault_nodes() -> dict[str, str]:
     return {f"rec-fault-{i}": name for i, name in enumerate(FAULTS)}
 
 
-async def record(seconds: float, speed: float, workdir: Path) -> tuple[Tape, dict[str, int]]:
+async def record(
+    seconds: float, speed: float, workdir: Path, gauge_interval: float
+) -> tuple[Tape, dict[str, int]]:
     clock = FastClock(speed)
     tape = Tape(clock)
     server = grpc.aio.server()
@@ -166,6 +168,7 @@ async def record(seconds: float, speed: float, workdir: Path) -> tuple[Tape, dic
         f"127.0.0.1:{port}",
         poll_interval=POLL_S,
         heartbeat_interval=POLL_S,
+        gauge_interval=gauge_interval,
     )
     production = AgentConfig(node=BUSY, state_dir=None, job_socket=None)
     for agent in cluster.agents.values():
@@ -288,17 +291,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=66.0, help="agent seconds to record")
     parser.add_argument("--speed", type=float, default=4.0, help="agent clock speed-up")
+    parser.add_argument(
+        "--gauge-interval",
+        type=float,
+        default=AgentConfig(node="x", state_dir=None).gauge_interval,
+        help="the agents' gauge_interval (default the production one; 0: every change travels)",
+    )
     args = parser.parse_args()
     configure_logging("warning", "json")
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleetwatch-record-") as tmp:
-        tape, gpus = asyncio.run(record(args.seconds, args.speed, Path(tmp)))
+        tape, gpus = asyncio.run(record(args.seconds, args.speed, Path(tmp), args.gauge_interval))
     meta = {
         "agent_seconds": args.seconds,
         "speed": args.speed,
         "poll_interval_s": POLL_S,
         "heartbeat_interval_s": POLL_S,
         "counter_interval_s": AgentConfig(node="x", state_dir=None).counter_interval,
+        "gauge_interval_s": args.gauge_interval,
         "record_wall_s": round(time.monotonic() - began, 1),
     }
     rec = build(tape, gpus, meta)

@@ -12,6 +12,7 @@ from agent.intervals import Intervals
 from agent.link import CollectorLink
 from agent.outbox import Outbox
 from fleetwatch.clock import SystemClock
+from fleetwatch.model import Target
 from fleetwatch.testing import wait_until
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -88,3 +89,61 @@ async def test_a_cancel_that_grpc_turns_into_its_own_error_still_ends_the_link()
     assert done, "the link went on after its task was cancelled"
     assert task.cancelled()
     assert link.failures == 0
+
+
+async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change():
+    """A GPU's temperature that moved once, right after it travelled, is held back by
+    gauge_interval; the sender wakes for it when it is due, though nothing else changes."""
+    reports: list[tuple[float, dict[str, float]]] = []
+    clock = SystemClock()
+
+    async def collector(requests: object, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        await context.read()  # the Hello
+        await context.write(pb.CollectorMessage(welcome=pb.Welcome(collector_version="t")))
+        while isinstance(msg := await context.read(), pb.AgentMessage):
+            if msg.WhichOneof("body") == "report":
+                values = {s.signal: s.int_value or s.real_value for s in msg.report.samples}
+                reports.append((clock.monotonic(), values))
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        settings.SERVICE_NAME,
+        {
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                collector,
+                request_deserializer=pb.AgentMessage.FromString,
+                response_serializer=pb.CollectorMessage.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    gpu = Target.gpu("GPU-00000000-0000")
+    live = LiveSamples(0.6, clock.monotonic)
+    live.update({(gpu, "temperature_celsius"): 60})
+    link = CollectorLink(
+        targets=[f"127.0.0.1:{port}"],
+        hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
+        outbox=Outbox("b"),
+        live=live,
+        clock=clock,
+        backoff=Backoff(0.05, 0.1),
+        intervals=Intervals(poll=1.0, heartbeat=30.0),
+    )
+    task = asyncio.create_task(link.run())
+    try:
+        await wait_until(lambda: bool(reports), timeout=10, what="the first report")
+        first_at = reports[0][0]
+        live.update({(gpu, "temperature_celsius"): 75})  # moved at once: held
+        await wait_until(
+            lambda: any(v.get("temperature_celsius") == 75 for _, v in reports),
+            timeout=5,
+            what="the held temperature",
+        )
+        at = next(t for t, v in reports if v.get("temperature_celsius") == 75)
+        assert 0.5 <= at - first_at < 1.5, at - first_at  # at its pace, not the heartbeat's 30 s
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)

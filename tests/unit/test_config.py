@@ -23,6 +23,7 @@ class TestAgentConfig:
             ("[agent]\npoll_intervl = 2\n", "unknown key.*poll_intervl"),
             ('[agent]\npoll_interval = "fast"\n', "poll_interval must be a number"),
             ("[agent]\nheartbeat_interval = -1\n", "heartbeat_interval"),
+            ("[agent]\ngauge_interval = -1\n", "gauge_interval must be a number >= 0"),
             ('[agent]\ncollector = "nohost"\n', "host:port"),
             ('[agent]\ngpu_reset = "false"\n', "gpu_reset must be true or false"),
             ("[agent\n", "invalid TOML"),
@@ -147,6 +148,7 @@ class TestShippedConfigs:
         agent = load_agent_config(root / "agent.toml", {})
         assert agent.collector == "collector.example.internal:7070"
         assert agent.counter_interval == 30.0
+        assert agent.gauge_interval == 5.0
         collector = load_collector_config(root / "collector.toml", {})
         assert collector.listen == "0.0.0.0:7070"
         assert collector.missed_heartbeats == 3
