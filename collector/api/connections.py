@@ -190,6 +190,10 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     """A thread per connection, with :class:`ConnectionLimits` on how many and how slow."""
 
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): Prometheus opens a connection per shard
+    # target, hundreds within a scrape interval, and a full backlog makes the kernel drop SYNs
+    # (retried a second later, then three) instead of queueing them for a thread.
+    request_queue_size = 1024
 
     def __init__(
         self,

@@ -1066,7 +1066,8 @@ _INGEST = _specs(
             (*NODE, "budget"),
             (
                 "Time the collector stopped reading the node's stream because the node was over "
-                "its budget (events or samples per second); what waited stayed with its agent."
+                "its budget (events or samples per second); what waited stayed with its agent. "
+                "Only nodes ever held back or coalesced, at most the 500 most held back."
             ),
         ),
         (
@@ -1074,7 +1075,10 @@ _INGEST = _specs(
             "counter",
             "",
             NODE,
-            "Events of the node journaled as part of one row for a flood of alike events.",
+            (
+                "Events of the node journaled as part of one row for a flood of alike events "
+                "(the nodes of fleetwatch_node_ingest_throttled_seconds_total)."
+            ),
         ),
         (
             "fleetwatch_collector_ingest_throttled_total",

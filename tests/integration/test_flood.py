@@ -168,10 +168,11 @@ async def test_a_flood_is_throttled_and_coalesced_and_slows_no_other_node(collec
     assert flooder.written > 2 * flooder.acked
     m = ingest_metrics(collector)
     assert m["fleetwatch_node_ingest_throttled_seconds_total", ("events", FLOODER)] > 1.0
-    assert m["fleetwatch_node_ingest_throttled_seconds_total", ("events", "node-1")] == 0.0
+    # a node never held back has no per-node series (the fleet target stays bounded)
+    assert ("events", "node-1") not in {k[1] for k in m if k[0].startswith("fleetwatch_node_")}
     coalesced = collector.stats.events_coalesced
     assert m["fleetwatch_node_events_coalesced_total", (FLOODER,)] == coalesced > 0
-    assert m["fleetwatch_node_events_coalesced_total", ("node-1",)] == 0.0
+    assert ("fleetwatch_node_events_coalesced_total", ("node-1",)) not in m
     assert m["fleetwatch_collector_ingest_throttled_total", ("events",)] > 0
     # Its impossible values were refused one by one, and the report's good sample taken.
     assert m["fleetwatch_collector_samples_rejected_total", ("out_of_range",)] == 1
