@@ -124,6 +124,48 @@ class _Context:
         return hot / total if total else 0.0
 
 
+class _StillContext:
+    """The window functions of a target whose windows hold nothing that moves: all zero.
+
+    A target the history does not call :meth:`~collector.model.history.History.moving` has every
+    event older than the event window and every counter step older than its signal's window.
+    """
+
+    def events(self, kind: str, window_s: float) -> int:
+        del kind, window_s
+        return 0
+
+    def xids(self, window_s: float) -> list[dict[str, Any]]:
+        del window_s
+        return []
+
+    def increase(self, signal: str, window_s: float) -> float:
+        del signal, window_s
+        return 0.0
+
+    def share_of_ports(self, signal: str, above: float) -> float:
+        del signal, above
+        return 0.0
+
+
+# A window function call with literal arguments: what a condition of windows alone is made of.
+_WINDOW_CALL: Final = re.compile(
+    r"""\b(?:rate|increase|events|xids)\(\s*["'][^"']*["']\s*(?:,\s*["'][^"']*["']\s*)?\)"""
+)
+# What may remain of such a condition once its window calls are taken out: numbers, operators.
+_ONLY_ARITHMETIC: Final = re.compile(r"[\s\d.eE<>=!&|()+\-*/%]*")
+
+
+def reads_windows_only(rule: Rule) -> bool:
+    """Whether the rule's condition reads nothing but window functions of its target.
+
+    Such a condition answers the same on every target whose windows are still (no event and no
+    counter step inside them): ``rate("nvlink_crc_errors", "5m") > 100.0`` is one.
+    """
+    rest = _WINDOW_CALL.sub(" 0 ", rule.when)
+    return rest != rule.when and _ONLY_ARITHMETIC.fullmatch(rest) is not None
+
+
 @dataclass(slots=True)
 class _Sweep:
     """One tick's targets and the data maps built for them (each built once)."""
@@ -282,6 +324,12 @@ class Evaluator:
             scope: tuple(r for r in self._by_scope[scope] if _READS_FLEET.search(r.when))
             for scope in Scope
         }
+        # Rules a node's Hello evaluates on a target whose windows are still: all but those of
+        # windows alone that do not hold with every window at zero (they cannot hold there).
+        self._hello_rules = {
+            scope: tuple(r for r in self._by_scope[scope] if not self._never_when_still(r))
+            for scope in Scope
+        }
         self._fleet_nodes: dict[str, Any] | None = None  # the fleet counts of the last tick
         self._whole_next: set[str] = set()  # nodes whose inventory changed
         self._last_tick: float | None = None
@@ -303,6 +351,13 @@ class Evaluator:
         self.jobs: JobBook | None = None
         if jobs is not None:
             self.attach_jobs(jobs)
+
+    def _never_when_still(self, rule: Rule) -> bool:
+        """Whether ``rule`` reads windows alone and does not hold while they are all zero."""
+        if not reads_windows_only(rule):
+            return False
+        holds, error = self.env.evaluate(self._compiled[rule.name], {}, _StillContext())
+        return error is None and not holds
 
     def attach_jobs(self, jobs: JobBook) -> None:
         """Take job and rank variables from ``jobs``, and lend it the windows' history."""
@@ -723,9 +778,18 @@ class Evaluator:
     def _rules_for(
         self, sweep: _Sweep, name: str, key: str, scope: Scope, *, ranked: bool = False
     ) -> tuple[Rule, ...]:
-        """The rules to evaluate on one target this tick (often none)."""
-        if name in sweep.whole or (name, key) in sweep.wanted:
+        """The rules to evaluate on one target this tick (often none).
+
+        A node that said Hello is evaluated whole, but a rule of windows alone that cannot hold
+        while they are still is left out on a target whose windows are still (after a restart
+        the history holds no counter steps: an NVLink's error rate is 0 whatever its counters
+        say, until they step).
+        """
+        if (name, key) in sweep.wanted:
             return self._by_scope[scope]
+        if name in sweep.whole:
+            still = not self.history.moving(key, sweep.now)
+            return self._hello_rules[scope] if still else self._by_scope[scope]
         signals = sweep.touched.get((name, key))
         if name not in sweep.swept:
             return self._reading(scope, signals) if signals else ()
@@ -758,11 +822,14 @@ class Evaluator:
         Listed, moving, or under a rule that reads the fleet: links are nine in ten of a
         node's targets, so they are looped over only there.
         """
-        links_of = {n for n, key in sweep.wanted if "/nvlink/" in key} | sweep.whole
+        links_of = {n for n, key in sweep.wanted if "/nvlink/" in key}
         links_of |= {n for n, key in sweep.touched if "/nvlink/" in key}
+        if self._hello_rules[Scope.NVLINK]:
+            links_of |= sweep.whole
         if self._sweep_all[Scope.NVLINK]:
-            return links_of | sweep.swept
-        return links_of | {n for n in sweep.swept if self.history.moving_links(n, sweep.now)}
+            return links_of | sweep.swept | sweep.whole
+        looked = sweep.swept if self._hello_rules[Scope.NVLINK] else sweep.swept | sweep.whole
+        return links_of | {n for n in looked if self.history.moving_links(n, sweep.now)}
 
     def _targets(
         self, sweep: _Sweep

@@ -391,3 +391,58 @@ class TestNodesWithoutReadings:
         assert [(i.rule, i.phase) for i in ev.engine.open_incidents()] == [
             ("any_node", Phase.FIRING)
         ]
+
+
+class TestHelloEvaluation:
+    """A node's Hello evaluates it whole, but not a rule of windows alone on a still target."""
+
+    RATES = """\
+version: 1
+rules:
+  - name: link_errors
+    scope: nvlink
+    when: 'rate("nvlink_crc_errors", "5m") > 100.0'
+    severity: warning
+  - name: no_growth
+    scope: gpu
+    when: 'increase("ecc_sbe_aggregate_total", "1h") == 0.0'
+    severity: info
+  - name: hot
+    scope: gpu
+    when: 'has(gpu.signals.temperature_celsius) && gpu.signals.temperature_celsius > 90.0'
+    severity: warning
+"""
+
+    def test_windows_alone_are_left_out_while_still_and_kept_when_they_can_hold(self):
+        """The NVLink rate rule cannot hold on still windows: no link is evaluated at the
+        Hello. A rule that holds at zero (no growth) is evaluated, as is the plain one."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 30.0)
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        fleet.apply_samples("n1", [])
+        before = ev.evaluations
+        ev.tick()
+        assert ev.evaluations - before == 8 * 2  # no_growth and hot on 8 GPUs, no link
+        assert {i.rule for i in ev.engine.open_incidents()} == {"no_growth"}
+
+    def test_a_link_whose_counter_stepped_is_evaluated_at_the_hello(self):
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 30.0)
+        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        (uuid,) = fleet.view()["n1"].gpus
+        link = Target.nvlink(uuid, 5)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 0.0)])
+        ev.tick()
+        clock.advance(10.0)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=18, ib_ports=0), 10.0, 0.0)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
+        before = ev.evaluations
+        ev.tick()
+        # the GPU's two rules and the one link whose counter stepped within its window
+        assert ev.evaluations - before == 2 + 1
+        assert "link_errors" in {i.rule for i in ev.engine.open_incidents()}
