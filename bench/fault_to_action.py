@@ -432,9 +432,10 @@ def rule_of(d: Delivery) -> str:
     return reason.removeprefix("fleetwatch:").strip().split(":", 1)[0] or "?"
 
 
-def first_arrivals(receiver: WebhookReceiver) -> dict[str, Delivery]:
+def first_arrivals(receiver: WebhookReceiver, start: int = 0) -> dict[str, Delivery]:
+    """The first webhook naming each node, among the receiver's deliveries from ``start`` on."""
     first: dict[str, Delivery] = {}
-    for d in receiver.deliveries():
+    for d in receiver.deliveries()[start:]:
         node = str(d.body.get("payload", {}).get("node", ""))
         if node and (node not in first or d.received_at < first[node].received_at):
             first[node] = d

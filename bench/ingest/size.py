@@ -366,7 +366,9 @@ def run_faults(ctx: Context, load: Load, collector: Collector, nodes: int) -> di
         next_at += rng.uniform(*rng_spacing)
     deadline = time.monotonic() + args.fault_timeout
     while True:
-        first = first_arrivals(ctx.receiver)
+        # only this run's webhooks: an earlier run's fault on a node of the same name came first
+        # and, being older than this fault, counted this one as never answered
+        first = first_arrivals(ctx.receiver, before)
         injected = {k: v for p in load.procs for k, v in p.injected.items()}
         for f in faults:
             f.arrival = first.get(f.node)
