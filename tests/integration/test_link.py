@@ -97,7 +97,9 @@ async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change
     reports: list[tuple[float, dict[str, float]]] = []
     clock = SystemClock()
 
-    async def collector(requests: object, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+    async def collector(
+        requests: object, context: grpc.aio.ServicerContext[pb.AgentMessage, pb.CollectorMessage]
+    ) -> None:
         await context.read()  # the Hello
         await context.write(pb.CollectorMessage(welcome=pb.Welcome(collector_version="t")))
         while isinstance(msg := await context.read(), pb.AgentMessage):
