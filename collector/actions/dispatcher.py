@@ -506,7 +506,7 @@ class Dispatcher:
                 if busy is not None:
                     busy.discard(where)
             if not new:  # this action of this incident was decided before: never twice
-                if spec.name == "reset_gpu" and await self._reset_failed(incident, action_id):
+                if spec.name == "reset_gpu" and await self._reset_failed(action_id):
                     failed_reset = True  # a crash cut its escalation short: hand that on
                 continue
             if state != "planned":
@@ -519,10 +519,10 @@ class Dispatcher:
             failed_reset |= spec.name == "reset_gpu" and not outcome.ok and not outcome.retry
         return failed_reset
 
-    async def _reset_failed(self, incident: IncidentRow, action_id: int) -> bool:
+    async def _reset_failed(self, action_id: int) -> bool:
         """Whether the journaled reset ``action_id`` ended failed or refused for good."""
-        rows = await self._journal.do(lambda s: s.incidents.actions(node=incident.node))
-        return any(r.id == action_id and r.state in ("failed", "refused") for r in rows)
+        row = await self._journal.do(lambda s: s.incidents.action(action_id))
+        return row is not None and row.state in ("failed", "refused")
 
     def _busy_set(self, spec: ActionSpec) -> set[str] | None:
         """Where an action of this kind marks what it is working on, if anywhere."""

@@ -476,6 +476,14 @@ class IncidentStore:
         rows = self._db.rows(f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit))
         return [_action(r) for r in rows]
 
+    def action(self, action_id: int) -> ActionRow | None:
+        """One action by its id, or None."""
+        rows = self._db.rows(
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?",  # noqa: S608 - constant
+            (action_id,),
+        )
+        return _action(rows[0]) if rows else None
+
     def unfinished_actions(self) -> list[ActionRow]:
         """Actions journaled as planned or running (a restart must settle them, not rerun)."""
         rows = self._db.rows(

@@ -92,6 +92,28 @@ def died(proc: subprocess.Popen[bytes]) -> bool:
     return proc.poll() is not None
 
 
+def one_node(tmp_path: Path, port: int) -> SimCluster:
+    """The crash tests' node: a quick poll and a quick reconnect to the collector at ``port``."""
+    return SimCluster(
+        [NODE],
+        tmp_path / "nodes",
+        SystemClock(),
+        f"127.0.0.1:{port}",
+        poll_interval=0.05,
+        heartbeat_interval=0.5,
+        backoff_initial=0.05,
+        backoff_max=0.3,
+    )
+
+
+def terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the collectors still running, as systemd would."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+
+
 def journal(tmp_path: Path, sql: str, *params: str) -> list[tuple[Any, ...]]:
     with contextlib.closing(
         sqlite3.connect(f"file:{tmp_path / 'journal.db'}?mode=ro", uri=True, timeout=10)
@@ -138,16 +160,7 @@ async def test_notification_arrives_once_whatever_step_the_collector_dies_at(
     at_journal = step not in ("received", "recorded")
     proc = start(step if at_journal else None, cfg, log)
     receiver.victim = proc
-    cluster = SimCluster(
-        [NODE],
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{port}",
-        poll_interval=0.05,
-        heartbeat_interval=0.5,
-        backoff_initial=0.05,
-        backoff_max=0.3,
-    )
+    cluster = one_node(tmp_path, port)
     cluster.start()
     procs = [proc]
     try:
@@ -171,10 +184,7 @@ async def test_notification_arrives_once_whatever_step_the_collector_dies_at(
     finally:
         await cluster.stop()
         receiver.victim = None
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                p.wait(timeout=30)
+        terminate(procs)
         receiver.stop()
 
     notes = [d.body["payload"] for d in receiver.deliveries() if d.body["kind"] == "notification"]

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agent.sim.cluster import SimCluster
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_until
 from fleetwatch.webhook_receiver import WebhookReceiver
-from tests.integration.test_action_crash import died, journal, start
+from tests.integration.test_action_crash import died, journal, one_node, start, terminate
+from tests.integration.test_reset_gpu import RULES as RESET_RULES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -64,16 +64,7 @@ rules:
       occurrences: 'gpu.signals.ecc_dbe_aggregate_total'
       actions: [drain_node]
 """,
-    "reset_failed": """\
-version: 1
-rules:
-  - name: link_down
-    scope: gpu
-    when: 'gpu.nvlinks_down > 0'
-    severity: critical
-    actions: [reset_gpu]
-    escalate: {after: 3, within: 1h, actions: [drain_node]}
-""",
+    "reset_failed": RESET_RULES,  # a reset that fails escalates at once
 }
 STEP = {"at_once": "escalated", "recurred": "escalated", "reset_failed": "reset_failed"}
 
@@ -134,16 +125,7 @@ async def test_the_escalations_drain_arrives_once_after_a_crash(tmp_path: Path, 
     port, log = free_port(), tmp_path / "collector.log"
     cfg = write_config(tmp_path, port, receiver.url, RULES[way])
     procs = [start(STEP[way], cfg, log)]
-    cluster = SimCluster(
-        [NODE],
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{port}",
-        poll_interval=0.05,
-        heartbeat_interval=0.5,
-        backoff_initial=0.05,
-        backoff_max=0.3,
-    )
+    cluster = one_node(tmp_path, port)
     cluster.start()
 
     def drains() -> list[str]:
@@ -167,10 +149,7 @@ async def test_the_escalations_drain_arrives_once_after_a_crash(tmp_path: Path, 
         await asyncio.sleep(1.0)
     finally:
         await cluster.stop()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                p.wait(timeout=30)
+        terminate(procs)
         receiver.stop()
 
     assert drains() == [NODE]

@@ -199,6 +199,8 @@ class TestIncidentsActionsSilences:
         (done,) = reader.read(lambda s: s.actions(node="n1"))
         reader.close()
         assert (done.state, len(done.detail), done.params) == ("succeeded", 2000, {"a": 1})
+        assert store.incidents.action(aid) == done  # one action by its id
+        assert store.incidents.action(aid + 1000) is None
         assert store.incidents.unfinished_actions() == []
         sid = store.incidents.add_silence(SilenceRow("n1", "*", 0, 100, "maint", 0))
         assert [s.id for s in store.incidents.silences(active_at_ms=50)] == [sid]
