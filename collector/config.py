@@ -65,6 +65,10 @@ class CollectorConfig:
     name: str = ""  # this collector in a shared journal; "": the host name and the gRPC port
     heartbeat_interval: float = 5.0
     missed_heartbeats: int = 3
+    # After the collector starts, the nodes its journal remembers have this long to come back
+    # before silence makes them unreachable: their agents are backing off (up to the agents'
+    # backoff_max, 30 s) and a whole fleet reconnects at once (docs/scaling.md).
+    restart_grace: float = 60.0
     poll_interval: float = 0.0  # 0: agents keep their own
     rules: tuple[Path, ...] = ()  # rule files; none: the built-in rules/default.yaml
     rules_interval: float = 1.0  # seconds between rule evaluations
@@ -111,6 +115,7 @@ class CollectorConfig:
             integer=True,
         )
         check_number(self.poll_interval, "poll_interval", ConfigError, inclusive=True)
+        check_number(self.restart_grace, "restart_grace", ConfigError, inclusive=True)
         check_number(self.rules_interval, "rules_interval", ConfigError)
         check_number(
             self.metrics_render_interval, "metrics_render_interval", ConfigError, inclusive=True

@@ -287,7 +287,9 @@ class CollectorService:
             except Exception as exc:  # noqa: BLE001 - one bad row must not stop the collector
                 log.warning("node_restore_failed", node=row.name, error=str(exc))
                 continue
-            self.fleet.restore(hello, reachable=row.reachable, mono=mono, unix=unix)
+            self.fleet.restore(
+                hello, reachable=row.reachable, mono=mono, unix=unix, grace_s=self.cfg.restart_grace
+            )
 
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""

@@ -44,6 +44,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -191,7 +192,8 @@ class Load:
                 # (grpc.server_max_unrequested_time_in_server): its event loop is too busy.
                 what += " (the collector did not take the stream up: overloaded)"
             node.failed = f"{type(exc).__name__} ({stage}): {what}"[:300]
-            self.stream_errors[type(exc).__name__] += 1
+            # counted by kind, stage and message (numbers cut, so that alike ones add up)
+            self.stream_errors[re.sub(r"\d+", "N", node.failed[:120])] += 1
             if not self.args.reconnect:
                 print(f"{node.wire.name}: {node.failed}", file=sys.stderr, flush=True)
 

@@ -172,13 +172,20 @@ class FleetModel:
             self.observer.note_inventory(hello.node)
         return old is not None and not old.reachable
 
-    def restore(self, hello: pb.Hello, *, reachable: bool, mono: float, unix: float) -> None:
-        """Re-create a node remembered from the journal, not connected until it says Hello."""
+    def restore(
+        self, hello: pb.Hello, *, reachable: bool, mono: float, unix: float, grace_s: float = 0.0
+    ) -> None:
+        """Re-create a node remembered from the journal, not connected until it says Hello.
+
+        It is not judged silent for ``grace_s`` from ``mono``: its agent is still backing off
+        from the collector's absence (``collector.restart_grace``).
+        """
         self.on_hello(hello, mono, unix)
         with self._lock:
             node = self._nodes[hello.node]
             node.connected = False
             node.reachable = reachable
+            node.grace_until_mono = mono + grace_s
             self._urgent_change(hello.node)
 
     def touch(self, name: str, mono: float, unix: float) -> bool:
@@ -204,12 +211,14 @@ class FleetModel:
                 self._urgent_change(name)
 
     def overdue(self, now_mono: float, silence_s: float) -> list[str]:
-        """Names of reachable nodes silent for longer than ``silence_s``."""
+        """Names of reachable nodes silent for longer than ``silence_s`` (and out of grace)."""
         with self._lock:
             return [
                 n.name
                 for n in self._nodes.values()
-                if n.reachable and now_mono - n.last_seen_mono > silence_s
+                if n.reachable
+                and now_mono - n.last_seen_mono > silence_s
+                and now_mono >= n.grace_until_mono
             ]
 
     def mark_unreachable(self, name: str) -> float:

@@ -129,6 +129,9 @@ class NodeState:
     events: Counter[str] = field(default_factory=Counter)
     signals: dict[str, SampleValue] = field(default_factory=dict)
     other: dict[str, SampleValue] = field(default_factory=dict)
+    # Restored from the journal at a collector's start: not judged silent before this
+    # (monotonic) time, so that a fleet reconnecting after the restart is not paged as lost.
+    grace_until_mono: float = 0.0
 
     def copy(self) -> NodeState:
         """A copy sharing nothing mutable with this one: what ``copy.deepcopy`` gives, faster.
@@ -152,4 +155,5 @@ class NodeState:
             Counter(self.events),
             dict(self.signals),
             dict(self.other),
+            self.grace_until_mono,
         )
