@@ -33,6 +33,7 @@ def populated() -> FleetModel:
     fleet.apply_event(NODE, EventKind.XID, Target.gpu(uuid), 79, 2)
     fleet.apply_event(NODE, EventKind.IB_PORT_DOWN, Target.ib_port("mlx5_0", 1), 0)
     fleet.mark_unreachable(NODE)  # still connected: both flags away from their defaults
+    fleet._nodes[NODE].grace_until_mono = 70.0  # what restore() sets; on_hello() clears it
     return fleet
 
 
