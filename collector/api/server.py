@@ -23,7 +23,6 @@ A change or drain read the event loop does not take up in time is ``503`` with `
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import socket
 import threading
@@ -40,7 +39,7 @@ from collector.api import preflight as preflight_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
-from collector.export.exposition import GZIP_LEVEL, OPENMETRICS, TEXT
+from collector.export.exposition import OPENMETRICS, TEXT, gzip_body
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
 
@@ -422,7 +421,7 @@ class ApiServer:
         if gzipped:
             headers["Content-Encoding"] = "gzip"
             if not done:
-                body = gzip.compress(body, GZIP_LEVEL, mtime=0)
+                body = gzip_body(body)
         self._send(req, HTTPStatus.OK, body, CONTENT_TYPES[fmt], headers)
 
     def _scrape_targets(self, req: BoundedHandler) -> list[dict[str, Any]]:
