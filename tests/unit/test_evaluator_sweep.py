@@ -446,3 +446,41 @@ rules:
         # the GPU's two rules and the one link whose counter stepped within its window
         assert ev.evaluations - before == 2 + 1
         assert "link_errors" in {i.rule for i in ev.engine.open_incidents()}
+
+    def test_a_first_report_marking_every_link_changed_leaves_windows_alone_out(self):
+        """The first Report carries each link's ``nvlink_up``, which marks the link changed;
+        on still windows the rate rule is still not asked there (before: once per link)."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 30.0)
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        uuids = list(fleet.view()["n1"].gpus)
+        fleet.apply_samples(
+            "n1",
+            [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
+        )
+        before = ev.evaluations
+        ev.tick(urgent=True)
+        assert ev.evaluations - before == 8 * 2  # no_growth and hot on 8 GPUs, no link
+
+    def test_an_open_incident_keeps_its_rule_on_a_hello_so_that_it_can_end(self):
+        """A link whose error rate fired, then went quiet past its window: the node's Hello
+        evaluates the rate rule there still (it holds an incident), and the incident ends."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 30.0)
+        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=2, ib_ports=0), 0.0, 0.0)
+        (uuid,) = fleet.view()["n1"].gpus
+        link = Target.nvlink(uuid, 1)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 0.0)])
+        ev.tick()
+        clock.advance(10.0)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
+        ev.tick()
+        assert "link_errors" in {i.rule for i in ev.engine.open_incidents()}
+        clock.advance(600.0)  # past the 5-minute window: still again
+        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=2, ib_ports=0), clock.monotonic(), 0.0)
+        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
+        ev.tick()
+        assert "link_errors" not in {i.rule for i in ev.engine.open_incidents()}
