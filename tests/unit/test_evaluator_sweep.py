@@ -484,3 +484,23 @@ rules:
         fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
         ev.tick()
         assert "link_errors" not in {i.rule for i in ev.engine.open_incidents()}
+
+    def test_nodes_restored_from_the_journal_wait_for_their_hello_to_be_evaluated_whole(self):
+        """At a start the journal's nodes are back in the model but not connected: the first
+        tick asks only their node rules (a node that never returns is seen); each is evaluated
+        whole once its agent says Hello (before: every one whole at the first tick, seconds of
+        one callback for a large fleet, and again at its Hello)."""
+        rules = self.RATES + RULES.split("rules:\n", 1)[1]
+        clock = FakeClock()
+        fleet = FleetModel()
+        for i in range(3):
+            hello = made_up_hello(f"n{i}", gpus=8, nvlinks=18, ib_ports=0)
+            fleet.restore(hello, reachable=True, mono=0.0, unix=0.0)
+        ev = evaluator(rules, fleet, clock, 30.0)
+        ev.tick()
+        assert ev.evaluations == 3  # any_node on each node, no GPU rule
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        clock.advance(1.0)
+        before = ev.evaluations
+        ev.tick()
+        assert ev.evaluations - before == 1 + 8 * 2  # n1 whole: any_node, and two rules a GPU
