@@ -30,7 +30,7 @@ from rules.engine import Engine, Incident, Phase, Transition
 from rules.model import Rule, RuleSet, Scope, Severity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Generator, Iterator
 
     from cel_expr_python import cel
 
@@ -503,7 +503,15 @@ class Evaluator:
     # ---- evaluation -----------------------------------------------------------------------
 
     def tick(self, *, urgent: bool = False) -> list[Outcome]:
-        """Evaluate what needs it; return the transitions with their verdicts.
+        """Evaluate what needs it; return the transitions with their verdicts (:meth:`steps`)."""
+        return [outcome for part in self.steps(urgent=urgent) for outcome in part]
+
+    def steps(self, *, urgent: bool = False) -> Generator[list[Outcome]]:
+        """One tick in parts: the transitions of each node's targets, then of jobs and the fleet.
+
+        The caller may give the event loop a turn between parts (the incident service does,
+        every few milliseconds), so that a tick evaluating thousands of nodes does not stop
+        every stream for as long; data that changes meanwhile is seen by this tick or the next.
 
         Every tick evaluates the targets whose data changed. A regular tick also evaluates the
         open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello,
@@ -515,6 +523,24 @@ class Evaluator:
         counts of the last regular tick.
         """
         now = self.clock.monotonic()
+        sweep = self._sweep_now(now, urgent=urgent)
+        outcomes: list[Outcome] = []
+        nodes = self.fleet.view()
+        last = ""
+        for node, key, _scope, rules, data in self._targets(sweep):
+            if node != last:  # a part per node: its targets come together
+                yield outcomes
+                outcomes, last = [], node
+            state = nodes.get(node)
+            waiting = state is None or not state.reported
+            for rule in rules:
+                outcomes += self._evaluate(rule, node, key, data, now, waiting=waiting)
+        if not urgent:
+            outcomes += self._jobs_and_fleet(sweep)
+        yield outcomes
+
+    def _sweep_now(self, now: float, *, urgent: bool) -> _Sweep:
+        """What this tick evaluates (see :meth:`steps`)."""
         wanted, touched = self._take_changes(now, urgent=urgent)
         swept: set[str] = set()
         whole: set[str] = set()
@@ -530,7 +556,7 @@ class Evaluator:
             whole = self._hellos_among({n for n, _ in wanted} | {n for n, _ in touched})
         if not urgent or self._fleet_nodes is None:
             self._fleet_nodes = self._fleet_counts()
-        sweep = _Sweep(
+        return _Sweep(
             fleet={**self._fleet_nodes, **self.fleet_extras()},
             now=now,
             wanted=wanted,
@@ -539,22 +565,19 @@ class Evaluator:
             touched=touched,
             held=held,
         )
+
+    def _jobs_and_fleet(self, sweep: _Sweep) -> list[Outcome]:
+        """The job rules on every job and the fleet rules (a regular tick's last part)."""
         outcomes: list[Outcome] = []
-        nodes = self.fleet.view()
-        for node, key, _scope, rules, data in self._targets(sweep):
-            waiting = not nodes[node].reported
-            for rule in rules:
-                outcomes += self._evaluate(rule, node, key, data, now, waiting=waiting)
-        if urgent:
-            return outcomes
         if self.jobs is not None:
             for job in self.jobs.publish():
                 key = job_key(job["id"])
                 for rule in self._by_scope[Scope.JOB]:
                     data = {"job": job, "fleet": sweep.fleet}
-                    outcomes += self._evaluate(rule, key, key, data, now)
+                    outcomes += self._evaluate(rule, key, key, data, sweep.now)
         for rule in self._by_scope[Scope.FLEET]:
-            outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, {"fleet": sweep.fleet}, now)
+            data = {"fleet": sweep.fleet}
+            outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, data, sweep.now)
         return outcomes
 
     def _take_changes(

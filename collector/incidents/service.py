@@ -35,6 +35,10 @@ log = structlog.get_logger("collector.incidents.evaluator")
 
 # Least time between two ticks: events arriving closer together are evaluated together.
 EVENT_GAP_S: Final = 0.005
+# A tick gives the event loop a turn after this long: a tick evaluating thousands of nodes (a
+# fleet reconnecting after a restart, a sweep of a large fleet) ran for seconds as one callback,
+# with no stream read and no event acked meanwhile.
+TICK_SLICE_S: Final = 0.02
 
 
 class ActionSink(Protocol):
@@ -108,6 +112,7 @@ class IncidentService:
         self._unrecorded: list[Outcome] = []
         self._retry: set[str] = set()
         self.ticks = 0
+        self.slices = 0  # turns given to the event loop within ticks
         evaluator.silencer = self._silenced_by
         evaluator.on_event = self._event.set
 
@@ -285,7 +290,7 @@ class IncidentService:
         """One evaluation round: journal each change, then hand firings to the sink."""
         self.ticks += 1
         await self._record_again()
-        outcomes = self.evaluator.tick(urgent=urgent)
+        outcomes = await self._evaluate(urgent=urgent)
         for outcome in outcomes:
             try:
                 await self._record(outcome)
@@ -296,6 +301,29 @@ class IncidentService:
             self._settling = asyncio.create_task(
                 self.sink.settle(self._firing, self.holds), name="settle"
             )
+        return outcomes
+
+    async def _evaluate(self, *, urgent: bool) -> list[Outcome]:
+        """The evaluator's tick, with a turn of the event loop every ``TICK_SLICE_S``.
+
+        A reload that swaps the rules during a turn ends this tick there: what it evaluated is
+        recorded, and the new evaluator (which took over the engine as it was) goes on next tick.
+        """
+        evaluator, outcomes = self.evaluator, []
+        steps = evaluator.steps(urgent=urgent)
+        slice_end = self._clock.monotonic() + TICK_SLICE_S
+        try:
+            for part in steps:
+                outcomes += part
+                if self._clock.monotonic() < slice_end:
+                    continue
+                self.slices += 1
+                await asyncio.sleep(0)
+                if self.evaluator is not evaluator:
+                    break
+                slice_end = self._clock.monotonic() + TICK_SLICE_S
+        finally:
+            steps.close()
         return outcomes
 
     async def _record_again(self) -> None:

@@ -1,0 +1,57 @@
+"""A tick that evaluates thousands of targets gives the event loop turns while it runs.
+
+A collector that takes back a large fleet evaluates every node whole as its agents say Hello;
+as one callback that was seconds in which no stream was read and no event acked.
+"""
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from collector.config import CollectorConfig
+from collector.incidents.service import TICK_SLICE_S
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
+from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.testing import made_up_hello
+
+pytestmark = pytest.mark.integration
+
+NODES = 300
+
+
+async def test_a_long_tick_lets_other_work_run(collector_config: Callable[..., CollectorConfig]):
+    service = CollectorService(collector_config(rules_interval=3600), SystemClock())
+    await service.start()
+    try:
+        clock = service.clock
+        for i in range(NODES):
+            hello = made_up_hello(f"node-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
+            service.fleet.on_hello(hello, clock.monotonic(), clock.now())
+            samples = [
+                sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 50 + i % 20)
+                for g in hello.gpus
+            ]
+            service.fleet.apply_samples(hello.node, samples)
+        turns = 0
+        stop = asyncio.Event()
+
+        async def beside() -> None:
+            nonlocal turns
+            while not stop.is_set():
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(beside())
+        await asyncio.sleep(0)  # it starts
+        began_turns, began = turns, clock.monotonic()
+        await service.incidents.tick()
+        took = clock.monotonic() - began
+        stop.set()
+        await task
+        assert took > 5 * TICK_SLICE_S, f"the tick took {took:.3f} s: too short to show slices"
+        assert service.incidents.slices >= 3
+        assert turns - began_turns >= service.incidents.slices  # it ran between the slices
+    finally:
+        await service.stop(grace=None)
