@@ -425,9 +425,20 @@ class Evaluator:
         return self.history.wants(signal) or self._watched is None or signal in self._watched
 
     def note_samples(self, node: str, noted: list[tuple[TargetSlot, str, SampleValue]]) -> None:
-        """Samples it :meth:`wants` were applied: keep windowed values, mark targets read."""
+        """Samples it :meth:`wants` were applied: keep windowed values, mark targets read.
+
+        A node to be evaluated whole (it said Hello: this is its first Report) needs no target
+        marked: the mark of the node is enough for an urgent tick to take it up. Marking and
+        pacing each of a first Report's 1,500 samples was a third of what it cost.
+        """
         now = self.clock.monotonic()
         history, watched, dirty, touched = self.history, self._watched, self._dirty, self._touched
+        if node in self._whole_next:
+            for slot, signal, value in noted:
+                if history.wants(signal) and isinstance(value, int | float):
+                    history.add_sample(slot[SLOT_KEY], signal, now, float(value))
+            dirty.add((node, node_key(node)))
+            return
         paced = self._paced
         for slot, signal, value in noted:
             key = slot[SLOT_KEY]

@@ -504,3 +504,23 @@ rules:
         before = ev.evaluations
         ev.tick()
         assert ev.evaluations - before == 1 + 8 * 2  # n1 whole: any_node, and two rules a GPU
+
+    def test_a_first_report_marks_its_node_not_each_target(self):
+        """The first Report after a Hello (evaluated whole anyway) marks only its node, and
+        the urgent tick of its event still evaluates all of it."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 30.0)
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        uuids = list(fleet.view()["n1"].gpus)
+        fleet.apply_samples(
+            "n1",
+            [sample_to_pb(Target.gpu(u), "temperature_celsius", 60.0) for u in uuids]
+            + [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
+        )
+        assert ev._dirty == {("n1", "n1")}
+        assert ev._touched == {}
+        before = ev.evaluations
+        ev.tick(urgent=True)
+        assert ev.evaluations - before == 8 * 2  # all of n1: no_growth and hot on 8 GPUs
