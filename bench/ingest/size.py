@@ -252,21 +252,31 @@ def start_prometheus(
     return prometheus
 
 
-def run_size(  # noqa: C901, PLR0912, PLR0915 - one size, start to end
-    ctx: Context, nodes: int, *, faults: bool = False, scraped: bool = False
+def run_size(
+    ctx: Context,
+    nodes: int,
+    *,
+    faults: bool = False,
+    scraped: bool = False,
+    then_scraped: bool = False,
 ) -> dict[str, Any]:
-    """Run and judge one size; ``scraped``: Prometheus scrapes every series meanwhile."""
+    """Run and judge one size; ``scraped``: Prometheus scrapes every series meanwhile.
+
+    ``then_scraped``: after this size's window, Prometheus starts on the same fleet and a second
+    window is measured and judged with it scraping (then the faults, if ``faults``): that row is
+    ``row["scraped"]``. One connect of a large fleet serves both (it took about 3 minutes of
+    the benchmark's 10 at 4,096 nodes).
+    """
     args = ctx.args
     row: dict[str, Any] = {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE}
     if scraped:
         row["scraped_by_prometheus"] = True
-    suffix = "-faults" if faults else "-scraped" if scraped else ""
+    suffix = "-faults" if faults and not then_scraped else "-scraped" if scraped else ""
     workdir = ctx.workdir / f"nodes-{nodes}{suffix}"
     collector = Collector.start(
         workdir, ctx.receiver.url, nodes, ctx.cores.collector, ctx.collector_command
     )
     load: Load | None = None
-    spy: subprocess.Popen[bytes] | None = None
     prometheus: Prometheus | None = None
     try:
         time.sleep(2.0)
@@ -286,11 +296,97 @@ def run_size(  # noqa: C901, PLR0912, PLR0915 - one size, start to end
             prometheus = start_prometheus(ctx, collector, workdir, row)
             children["prometheus"] = psutil.Process(prometheus.proc.pid)
             log(f"  Prometheus scraped every target once after {row['prometheus_first_round_s']} s")
-        time.sleep(args.warmup)
         profiling = args.profile and nodes == args.profile_nodes and not faults
-        if profiling:
-            out = workdir / "profile.txt"
-            spy = profile_start(collector, args.window, out, ctx.cores.load)
+        measure_window(ctx, collector, load, children, row, profiling=profiling)
+        if prometheus is not None:
+            row.update(prometheus.figures())
+        if not faults and not scraped and nodes <= args.scrape_max_nodes:
+            row.update(scrape(collector))
+        if faults and not then_scraped:
+            row.update(run_faults(ctx, load, collector, nodes))
+        judge_row(row)
+        if then_scraped and not row["clear_fail"]:
+            row["scraped"] = scraped_window(ctx, collector, load, children, row, faults=faults)
+    except (RuntimeError, TimeoutError) as exc:
+        row["kept_up"] = False
+        row["why_not"] = f"{type(exc).__name__}: {exc}"
+        row["clear_fail"] = True
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if load is not None:
+            load.stop()
+        collector.stop()
+        row["run_s"] = round(time.monotonic() - began, 1) if "connect_s" in row else None
+    return row
+
+
+def judge_row(row: dict[str, Any]) -> None:
+    """Set ``kept_up``, ``why_not`` and ``clear_fail`` from a measured row."""
+    why = judge(row)
+    row["kept_up"] = not why
+    if why:
+        row["why_not"] = "; ".join(why)
+    p99 = row.get("lag_p99_ms")
+    row["clear_fail"] = p99 is None or p99 >= CLEAR_FAIL_LAG_MS
+
+
+def scraped_window(  # noqa: PLR0913 - the size's running parts
+    ctx: Context,
+    collector: Collector,
+    load: Load,
+    children: dict[str, psutil.Process],
+    plain: dict[str, Any],
+    *,
+    faults: bool,
+) -> dict[str, Any]:
+    """After ``plain``'s window: Prometheus on, another window (then the faults); its row."""
+    nodes = plain["nodes"]
+    log(f"  {nodes} nodes: now with Prometheus scraping every {ctx.args.scrape_interval:g} s")
+    row: dict[str, Any] = {
+        "nodes": nodes,
+        "gpus": plain["gpus"],
+        "scraped_by_prometheus": True,
+        "same_fleet_as_unscraped_run": True,
+        "connect_s": plain["connect_s"],
+        "collector_rss_idle_mb": plain["collector_rss_idle_mb"],
+    }
+    prometheus = start_prometheus(ctx, collector, collector.workdir, row)
+    try:
+        log(f"  Prometheus scraped every target once after {row['prometheus_first_round_s']} s")
+        with_prometheus = {**children, "prometheus": psutil.Process(prometheus.proc.pid)}
+        measure_window(ctx, collector, load, with_prometheus, row, profiling=False)
+        row.update(prometheus.figures())
+        if faults:
+            row.update(run_faults(ctx, load, collector, nodes))
+    finally:
+        prometheus.stop()
+    judge_row(row)
+    return row
+
+
+def measure_window(  # noqa: PLR0913 - the size's running parts
+    ctx: Context,
+    collector: Collector,
+    load: Load,
+    children: dict[str, psutil.Process],
+    row: dict[str, Any],
+    *,
+    profiling: bool,
+) -> None:
+    """Warm up, then measure one window into ``row`` (py-spy on the collector if ``profiling``).
+
+    ``row`` has the size's ``nodes`` and ``collector_rss_idle_mb``.
+    """
+    args = ctx.args
+    nodes = row["nodes"]
+    rss_idle = row["collector_rss_idle_mb"]
+    workdir = collector.workdir
+    time.sleep(args.warmup)
+    spy: subprocess.Popen[bytes] | None = None
+    if profiling:
+        spy = profile_start(collector, args.window, workdir / "profile.txt", ctx.cores.load)
+    try:
         phase = cpu_phase(children)
         core0 = core_busy_s(ctx.cores.collector)
         load.tell_all("record")
@@ -313,38 +409,15 @@ def run_size(  # noqa: C901, PLR0912, PLR0915 - one size, start to end
         row["load_cpu_cores_measured_by_psutil"] = round(
             sum(v for k, v in cpu.items() if k.startswith("cpu_cores_load") and v is not None), 3
         )
+        if "prometheus" in children:
+            row["prometheus_cpu_cores"] = cpu.get("cpu_cores_prometheus_w")
         if spy is not None:
             spy.wait(timeout=args.window + 60)
-            summary = profile_summary(workdir / "profile.txt")
-            row["profile"] = summary
+            row["profile"] = profile_summary(workdir / "profile.txt")
             row["profile_file"] = str(workdir / "profile.txt")
-        if prometheus is not None:
-            row["prometheus_cpu_cores"] = cpu.get("cpu_cores_prometheus_w")
-            row.update(prometheus.figures())
-        if not faults and not scraped and nodes <= args.scrape_max_nodes:
-            row.update(scrape(collector))
-        if faults:
-            row.update(run_faults(ctx, load, collector, nodes))
-        why = judge(row)
-        row["kept_up"] = not why
-        if why:
-            row["why_not"] = "; ".join(why)
-        p99 = row.get("lag_p99_ms")
-        row["clear_fail"] = p99 is None or p99 >= CLEAR_FAIL_LAG_MS
-    except (RuntimeError, TimeoutError) as exc:
-        row["kept_up"] = False
-        row["why_not"] = f"{type(exc).__name__}: {exc}"
-        row["clear_fail"] = True
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
-        if prometheus is not None:
-            prometheus.stop()
-        if load is not None:
-            load.stop()
-        collector.stop()
-        row["run_s"] = round(time.monotonic() - began, 1) if "connect_s" in row else None
-    return row
 
 
 # ---- faults at 2,048 nodes ------------------------------------------------------------------
