@@ -63,7 +63,9 @@ prometheus_client's ``generate_latest`` rendering the same series, medians of
 ``--scrape-cpu-rounds`` (5).
 
 The reconnect storm (``bench/ingest/reconnect.py``, ``--reconnect-nodes``, 4,096; 0: none):
-the collector killed and started again under a fleet that reconnects with the agent's backoff;
+the collector killed and started again under a fleet that reconnects with the agent's backoff
+(at the end of that size's run, its load switched to reconnecting; a run of its own when the size
+is not among ``--sizes``);
 ``reconnect_s_at_4096`` from its first accepted connection to every node's first Report in the
 model (null with ``why_reconnect`` when that size was not run or not every node came back).
 ``fault_to_action_p99_ms_at_4096``: the same faults as the fault run, sent after the window of
@@ -85,6 +87,7 @@ import signal
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +97,7 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_to_action import SECRET
 from ingest.procs import Cores, log, record
-from ingest.reconnect import RECONNECT_TARGET, reconnect_figures
+from ingest.reconnect import RECONNECT_TARGET, reconnect_figures, storm, storm_figures
 from ingest.scrape import measure as measure_scrape
 from ingest.scrape import measure_http
 from ingest.size import (
@@ -327,7 +330,11 @@ def run_sizes(ctx: Context) -> tuple[list[dict[str, Any]], list[int]]:
         # plain one (and at 4,096 nodes the faults after that, the scrape still on).
         then_scraped = nodes in ctx.args.scrape_sizes
         faults = then_scraped and nodes == SCRAPED_FAULT_NODES and ctx.args.faults > 0
-        row = run_size(ctx, nodes, then_scraped=then_scraped, faults=faults)
+        # The reconnect storm's size ends with its collector killed and started again.
+        restart = None
+        if nodes == ctx.args.reconnect_nodes:
+            restart = partial(storm, nodes=nodes, cores=ctx.cores, command=ctx.collector_command)
+        row = run_size(ctx, nodes, then_scraped=then_scraped, faults=faults, storm=restart)
         show_row(row)
         rows.append(row)
     bisect_sizes(rows, ctx.args.bisect, ctx)
@@ -548,7 +555,10 @@ def main() -> None:  # noqa: PLR0915 - the benchmark's steps, in order
         floor = run_floor(ctx, rows) if args.floor else None
         scraped = run_scraped_sizes(ctx, rows)
         storm_failed = failed_clearly_below(rows, args.reconnect_nodes, args)
-        if storm_failed and args.reconnect_nodes > 0:
+        stormed = next((r for r in rows if "reconnect" in r), None)
+        if stormed is not None:  # measured on that size's fleet
+            reconnect = storm_figures(stormed["nodes"], stormed.pop("reconnect"))
+        elif storm_failed and args.reconnect_nodes > 0:
             reconnect = {
                 "reconnect_s_at_4096": None,
                 "reconnect_nodes": args.reconnect_nodes,

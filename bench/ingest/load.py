@@ -23,6 +23,9 @@ The pipe (as ``bench/helpers/sim_fleet.py``'s): JSON lines on stdin, JSON lines 
   "t": <time.time() just before the fault's first message was written>}``: the recorded
   messages an agent sent after that fault, as this node's (``kind``: a key of
   ``bench/fault_to_action.py``'s ``FAULTS``);
+* ``{"op": "reconnect"}`` -> ``{"op": "reconnect"}``: from now on as ``--reconnect`` (each node
+  reconnects with an agent's backoff when its stream ends, with no pacing of ours): a fleet
+  measured without it can then be measured coming back after its collector's restart;
 * ``{"op": "quit"}`` (or the end of stdin): close every stream and exit.
 
 Figures in ``window``: reports and bytes written; ``late_ms_hist``: how late each report's
@@ -144,15 +147,15 @@ class Load:
 
         An agent's pacing (``agent/link.py`` with one collector): a delay drawn from its
         backoff's window before each new try, the window grown after each failed one and
-        started small again after a stream that lasted ``HEALTHY_AFTER_S``.
+        started small again after a stream that lasted ``HEALTHY_AFTER_S``. Without it, the
+        first stream's end is the node's, unless the ``reconnect`` op came meanwhile.
         """
-        if not self.args.reconnect:
-            await self._run_stream(node)
-            return
         backoff = Backoff(self.args.backoff_initial, self.args.backoff_max, self.rng)
         while True:
             began = time.monotonic()
             await self._run_stream(node)
+            if not self.args.reconnect:
+                return
             self.reconnects += 1
             if node.call is not None:
                 node.call.cancel()
@@ -373,6 +376,27 @@ class Load:
         }
 
 
+def command(load: Load, msg: dict[str, Any], background: set[asyncio.Task[None]]) -> bool:
+    """Carry out one command of the pipe (see the module's docstring); False for ``quit``."""
+    op = msg.get("op")
+    if op == "status":
+        say(op="status", **load.status())
+    elif op == "record":
+        load.window = Window(began_cpu=cpu_seconds())
+    elif op == "window":
+        say(op="window", **load.window_figures())
+        load.window = None
+    elif op == "fault":
+        task = asyncio.create_task(load.fault(int(msg["id"]), msg["node"], msg["kind"]))
+        background.add(task)
+        task.add_done_callback(background.discard)
+    elif op == "reconnect":
+        load.args.reconnect = True
+        load.connecting = asyncio.Semaphore(len(load.nodes))  # the agents' backoff only
+        say(op="reconnect")
+    return op != "quit"
+
+
 async def serve(args: argparse.Namespace) -> None:
     recording = Recording.load(args.recording)
     load = Load(args, recording)
@@ -382,22 +406,8 @@ async def serve(args: argparse.Namespace) -> None:
     say(op="started", nodes=len(load.nodes))
     background: set[asyncio.Task[None]] = set()
     try:
-        while line := await reader.readline():
-            msg = json.loads(line)
-            op = msg.get("op")
-            if op == "status":
-                say(op="status", **load.status())
-            elif op == "record":
-                load.window = Window(began_cpu=cpu_seconds())
-            elif op == "window":
-                say(op="window", **load.window_figures())
-                load.window = None
-            elif op == "fault":
-                task = asyncio.create_task(load.fault(int(msg["id"]), msg["node"], msg["kind"]))
-                background.add(task)
-                task.add_done_callback(background.discard)
-            elif op == "quit":
-                break
+        while (line := await reader.readline()) and command(load, json.loads(line), background):
+            pass
     finally:
         for task in load.tasks:
             task.cancel()

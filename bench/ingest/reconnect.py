@@ -186,7 +186,32 @@ def measure(  # noqa: PLR0913 - the benchmark's shared parts
             row["reconnect_s"] = None
             return row
         time.sleep(3.0)
-        collector = restart(collector, cores.collector, command)
+        row.update(storm(collector, procs, nodes, cores, command, profile_s=profile_s))
+        return row
+    finally:
+        for proc in procs:
+            proc.stop()
+        collector.stop()
+
+
+def storm(  # noqa: PLR0913 - the running fleet and how to start its collector again
+    collector: Collector,
+    procs: list[FleetProcess],
+    nodes: int,
+    cores: Cores,
+    command: list[str],
+    *,
+    profile_s: float = 0.0,
+) -> dict[str, Any]:
+    """SIGKILL the collector of a fleet whose every node is in, start it again, time the storm.
+
+    The load ``procs`` must reconnect as agents do (``--reconnect``, or the ``reconnect`` op).
+    The restarted collector is stopped before this returns; ``collector`` is dead by then.
+    """
+    row: dict[str, Any] = {}
+    workdir = collector.workdir
+    collector = restart(collector, cores.collector, command)
+    try:
         t0 = first_accept(collector.listen, collector.proc)
         cpu0 = psutil.Process(collector.proc.pid).cpu_times()
         spy = (
@@ -223,8 +248,6 @@ def measure(  # noqa: PLR0913 - the benchmark's shared parts
         log(f"  {nodes} nodes back in {row['reconnect_s']} s after the restart")
         return row
     finally:
-        for proc in procs:
-            proc.stop()
         collector.stop()
 
 
@@ -290,6 +313,12 @@ def reconnect_figures(
     except Exception as exc:  # noqa: BLE001 - the other figures of the run still count
         out["why_reconnect"] = f"the reconnect run at {nodes} nodes failed: {exc}"[:500]
         return out
+    return storm_figures(nodes, row)
+
+
+def storm_figures(nodes: int, row: dict[str, Any]) -> dict[str, Any]:
+    """The last line's keys for a storm of ``nodes`` nodes measured as ``row``."""
+    out: dict[str, Any] = {"reconnect_s_at_4096": None, "reconnect_nodes": nodes}
     out["reconnect"] = row
     out["reconnect_s"] = row.get("reconnect_s")
     if nodes == RECONNECT_TARGET and row.get("reconnect_s") is not None:

@@ -45,8 +45,14 @@ from ingest.wire import node_name
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
+
+    from fault_to_action import FleetProcess
 
     from fleetwatch.webhook_receiver import WebhookReceiver
+
+    # Kill a running fleet's collector, start it again, and time the fleet coming back.
+    Storm = Callable[[Collector, list[FleetProcess]], dict[str, Any]]
 
 LAG_LIMIT_MS = 1000.0
 GROWTH_LIMIT_MS = 250.0
@@ -252,16 +258,19 @@ def start_prometheus(
     return prometheus
 
 
-def run_size(
+def run_size(  # noqa: C901, PLR0912, PLR0913, PLR0915 - one size, start to end
     ctx: Context,
     nodes: int,
     *,
     faults: bool = False,
     scraped: bool = False,
     then_scraped: bool = False,
+    storm: Storm | None = None,
 ) -> dict[str, Any]:
     """Run and judge one size; ``scraped``: Prometheus scrapes every series meanwhile.
 
+    ``storm``: at the end, the collector is killed and started again under this fleet, now
+    reconnecting as agents do (``bench/ingest/reconnect.py``): ``row["reconnect"]``.
     ``then_scraped``: after this size's window, Prometheus starts on the same fleet and a second
     window is measured and judged with it scraping (then the faults, if ``faults``): that row is
     ``row["scraped"]``. One connect of a large fleet serves both (it took about 3 minutes of
@@ -307,6 +316,13 @@ def run_size(
         judge_row(row)
         if then_scraped and not row["clear_fail"]:
             row["scraped"] = scraped_window(ctx, collector, load, children, row, faults=faults)
+        if storm is not None and not row["clear_fail"]:
+            for proc in load.procs:
+                proc.send(op="reconnect")
+            for proc in load.procs:
+                proc.wait_for("reconnect", 60)
+            log(f"reconnect storm: {nodes} nodes, the collector killed and started again ...")
+            row["reconnect"] = storm(collector, load.procs)
     except (RuntimeError, TimeoutError) as exc:
         row["kept_up"] = False
         row["why_not"] = f"{type(exc).__name__}: {exc}"
