@@ -40,10 +40,10 @@ that size's window; ``rss_mb_per_1000_nodes`` its RSS at the end of the window l
 (started, no node), per 1,000 nodes. Then ``fault_to_action_p99_ms_at_2048``: the 2,048-node size
 after its window (a run of its own when 2,048 is not among ``--sizes``, or at the largest size kept
 up with, if smaller: the JSON then has ``fault_to_action_p99_ms`` and ``fault_nodes``, and the 2,048
-figure is null with a ``why``), ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each on its own node, one every
-100 to 200 ms: the recorded messages of that fault sent on the node's stream; latency is the arrival
-of the first webhook naming the node minus the write of the fault's first message (so, unlike
-``fault_to_action.py``, without the agent's own detection).
+figure is null with a ``why``), ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each
+on its own node, one every 100 to 200 ms: the recorded messages of that fault sent on the node's
+stream; latency is the arrival of the first webhook naming the node minus the write of the fault's
+first message (so, unlike ``fault_to_action.py``, without the agent's own detection).
 
 ``--floor`` runs every size again against ``bench/ingest/floor.py``, a server that only reads,
 parses and acks (grpcio and protobuf, nothing of the collector), and reports its CPU beside the
