@@ -113,6 +113,7 @@ class IncidentService:
         self._retry: set[str] = set()
         self.ticks = 0
         self.slices = 0  # turns given to the event loop within ticks
+        self.urgent_between = 0  # events evaluated between two parts of a regular tick
         evaluator.silencer = self._silenced_by
         evaluator.on_event = self._event.set
 
@@ -291,12 +292,6 @@ class IncidentService:
         self.ticks += 1
         await self._record_again()
         outcomes = await self._evaluate(urgent=urgent)
-        for outcome in outcomes:
-            try:
-                await self._record(outcome)
-            except Exception:  # journaled (and acted on) at a later tick
-                log.exception("incident_record_failed", incident=outcome.transition.incident.id)
-                self._unrecorded.append(outcome)
         if self.sink is not None and (self._settling is None or self._settling.done()):
             self._settling = asyncio.create_task(
                 self.sink.settle(self._firing, self.holds), name="settle"
@@ -304,26 +299,47 @@ class IncidentService:
         return outcomes
 
     async def _evaluate(self, *, urgent: bool) -> list[Outcome]:
-        """The evaluator's tick, with a turn of the event loop every ``TICK_SLICE_S``.
+        """The evaluator's tick, with a turn of the event loop every ``TICK_SLICE_S``; record it.
 
-        A reload that swaps the rules during a turn ends this tick there: what it evaluated is
-        recorded, and the new evaluator (which took over the engine as it was) goes on next tick.
+        An event that arrives during a regular tick is evaluated at the next turn (an urgent
+        tick between two parts), not after the rest of the tick: what the regular tick found so
+        far is recorded first, so each incident's changes are journaled in order. A reload that
+        swaps the rules during a turn ends this tick there: what it evaluated is recorded, and
+        the new evaluator (which took over the engine as it was) goes on next tick.
         """
-        evaluator, outcomes = self.evaluator, []
+        evaluator = self.evaluator
+        done: list[Outcome] = []
+        found: list[Outcome] = []
         steps = evaluator.steps(urgent=urgent)
         slice_end = self._clock.monotonic() + TICK_SLICE_S
         try:
             for part in steps:
-                outcomes += part
+                found += part
                 if self._clock.monotonic() < slice_end:
                     continue
                 self.slices += 1
                 await asyncio.sleep(0)
                 if self.evaluator is not evaluator:
                     break
+                if not urgent and self._event.is_set():
+                    self._event.clear()
+                    self.urgent_between += 1
+                    done += await self._record_all(found)
+                    found = []
+                    done += await self._record_all(evaluator.tick(urgent=True))
                 slice_end = self._clock.monotonic() + TICK_SLICE_S
         finally:
             steps.close()
+        return done + await self._record_all(found)
+
+    async def _record_all(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Journal each change and hand firings to the sink; return ``outcomes``."""
+        for outcome in outcomes:
+            try:
+                await self._record(outcome)
+            except Exception:  # journaled (and acted on) at a later tick
+                log.exception("incident_record_failed", incident=outcome.transition.incident.id)
+                self._unrecorded.append(outcome)
         return outcomes
 
     async def _record_again(self) -> None:

@@ -13,7 +13,7 @@ from collector.config import CollectorConfig
 from collector.incidents.service import TICK_SLICE_S
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import made_up_hello
 
 pytestmark = pytest.mark.integration
@@ -53,5 +53,35 @@ async def test_a_long_tick_lets_other_work_run(collector_config: Callable[..., C
         assert took > 5 * TICK_SLICE_S, f"the tick took {took:.3f} s: too short to show slices"
         assert service.incidents.slices >= 3
         assert turns - began_turns >= service.incidents.slices  # it ran between the slices
+    finally:
+        await service.stop(grace=None)
+
+
+async def test_an_event_during_a_long_tick_is_acted_on_before_it_ends(
+    collector_config: Callable[..., CollectorConfig],
+):
+    """A node's Xid that arrives while a regular tick evaluates hundreds of nodes fires its
+    incident at the tick's next turn, not after the tick (the node is not among the tick's)."""
+    service = CollectorService(collector_config(rules_interval=3600), SystemClock())
+    await service.start()
+    try:
+        clock = service.clock
+        for i in range(NODES):
+            hello = made_up_hello(f"node-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
+            service.fleet.on_hello(hello, clock.monotonic(), clock.now())
+        late = made_up_hello("late", gpus=1, ib_ports=0)
+
+        async def xid_meanwhile() -> None:
+            await asyncio.sleep(0)  # the tick has begun
+            service.fleet.on_hello(late, clock.monotonic(), clock.now())
+            gpu = Target.gpu(late.gpus[0].uuid)
+            service.fleet.apply_event("late", EventKind.XID, gpu, 13)
+
+        task = asyncio.create_task(xid_meanwhile())
+        await service.incidents.tick()
+        await task
+        assert service.incidents.urgent_between >= 1
+        fired = {(i.rule, i.node) for i in service.evaluator.engine.open_incidents()}
+        assert ("xid_application_error", "late") in fired
     finally:
         await service.stop(grace=None)
