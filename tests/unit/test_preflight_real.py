@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.preflight.real import nccl_tests, nvbandwidth, perftest, real_runners
-from agent.preflight.real.process import run_tool
+from agent.preflight.real.process import ToolRun, run_tool
+from agent.preflight.real.torch_runners import RESULT_PREFIX, TorchLadder
 from agent.preflight.runners import Group, Rail
 from fleetwatch.preflight.gates import load_gates
 from fleetwatch.preflight.vocabulary import Check, Measurement, Verdict
@@ -380,3 +381,13 @@ def test_without_torch_the_fallback_says_so(tmp_path):
     assert all(m.value is None for m in got)
     assert all("torch is not installed for" in m.error for m in got), got[0].error
     assert "no torch on this node" in got[0].error
+
+
+def test_a_rank_that_fails_after_its_result_says_how():
+    """A rank that printed its result and then exited non-zero is a failure with a reason, not
+    an empty one (seen once in CI: "local rank 0: ")."""
+    good = ToolRun(("python3",), 0, RESULT_PREFIX + '{"samples_per_s": 10.0}\n', "", 1.0)
+    died = ToolRun(("python3",), 1, RESULT_PREFIX + '{"samples_per_s": 10.0}\n', "gloo: ", 1.0)
+    result, why, _ = TorchLadder().result([died, good])
+    assert result is None
+    assert why.startswith("local rank 0: python3 exited 1")

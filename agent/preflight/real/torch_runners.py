@@ -96,7 +96,10 @@ class _Torch:
             if run.ok:
                 continue
             _, rank_why = read_result(run)
-            return None, f"local rank {index}: {rank_why}", run.evidence()
+            # a rank that printed a result and then failed (killed at its deadline while the
+            # process group was torn down, a non-zero exit) says so rather than nothing
+            why = rank_why or run.why_not() or "failed after its result"
+            return None, f"local rank {index}: {why}", run.evidence()
         return first, why, runs[0].evidence()
 
 
