@@ -5,7 +5,7 @@ as one callback that was seconds in which no stream was read and no event acked.
 """
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -21,7 +21,10 @@ pytestmark = pytest.mark.integration
 NODES = 300
 
 
-async def test_a_long_tick_lets_other_work_run(collector_config: Callable[..., CollectorConfig]):
+@pytest.fixture
+async def busy(collector_config: Callable[..., CollectorConfig]) -> AsyncIterator[CollectorService]:
+    """A real collector whose model holds ``NODES`` nodes of 8 GPUs that said Hello (so its next
+    tick evaluates each whole), and whose own ticks wait an hour."""
     service = CollectorService(collector_config(rules_interval=3600), SystemClock())
     await service.start()
     try:
@@ -34,54 +37,49 @@ async def test_a_long_tick_lets_other_work_run(collector_config: Callable[..., C
                 for g in hello.gpus
             ]
             service.fleet.apply_samples(hello.node, samples)
-        turns = 0
-        stop = asyncio.Event()
-
-        async def beside() -> None:
-            nonlocal turns
-            while not stop.is_set():
-                turns += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(beside())
-        await asyncio.sleep(0)  # it starts
-        began_turns, began = turns, clock.monotonic()
-        await service.incidents.tick()
-        took = clock.monotonic() - began
-        stop.set()
-        await task
-        assert took > 5 * TICK_SLICE_S, f"the tick took {took:.3f} s: too short to show slices"
-        assert service.incidents.slices >= 3
-        assert turns - began_turns >= service.incidents.slices  # it ran between the slices
+        yield service
     finally:
         await service.stop(grace=None)
 
 
-async def test_an_event_during_a_long_tick_is_acted_on_before_it_ends(
-    collector_config: Callable[..., CollectorConfig],
-):
+async def test_a_long_tick_lets_other_work_run(busy: CollectorService):
+    clock = busy.clock
+    turns = 0
+    stop = asyncio.Event()
+
+    async def beside() -> None:
+        nonlocal turns
+        while not stop.is_set():
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(beside())
+    await asyncio.sleep(0)  # it starts
+    began_turns, began = turns, clock.monotonic()
+    await busy.incidents.tick()
+    took = clock.monotonic() - began
+    stop.set()
+    await task
+    assert took > 5 * TICK_SLICE_S, f"the tick took {took:.3f} s: too short to show slices"
+    assert busy.incidents.slices >= 3
+    assert turns - began_turns >= busy.incidents.slices  # it ran between the slices
+
+
+async def test_an_event_during_a_long_tick_is_acted_on_before_it_ends(busy: CollectorService):
     """A node's Xid that arrives while a regular tick evaluates hundreds of nodes fires its
     incident at the tick's next turn, not after the tick (the node is not among the tick's)."""
-    service = CollectorService(collector_config(rules_interval=3600), SystemClock())
-    await service.start()
-    try:
-        clock = service.clock
-        for i in range(NODES):
-            hello = made_up_hello(f"node-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
-            service.fleet.on_hello(hello, clock.monotonic(), clock.now())
-        late = made_up_hello("late", gpus=1, ib_ports=0)
+    clock = busy.clock
+    late = made_up_hello("late", gpus=1, ib_ports=0)
 
-        async def xid_meanwhile() -> None:
-            await asyncio.sleep(0)  # the tick has begun
-            service.fleet.on_hello(late, clock.monotonic(), clock.now())
-            gpu = Target.gpu(late.gpus[0].uuid)
-            service.fleet.apply_event("late", EventKind.XID, gpu, 13)
+    async def xid_meanwhile() -> None:
+        await asyncio.sleep(0)  # the tick has begun
+        busy.fleet.on_hello(late, clock.monotonic(), clock.now())
+        gpu = Target.gpu(late.gpus[0].uuid)
+        busy.fleet.apply_event("late", EventKind.XID, gpu, 13)
 
-        task = asyncio.create_task(xid_meanwhile())
-        await service.incidents.tick()
-        await task
-        assert service.incidents.urgent_between >= 1
-        fired = {(i.rule, i.node) for i in service.evaluator.engine.open_incidents()}
-        assert ("xid_application_error", "late") in fired
-    finally:
-        await service.stop(grace=None)
+    task = asyncio.create_task(xid_meanwhile())
+    await busy.incidents.tick()
+    await task
+    assert busy.incidents.urgent_between >= 1
+    fired = {(i.rule, i.node) for i in busy.evaluator.engine.open_incidents()}
+    assert ("xid_application_error", "late") in fired

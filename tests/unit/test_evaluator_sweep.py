@@ -427,18 +427,23 @@ rules:
         assert ev.evaluations - before == 8 * 2  # no_growth and hot on 8 GPUs, no link
         assert {i.rule for i in ev.engine.open_incidents()} == {"no_growth"}
 
-    def test_a_link_whose_counter_stepped_is_evaluated_at_the_hello(self):
-        clock = FakeClock()
+    def stepped_link(self, clock: FakeClock, nvlinks: int) -> tuple[FleetModel, Evaluator, Target]:
+        """A node of one GPU whose link 1 counted 90,000 CRC errors in 10 s: link_errors fires."""
         fleet = FleetModel()
         ev = evaluator(self.RATES, fleet, clock, 30.0)
-        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=nvlinks, ib_ports=0), 0.0, 0.0)
         (uuid,) = fleet.view()["n1"].gpus
-        link = Target.nvlink(uuid, 5)
+        link = Target.nvlink(uuid, 1)
         fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 0.0)])
         ev.tick()
         clock.advance(10.0)
         fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
         ev.tick()
+        return fleet, ev, link
+
+    def test_a_link_whose_counter_stepped_is_evaluated_at_the_hello(self):
+        clock = FakeClock()
+        fleet, ev, link = self.stepped_link(clock, 18)
         fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=18, ib_ports=0), 10.0, 0.0)
         fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
         before = ev.evaluations
@@ -468,16 +473,7 @@ rules:
         """A link whose error rate fired, then went quiet past its window: the node's Hello
         evaluates the rate rule there still (it holds an incident), and the incident ends."""
         clock = FakeClock()
-        fleet = FleetModel()
-        ev = evaluator(self.RATES, fleet, clock, 30.0)
-        fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=2, ib_ports=0), 0.0, 0.0)
-        (uuid,) = fleet.view()["n1"].gpus
-        link = Target.nvlink(uuid, 1)
-        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 0.0)])
-        ev.tick()
-        clock.advance(10.0)
-        fleet.apply_samples("n1", [sample_to_pb(link, "nvlink_crc_errors", 90_000.0)])
-        ev.tick()
+        fleet, ev, link = self.stepped_link(clock, 2)
         assert "link_errors" in {i.rule for i in ev.engine.open_incidents()}
         clock.advance(600.0)  # past the 5-minute window: still again
         fleet.on_hello(made_up_hello("n1", gpus=1, nvlinks=2, ib_ports=0), clock.monotonic(), 0.0)
