@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -391,3 +392,24 @@ def test_a_rank_that_fails_after_its_result_says_how():
     result, why, _ = TorchLadder().result([died, good])
     assert result is None
     assert why.startswith("local rank 0: python3 exited 1")
+
+
+def test_a_rank_ends_without_the_interpreters_teardown(tmp_path):
+    """Once its result line is out, a worker leaves at once: a teardown that aborts (as torch's
+    gloo group held by DDP did in CI: SIGABRT, "terminate called without an active exception")
+    cannot turn a finished rank into a failed one."""
+    # an exit handler that aborts, as a C++ destructor during finalisation does
+    boot = (
+        "import atexit, os, runpy; atexit.register(os.abort); "
+        "runpy.run_module('agent.preflight.real.torch_worker', run_name='__main__')"
+    )
+    # no CUDA here (or no torch): the host mode says it cannot run, with its own exit status
+    done = subprocess.run(
+        [sys.executable, "-c", boot, "host", "--gpus", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3, (done.returncode, done.stderr[-500:])
+    assert done.stdout.strip().splitlines()[-1].startswith(RESULT_PREFIX)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import time
 import warnings
@@ -276,5 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_CANNOT if "error" in result else 0
 
 
+def leave(code: int) -> None:
+    """End the rank with ``code`` once its result line is out, skipping the interpreter's teardown.
+
+    Past the result there is nothing left to do, and the teardown is where torch's own threads
+    can still kill the process: a gloo process group still held by DistributedDataParallel's
+    reducer is destroyed during finalisation and aborts with "terminate called without an
+    active exception" (SIGABRT), which made a finished rank look failed under CI's load.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
