@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from collector.incidents.condition_memo import ConditionMemo
 from collector.model.history import History, PastEvent
 from collector.model.slots import SLOT_ALSO, SLOT_KEY, TargetSlot, rules_key
 from collector.model.target_keys import FLEET_KEY, gpu_key, job_key, link_key, node_key, port_key
@@ -341,6 +342,8 @@ class Evaluator:
         self._touched: dict[tuple[str, str], set[str]] = {}  # (node, key) -> signals sampled
         self._reads = {r.name: rule_words(r) for r in rules.rules}
         self._cut_signals = {r.name: reads_named_signals(r) for r in rules.rules}
+        # Answers of the conditions that read nothing but the values they name.
+        self.memo = ConditionMemo({r.name: r.when for r in rules.rules})
         self._reading_cache: dict[tuple[Scope, frozenset[str]], tuple[Rule, ...]] = {}
         self.evaluations = 0
         self.errors: dict[str, int] = {}
@@ -649,8 +652,7 @@ class Evaluator:
         """
         self.evaluations += 1
         context: TargetContext = _Context(self, key, now)
-        view = cel_view(data, self._reads[rule.name], cut_signals=self._cut_signals[rule.name])
-        holds, error = self.env.evaluate(self._compiled[rule.name], view, context)
+        holds, error = self._answer(rule, data, context)
         if error is not None and not error.startswith("NOT_FOUND"):
             count = self.errors[rule.name] = self.errors.get(rule.name, 0) + 1
             if count == 1 or count % ERROR_LOG_EVERY == 0:
@@ -673,6 +675,20 @@ class Evaluator:
             occurrences=occurrences,
         )
         return [Outcome(t, rule, self.verdict(t.incident, rule)) for t in transitions]
+
+    def _answer(
+        self, rule: Rule, data: dict[str, Any], context: TargetContext
+    ) -> tuple[bool, str | None]:
+        """The rule's condition on ``data``: remembered when pure and seen, else from CEL."""
+        memo = self.memo
+        seen = memo.key(rule.name, data)
+        if seen is not None and (answer := memo.get(rule.name, seen)) is not None:
+            return answer
+        view = cel_view(data, self._reads[rule.name], cut_signals=self._cut_signals[rule.name])
+        answer = self.env.evaluate(self._compiled[rule.name], view, context)
+        if seen is not None:
+            memo.put(rule.name, seen, answer)
+        return answer
 
     def holds_now(self, incident: Incident) -> bool | None:
         """Whether the incident's rule holds on its target now, evaluated afresh.
