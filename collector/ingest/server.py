@@ -47,7 +47,7 @@ class FleetServer:
         self._clock = clock
         self._config = config
         self._credentials = credentials
-        self.registry = SessionRegistry(limits, clock.monotonic)
+        self.registry = SessionRegistry(limits)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=settings.server_options())
         # Requests arrive as raw bytes: parsing them in the session lets a malformed or

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,7 +27,6 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from collector.exceptions import JournalFullError
-from collector.ingest.heavy_lane import HEAVY_SAMPLES, HeavyLane
 from collector.ingest.session_events import StreamEvents, Warnings
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestThrottle
 from collector.store.sqlite import EventRow, NodeRow
@@ -43,8 +41,6 @@ from fleetwatch.wire.validate_jobs import validate_job_report
 from fleetwatch.wire.validate_preflight import ScreenedResult, screen_result
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from collector.ingest.throttle import Budget, IngestLimits, NodeIngest
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
@@ -95,11 +91,8 @@ class SessionRegistry:
     write a node's previous stream may still have in flight.
     """
 
-    def __init__(
-        self, limits: IngestLimits = DEFAULT_LIMITS, timer: Callable[[], float] = time.monotonic
-    ) -> None:
-        """No streams yet; every node gets ``limits``; ``timer`` slices the heavy lane."""
-        self.heavy = HeavyLane(timer)
+    def __init__(self, limits: IngestLimits = DEFAULT_LIMITS) -> None:
+        """No streams yet; every node gets ``limits``."""
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._sessions: dict[str, StreamSession] = {}
         self._writes: dict[str, asyncio.Future[None]] = {}
@@ -439,13 +432,8 @@ class StreamSession:
             await self.node_reachable()
         body = message.WhichOneof("body")
         if body == "report":
-            report = message.report
-            samples = len(report.samples)
-            if samples > HEAVY_SAMPLES:  # a first Report: its turn, so the others go on
-                await self._registry.heavy.run(lambda: self._report(report))
-            else:
-                self._report(report)
-            await self._pace("samples", samples)
+            self._report(message.report)
+            await self._pace("samples", len(message.report.samples))
         elif body == "event":
             await events.take(message.event, self._inventory)
             await self._pace("events", 1)

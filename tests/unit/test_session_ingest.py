@@ -351,32 +351,3 @@ class TestSettle:
         gate.set_result(None)
         await asyncio.wait_for(settling, 1)
         await registry.settle("n2")  # nothing in flight: at once
-
-
-class TestHeavyLane:
-    async def test_a_first_report_takes_its_turn_in_the_lane_and_a_small_one_does_not(self, make):
-        """A Report of more than HEAVY_SAMPLES samples (a stream's first) is handled in the
-        registry's lane; every sample still reaches the model, in order with the rest."""
-        from collector.ingest.heavy_lane import HEAVY_SAMPLES  # noqa: PLC0415
-
-        c = make()
-        gpu = pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=UUID)
-        other = pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=made_up_uuid(NODE, 1))
-        big = pb.Report(
-            time_unix_ms=NOW_MS,
-            samples=[
-                pb.Sample(target=gpu if i < 200 else other, signal=f"made_up_{i}", int_value=i)
-                for i in range(HEAVY_SAMPLES + 1)
-            ],
-        )
-        small = pb.Report(
-            time_unix_ms=NOW_MS,
-            samples=[pb.Sample(target=gpu, signal="made_up_0", int_value=7)],
-        )
-        await c.stream(pb.AgentMessage(report=big), pb.AgentMessage(report=small))
-        assert c.registry.heavy.done == 1
-        assert c.stats.reports == 2
-        gpus = c.fleet.snapshot()[NODE].gpus
-        assert gpus[UUID].signals["made_up_0"] == 7  # the small one came after
-        last = gpus[made_up_uuid(NODE, 1)].signals[f"made_up_{HEAVY_SAMPLES}"]
-        assert last == HEAVY_SAMPLES
