@@ -226,12 +226,19 @@ class Load:
             await call.write(node.wire.report(self.rec.first, int(time.time() * 1000)))
             # known before the probe is written: a quick collector's ack can come first
             node.ready_seq = node.seq + 1
-            await self._probe(node, call)
+            # Not a probe of the window: it waits behind the node's own first Report, and its
+            # ack is what makes the node ready (timed as such by the reconnect storm).
+            await self._probe(node, call, counted=False)
 
-    async def _probe(self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes]) -> int:
-        """Send the recorded AER event as the node's next event (the caller holds the lock)."""
+    async def _probe(
+        self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes], *, counted: bool = True
+    ) -> int:
+        """Send the recorded AER event as the node's next event (the caller holds the lock).
+
+        ``counted``: its send-to-ack time is one of the window's probe latencies.
+        """
         node.seq += 1
-        node.pending[node.seq] = (time.monotonic(), self.window is not None)
+        node.pending[node.seq] = (time.monotonic(), counted and self.window is not None)
         await call.write(node.wire.event(self.rec.probe, node.seq, int(time.time() * 1000)))
         if self.window is not None:
             self.window.events += 1
@@ -287,8 +294,11 @@ class Load:
             node = self.rng.choice(nodes)
             if node.call is None or not node.ready.is_set() or node.lock.locked():
                 continue
-            async with node.lock:
-                await self._probe(node, node.call)
+            # A stream that broke under it (its collector was killed) is the stream task's
+            # to count; this task must go on probing the others.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                async with node.lock:
+                    await self._probe(node, node.call)
 
     async def _read(self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes]) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
