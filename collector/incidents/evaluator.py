@@ -679,9 +679,13 @@ class Evaluator:
     def _answer(
         self, rule: Rule, data: dict[str, Any], context: TargetContext
     ) -> tuple[bool, str | None]:
-        """The rule's condition on ``data``: remembered when pure and seen, else from CEL."""
+        """The rule's condition on ``data``: remembered when pure and seen, else from CEL.
+
+        A pure condition's key holds the values of the windows it asks (``context``), so a
+        window that moves is a new key, as a field that changes is.
+        """
         memo = self.memo
-        seen = memo.key(rule.name, data)
+        seen = memo.key(rule.name, data, context)
         if seen is not None and (answer := memo.get(rule.name, seen)) is not None:
             return answer
         view = cel_view(data, self._reads[rule.name], cut_signals=self._cut_signals[rule.name])

@@ -16,21 +16,30 @@ import pytest
 from collector.incidents.condition_memo import MEMO_LIMIT, ConditionMemo, memo_plan
 from collector.incidents.evaluator import Evaluator, _Context
 from collector.model.fleet import FleetModel
-from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.loader import load_rules, parse_rules
 from rules.xid_catalog import load_catalog
 from tests.unit.test_cel_view import Capturing, signal_words
 
+EVENTS = (
+    (EventKind.XID, 119),
+    (EventKind.XID, 13),
+    (EventKind.XID, 79),
+    (EventKind.GPU_LOST, 0),
+    (EventKind.SXID, 0),
+    (EventKind.MACHINE_CHECK, 0),
+    (EventKind.IB_DEVICE_REMOVED, 0),
+)
 VALUES = (0, 1, 2, 3, 5, 40, 80, 89, 90, 95, 400, 10**6, 0.5, 1.0, 89.0, 99.5)
 
 
 @pytest.mark.parametrize(
     "condition",
     [
-        'events("sxid", "1h") > 0',
-        'xids("10m").exists(x, x.action == "RESET_GPU")',
-        'rate("nvlink_crc_errors", "5m") > 100.0',
+        'events(node.name, "1h") > 0',  # a window asked by a computed argument
+        'share_of_ports("ib_port_xmit_wait_per_second", 100000.0) >= 0.25',
+        'xids("10m").exists(x, gpu.signals.exists(k, k == x.class))',
         "size(gpu.signals) > 3",
         "gpu.signals.exists(k, k == 'x')",
         'gpu.signals["temperature_" + "celsius"] > 90',
@@ -58,6 +67,51 @@ def test_a_condition_of_named_fields_is_kept_with_what_it_reads():
     assert set(by_variable) == {"node", "gpu"}
     assert by_variable["gpu"][0] == ("present",)
     assert by_variable["gpu"][1] == ("bmc_fans_failed", "temperature_celsius")
+
+
+class Windows:
+    """A target's windows, as the evaluator's context gives them to CEL."""
+
+    def __init__(self, events: int = 0, xids: list[dict[str, Any]] | None = None) -> None:
+        self._events = events
+        self._xids = xids or []
+        self.asked: list[tuple[str, str, float]] = []
+
+    def events(self, kind: str, window_s: float) -> int:
+        self.asked.append(("events", kind, window_s))
+        return self._events
+
+    def xids(self, window_s: float) -> list[dict[str, Any]]:
+        self.asked.append(("xids", "", window_s))
+        return self._xids
+
+    def increase(self, signal: str, window_s: float) -> float:
+        self.asked.append(("increase", signal, window_s))
+        return 0.0
+
+    def share_of_ports(self, signal: str, above: float) -> float:
+        raise AssertionError((signal, above, "never in a key"))
+
+
+def test_windows_asked_by_literal_arguments_are_part_of_the_key():
+    memo = ConditionMemo(
+        {
+            "sxid": 'events("sxid", "1h") > 0',
+            "reset": 'xids("10m").exists(x, x.action == "RESET_GPU")',
+            "crc": 'rate("nvlink_crc_errors", "5m") > 100.0',
+        }
+    )
+    assert all(memo.pure(rule) for rule in ("sxid", "reset", "crc"))
+    quiet, busy = Windows(), Windows(events=2)
+    assert memo.key("sxid", {}, quiet) != memo.key("sxid", {}, busy)
+    assert memo.key("sxid", {}, Windows()) == memo.key("sxid", {}, quiet)
+    assert quiet.asked == [("events", "sxid", 3600.0)] * 2
+    reset = [{"xid": 119, "class": "gsp", "action": "RESET_GPU", "fatal": False}]
+    assert memo.key("reset", {}, Windows()) != memo.key("reset", {}, Windows(xids=reset))
+    crc = Windows()
+    assert memo.key("crc", {}, crc) is not None
+    assert crc.asked == [("increase", "nvlink_crc_errors", 300.0)]
+    assert memo.key("sxid", {}) is None  # no context: no key
 
 
 def test_the_key_tells_types_and_absence_apart():
@@ -91,8 +145,9 @@ def test_answers_start_over_at_the_limit():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_every_builtin_rule_answers_alike_for_alike_keys(seed: int):
-    """Random values (ints, floats, absences) of every signal the rules name, on many
-    targets: evaluations whose keys agree get the same answer from CEL itself."""
+    """Random values (ints, floats, absences) of every signal the rules name, counters that
+    step and random events, on many targets: evaluations whose keys agree get the same answer
+    from CEL itself."""
     rng = random.Random(seed)  # noqa: S311 - made-up values, not secrets
     rules = load_rules(builtin=True)
     clock = FakeClock()
@@ -107,24 +162,28 @@ def test_every_builtin_rule_answers_alike_for_alike_keys(seed: int):
         targets = [Target.node()]
         targets += [Target.gpu(u) for u in node.gpus]
         targets += [Target.ib_port(p.device, p.port) for p in node.ports.values()]
-        samples = [
-            sample_to_pb(target, word, rng.choice(VALUES))
-            for target in targets
-            for word in words
-            if rng.random() < 0.5  # the others absent
-        ]
-        fleet.apply_samples(name, samples)
+        for _ in range(2):  # twice: counters step, so the windows' increases move
+            samples = [
+                sample_to_pb(target, word, rng.choice(VALUES))
+                for target in targets
+                for word in words
+                if rng.random() < 0.5  # the others absent
+            ]
+            fleet.apply_samples(name, samples)
+            clock.advance(1.0)
+        for _ in range(rng.randrange(4)):  # and some nodes have events in their windows
+            kind, xid = rng.choice(EVENTS)
+            ev.note_event(name, kind, rng.choice(targets[:3]), xid)
     ev.tick()  # the first tick evaluates every node whole
     memo = ConditionMemo({r.name: r.when for r in rules.rules})
     answers: dict[tuple[str, Any], tuple[bool, bool]] = {}
     compared = 0
     for rule, key, data in ev.seen:
-        seen = memo.key(rule.name, data)
+        context = _Context(ev, key, clock.monotonic())
+        seen = memo.key(rule.name, data, context)
         if seen is None:
             continue
-        holds, error = ev.env.evaluate(
-            ev._compiled[rule.name], data, _Context(ev, key, clock.monotonic())
-        )
+        holds, error = ev.env.evaluate(ev._compiled[rule.name], data, context)
         answer = (holds, error is None)
         earlier = answers.setdefault((rule.name, seen), answer)
         compared += earlier is not answer
