@@ -47,9 +47,10 @@ _CALL: Final = re.compile(
     + r"\s*\)"
 )
 _CALL_MACRO: Final = re.compile(r"__window__\s*\.\s*(?:all|exists|exists_one|filter|map)\s*\(")
-# What makes a condition read more than the fields it names, or read the clock's windows.
+# What makes a condition read more than the fields it names (checked once the windows asked
+# with literal arguments are taken out: any window left has computed arguments, or is the fleet's).
 _IMPURE: Final = re.compile(
-    r"\b(?:events|xids|increase|rate|share_of_ports|size)\s*\("  # windows; size() of a map
+    r"\b(?:events|xids|increase|rate|share_of_ports|size)\s*\("  # such windows; size() of a map
     r"|\.\s*(?:all|exists|exists_one|filter|map|size)\s*\("  # macros that walk a map
     r"|[\w)\]]\s*\["  # an index: a key that may be computed
     r"|\{"  # a map literal: a map compared whole

@@ -57,6 +57,43 @@ def signal_words(rules: list[Rule]) -> list[str]:
     return sorted({w for r in rules for w in rule_words(r) if "_" in w and w.islower()})
 
 
+def random_node(
+    fleet: FleetModel,
+    name: str,
+    rng: random.Random,
+    words: list[str],
+    values: tuple[float, ...],
+    *,
+    present: float,
+    nvlinks: bool = False,
+    clock: FakeClock | None = None,
+) -> list[Target]:
+    """A node said Hello and sent two Reports of random values of ``words`` on its targets.
+
+    Twice: counters step, so windows move and every rule is asked (``clock``, when given,
+    moves a second after each). Each value is there with probability ``present``. Returns
+    the node's targets: the node, its GPUs (their NVLinks when ``nvlinks``) and its IB ports.
+    """
+    fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=2, ib_ports=2), 0.0, 0.0)
+    node = fleet.view()[name]
+    targets = [Target.node()]
+    targets += [Target.gpu(u) for u in node.gpus]
+    if nvlinks:
+        targets += [Target.nvlink(u, link) for u in node.gpus for link in range(2)]
+    targets += [Target.ib_port(p.device, p.port) for p in node.ports.values()]
+    for _ in range(2):
+        samples = [
+            sample_to_pb(target, word, rng.choice(values))
+            for target in targets
+            for word in words
+            if rng.random() < present  # the others absent
+        ]
+        fleet.apply_samples(name, samples)
+        if clock is not None:
+            clock.advance(1.0)
+    return targets
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_builtin_rule_decides_the_same_on_the_cut(seed: int):
     rng = random.Random(seed)  # noqa: S311 - made-up values, not secrets
@@ -67,21 +104,7 @@ def test_every_builtin_rule_decides_the_same_on_the_cut(seed: int):
     fleet.observer = ev
     words = signal_words(list(rules.rules))
     for n in range(3):
-        name = f"n{n}"
-        fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=2, ib_ports=2), 0.0, 0.0)
-        node = fleet.view()[name]
-        targets = [Target.node()]
-        targets += [Target.gpu(u) for u in node.gpus]
-        targets += [Target.nvlink(u, link) for u in node.gpus for link in range(2)]
-        targets += [Target.ib_port(p.device, p.port) for p in node.ports.values()]
-        for _ in range(2):  # twice: counters step, so windows move and every rule is asked
-            samples = [
-                sample_to_pb(target, word, rng.choice(VALUES))
-                for target in targets
-                for word in words
-                if rng.random() < 0.6  # the others absent
-            ]
-            fleet.apply_samples(name, samples)
+        random_node(fleet, f"n{n}", rng, words, VALUES, present=0.6, nvlinks=True)
     ev.tick()  # the first tick evaluates every node whole
     assert len(ev.seen) > 150
     env = ev.env

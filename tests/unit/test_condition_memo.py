@@ -20,7 +20,7 @@ from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
 from rules.loader import load_rules, parse_rules
 from rules.xid_catalog import load_catalog
-from tests.unit.test_cel_view import Capturing, signal_words
+from tests.unit.test_cel_view import Capturing, random_node, signal_words
 
 EVENTS = (
     (EventKind.XID, 119),
@@ -157,20 +157,7 @@ def test_every_builtin_rule_answers_alike_for_alike_keys(seed: int):
     words = signal_words(list(rules.rules))
     for n in range(6):
         name = f"n{n}"
-        fleet.on_hello(made_up_hello(name, gpus=2, nvlinks=2, ib_ports=2), 0.0, 0.0)
-        node = fleet.view()[name]
-        targets = [Target.node()]
-        targets += [Target.gpu(u) for u in node.gpus]
-        targets += [Target.ib_port(p.device, p.port) for p in node.ports.values()]
-        for _ in range(2):  # twice: counters step, so the windows' increases move
-            samples = [
-                sample_to_pb(target, word, rng.choice(VALUES))
-                for target in targets
-                for word in words
-                if rng.random() < 0.5  # the others absent
-            ]
-            fleet.apply_samples(name, samples)
-            clock.advance(1.0)
+        targets = random_node(fleet, name, rng, words, VALUES, present=0.5, clock=clock)
         for _ in range(rng.randrange(4)):  # and some nodes have events in their windows
             kind, xid = rng.choice(EVENTS)
             ev.note_event(name, kind, rng.choice(targets[:3]), xid)
