@@ -24,8 +24,9 @@ import structlog
 
 from agent.collector_list import CollectorRotation
 from fleetwatch.clock import unix_ms, wait_for_event
-from fleetwatch.model import Target, sample_to_pb
+from fleetwatch.model import Target
 from fleetwatch.wire import settings
+from fleetwatch.wire.grouped import report_of
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class CollectorLink:
         self._running: set[asyncio.Task[None]] = set()
         self.connected = False
         self.connections = 0
+        self.grouped_reports = False  # what the last Welcome said (Report.targets read)
         self.failures = 0
         self._welcomed = False  # this attempt got its Welcome
         self.cut_until = 0.0  # monotonic: no stream before then (see cut_off)
@@ -253,6 +255,9 @@ class CollectorLink:
             raise ProtocolError(msg)
         self._outbox.welcome(welcome.journaled.seq)
         self.intervals.apply(welcome.config)
+        # A collector that says so reads samples grouped by target (half the bytes); an older
+        # one reads only one Sample each.
+        self.grouped_reports = welcome.grouped_reports
         self._welcomed = True
         self.connected = True
         self.connections += 1
@@ -336,10 +341,7 @@ class CollectorLink:
             changes = self._live.take_all() if first_report else self._live.take_changes()
             due = self._clock.monotonic() - last_write >= self.intervals.heartbeat
             if changes or due or first_report:
-                report = pb.Report(
-                    time_unix_ms=unix_ms(self._clock),
-                    samples=[sample_to_pb(key[0], key[1], value) for key, value in changes],
-                )
+                report = report_of(unix_ms(self._clock), changes, grouped=self.grouped_reports)
                 await self._write(call, lock, pb.AgentMessage(report=report))
                 last_write = self._clock.monotonic()
                 first_report = False

@@ -220,19 +220,25 @@ _FLOAT_MAX_INT: Final = int(sys.float_info.max)
 SampleKey = tuple[Target, str]
 
 
-def sample_to_pb(target: Target, signal: str, value: SampleValue) -> pb.Sample:
-    """Build a wire sample; bool counts as int, like the rest of Python.
+def wire_value(value: SampleValue) -> int | float | str:
+    """A sample's value as it goes on the wire; bool counts as int, like the rest of Python.
 
     An int beyond int64 (a 64-bit counter near its top, times 4 for IB data counters) goes as
     a real value rather than fail the whole report.
     """
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+        return float(max(-_FLOAT_MAX_INT, min(value, _FLOAT_MAX_INT)))
+    return value
+
+
+def sample_to_pb(target: Target, signal: str, value: SampleValue) -> pb.Sample:
+    """Build a wire sample (the value as :func:`wire_value` puts it)."""
     msg = pb.Sample(target=target.to_pb(), signal=signal)
+    value = wire_value(value)
     if isinstance(value, str):
         msg.text_value = value
-    elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
-        msg.int_value = value
     elif isinstance(value, int):
-        msg.real_value = float(max(-_FLOAT_MAX_INT, min(value, _FLOAT_MAX_INT)))
+        msg.int_value = value
     else:
         msg.real_value = value
     return msg

@@ -44,6 +44,7 @@ from agent.sim.scenario import Fault
 from fleetwatch.logs import configure_logging
 from fleetwatch.testing import free_port
 from fleetwatch.wire import settings
+from fleetwatch.wire.grouped import keyed_samples, sample_count
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
@@ -104,7 +105,8 @@ class Tape:
         hello = pb.AgentMessage.FromString(first).hello
         kept = self.messages.setdefault(hello.node, [])
         kept.append((self.clock.monotonic(), pb.AgentMessage.FromString(first)))
-        welcome = pb.Welcome(journaled=pb.Ack(boot_id=hello.boot_id, seq=0))
+        # As the collector does: the agents send their samples grouped by target.
+        welcome = pb.Welcome(journaled=pb.Ack(boot_id=hello.boot_id, seq=0), grouped_reports=True)
         await context.write(pb.CollectorMessage(welcome=welcome).SerializeToString())
         while isinstance(raw := await context.read(), bytes):
             msg = pb.AgentMessage.FromString(raw)
@@ -200,7 +202,7 @@ async def record(
 
 def reads_counters(report: pb.Report) -> bool:
     """Whether a report carries the IB counters (read every counter interval, not every poll)."""
-    return any(s.target.kind == pb.TARGET_KIND_IB_PORT for s in report.samples)
+    return any(key[0] == pb.TARGET_KIND_IB_PORT for key, _, _ in keyed_samples(report))
 
 
 def steady_cycle(reports: list[pb.Report]) -> list[pb.Report]:
@@ -245,7 +247,7 @@ def build(tape: Tape, gpus: dict[str, int], meta: dict[str, Any]) -> Recording:
                 break
             if body == "event":
                 script.append(("event", m.event.SerializeToString()))
-            elif body == "report" and m.report.samples:
+            elif body == "report" and sample_count(m.report):
                 script.append(("report", samples_of(m.report)))
         if not script:
             msg = f"{name}: the agent sent nothing within {SCRIPT_S:g} s of the fault"
@@ -265,10 +267,10 @@ def build(tape: Tape, gpus: dict[str, int], meta: dict[str, Any]) -> Recording:
 
 def describe(rec: Recording) -> str:
     sizes = [len(s) for s in rec.steady]
-    counts = [len(pb.Report.FromString(s).samples) for s in rec.steady]
+    counts = [sample_count(pb.Report.FromString(s)) for s in rec.steady]
     lines = [
         (
-            f"recording: first report {len(pb.Report.FromString(rec.first).samples)} samples "
+            f"recording: first report {sample_count(pb.Report.FromString(rec.first))} samples "
             f"({len(rec.first):,} bytes); {len(rec.steady)} steady reports, "
             f"{min(counts)}-{max(counts)} samples (mean {sum(counts) / len(counts):.1f}), "
             f"{min(sizes)}-{max(sizes)} bytes (mean {sum(sizes) / len(sizes):.0f})"
@@ -281,7 +283,7 @@ def describe(rec: Recording) -> str:
                 e = pb.Event.FromString(raw)
                 kinds.append(f"event {pb.EventKind.Name(e.kind)} xid {e.xid}")
             else:
-                kinds.append(f"report of {len(pb.Report.FromString(raw).samples)} samples")
+                kinds.append(f"report of {sample_count(pb.Report.FromString(raw))} samples")
         lines.append(f"  fault {name} (GPU {f.gpu}): {'; '.join(kinds)}")
     return "\n".join(lines)
 

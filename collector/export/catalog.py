@@ -1095,7 +1095,7 @@ _INGEST = _specs(
             (
                 "Report samples refused on their own (the rest of the report is taken), by "
                 "reason: bad_signal, bad_target, no_value, not_finite, text_too_long, "
-                "wrong_type, negative, out_of_range."
+                "uneven_columns, wrong_type, negative, out_of_range."
             ),
         ),
         (

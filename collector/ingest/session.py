@@ -411,6 +411,7 @@ class StreamSession:
             collector_version=__version__,
             journaled=pb.Ack(boot_id=self._boot_id, seq=high),
             config=self._config,
+            grouped_reports=True,
         )
         self._context = context
         await self._send(pb.CollectorMessage(welcome=welcome))
@@ -432,8 +433,7 @@ class StreamSession:
             await self.node_reachable()
         body = message.WhichOneof("body")
         if body == "report":
-            self._report(message.report)
-            await self._pace("samples", len(message.report.samples))
+            await self._pace("samples", self._report(message.report))
         elif body == "event":
             await events.take(message.event, self._inventory)
             await self._pace("events", 1)
@@ -474,7 +474,8 @@ class StreamSession:
             if self._fleet.touch(self._node, self._clock.monotonic(), self._clock.now()):
                 await self.node_reachable()
 
-    def _report(self, report: pb.Report) -> None:
+    def _report(self, report: pb.Report) -> int:
+        """Screen and apply a Report; return how many samples it carried."""
         screened = self._screen.screen(report)
         self._check_report_time(report.time_unix_ms)
         for reason, count in screened.rejected.items():
@@ -482,7 +483,8 @@ class StreamSession:
             self._warnings.warn("sample_refused", reason=reason, error=screened.examples[reason])
         self._stats.counter_resets += self._fleet.apply_keyed(self._node, screened.accepted)
         self._stats.reports += 1
-        self._stats.samples += len(report.samples)
+        self._stats.samples += screened.count
+        return screened.count
 
     def _check_report_time(self, time_ms: int) -> None:
         """Count a report time that cannot be right (reports are placed by receipt anyway)."""

@@ -23,6 +23,7 @@ from fleetwatch.model import (
     target_from_key,
     target_key_of,
 )
+from fleetwatch.wire.grouped import keyed_samples
 from fleetwatch.wire.plausible import is_counter
 
 if TYPE_CHECKING:
@@ -244,8 +245,8 @@ class FleetModel:
         return gone
 
     def apply_report(self, name: str, report: pb.Report) -> int:
-        """Apply a (validated) Report's samples; return how many counters went down."""
-        return self.apply_samples(name, report.samples)
+        """Apply a (validated) Report's samples, both forms; return how many counters went down."""
+        return self.apply_keyed(name, list(keyed_samples(report)))
 
     def apply_samples(self, name: str, samples: Iterable[pb.Sample]) -> int:
         """Apply (validated) wire samples; return how many counters went down."""
@@ -270,12 +271,20 @@ class FleetModel:
             by_key, all_values = slots.by_key, slots.values
             traits = self._traits
             self._changed[name] = next(self._ticks)
+            # A grouped Report's samples of one target come in a run under one key object:
+            # its slot and target are resolved once for the run.
+            last_key: TargetKey | None = None
+            target: Target | None = None
             for key, signal, value in samples:
-                slot = by_key.get(key) or slots.add(node, key)
+                if key is not last_key:
+                    last_key, target = key, None
+                    slot = by_key.get(key) or slots.add(node, key)
+                    values = all_values[slot[1]]
                 trait = traits.get(signal) or self._trait(signal)
-                values = all_values[slot[1]]
                 if values is None or trait[1]:
-                    resets += _apply_value(node, target_from_key(key), signal, value)
+                    if target is None:
+                        target = target_from_key(key)
+                    resets += _apply_value(node, target, signal, value)
                 else:
                     old = values.get(signal)
                     if old is not None:

@@ -22,6 +22,7 @@ from typing import Final
 
 from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.model import SampleValue, TargetKey, sample_value_from_pb
+from fleetwatch.wire.grouped import sample_count
 from fleetwatch.wire.plausible import rule_for, value_problem
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -216,6 +217,7 @@ class ScreenedReport:
     rejected: Counter[str] = field(default_factory=Counter)
     # the first refusal of each reason, in words, for the log
     examples: dict[str, str] = field(default_factory=dict)
+    count: int = 0  # the samples the report carried, taken or not
 
 
 def sample_problem(sample: pb.Sample, inventory: Inventory) -> tuple[str, str] | None:
@@ -239,12 +241,50 @@ def sample_problem(sample: pb.Sample, inventory: Inventory) -> tuple[str, str] |
     return None
 
 
-def _check_size(report: pb.Report) -> None:
+def _check_size(report: pb.Report) -> int:
+    """Raise when a Report is too large to be one; else return its number of ungrouped samples.
+
+    Grouped samples are counted as they are screened (a Report's bytes bound the work, and
+    nothing of a Report is applied before all of it is screened).
+    """
+    count = len(report.samples)
     _require(
-        len(report.samples) <= MAX_SAMPLES,
+        count <= MAX_SAMPLES,
         "invalid_report",
-        f"{len(report.samples)} samples in one report; limit {MAX_SAMPLES}",
+        f"{count} samples in one report; limit {MAX_SAMPLES}",
     )
+    _require(
+        len(report.targets) <= MAX_SAMPLES,
+        "invalid_report",
+        f"{len(report.targets)} target groups in one report; limit {MAX_SAMPLES}",
+    )
+    return count
+
+
+def column_problem(signal: str, value: SampleValue) -> tuple[str, str] | None:
+    """(reason, message) when one grouped sample breaks the contract, else None.
+
+    The grouped twin of :func:`sample_problem` (its target is checked once for its group).
+    """
+    if not _good_signal(signal):
+        return "bad_signal", f"signal name {signal[:80]!r} is not snake_case"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not_finite", f"sample {signal} value {value} is not finite"
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return "text_too_long", f"sample {signal} text longer than {MAX_TEXT} characters"
+    return None
+
+
+def _uneven(group: pb.TargetSamples) -> str | None:
+    """What is wrong with a group's columns, or None when each pair has one length."""
+    for names, values, kind in (
+        (group.int_signals, group.int_values, "int"),
+        (group.real_signals, group.real_values, "real"),
+        (group.text_signals, group.text_values, "text"),
+    ):
+        if len(names) != len(values):
+            return f"{len(names)} {kind} signal names for {len(values)} values"
+    return None
 
 
 def validate_report(report: pb.Report, inventory: Inventory) -> None:
@@ -254,6 +294,29 @@ def validate_report(report: pb.Report, inventory: Inventory) -> None:
         problem = sample_problem(sample, inventory)
         if problem is not None:
             raise WireError("invalid_report", problem[1])
+    count = sample_count(report)
+    _require(
+        count <= MAX_SAMPLES,
+        "invalid_report",
+        f"{count} samples in one report; limit {MAX_SAMPLES}",
+    )
+    for group in report.targets:
+        validate_target(group.target, inventory, "invalid_report")
+        uneven = _uneven(group)
+        _require(uneven is None, "invalid_report", f"target group: {uneven}")
+        for signal, value in _columns(group):
+            problem = column_problem(signal, value)
+            if problem is not None:
+                raise WireError("invalid_report", problem[1])
+
+
+def _columns(group: pb.TargetSamples) -> list[tuple[str, SampleValue]]:
+    """A group's (signal, value) pairs, every type (columns of unequal length cut short)."""
+    pairs: list[tuple[str, SampleValue]] = []
+    pairs.extend(zip(group.int_signals, group.int_values, strict=False))
+    pairs.extend(zip(group.real_signals, group.real_values, strict=False))
+    pairs.extend(zip(group.text_signals, group.text_values, strict=False))
+    return pairs
 
 
 def screen_report(report: pb.Report, inventory: Inventory) -> ScreenedReport:
@@ -281,8 +344,7 @@ class SampleScreen:
 
     def screen(self, report: pb.Report) -> ScreenedReport:
         """See :func:`screen_report`."""
-        _check_size(report)
-        out = ScreenedReport()
+        out = ScreenedReport(count=_check_size(report))
         checked, accepted = self._checked, out.accepted
         for sample in report.samples:
             t = sample.target
@@ -309,7 +371,67 @@ class SampleScreen:
             reason, message = problem
             out.rejected[reason] += 1
             out.examples.setdefault(reason, message)
+        if report.targets:
+            out.count += self._screen_groups(report, out)
+            _require(
+                out.count <= MAX_SAMPLES,
+                "invalid_report",
+                f"{out.count} samples in one report; limit {MAX_SAMPLES}",
+            )
         return out
+
+    def _screen_groups(self, report: pb.Report, out: ScreenedReport) -> int:
+        """Screen the grouped samples (``Report.targets``); return how many there were.
+
+        A group's target is checked once (and then known); an int is checked against its
+        signal's range (:func:`_int_bounds`), which is what most of a Report's values are.
+        """
+        count = 0
+        for group in report.targets:
+            ints, numbers = group.int_signals, group.int_values
+            reals, floats = group.real_signals, group.real_values
+            texts, strings = group.text_signals, group.text_values
+            size = len(ints) + len(reals) + len(texts)
+            count += size
+            if len(ints) != len(numbers) or len(reals) != len(floats) or len(texts) != len(strings):
+                size = max(size, len(numbers) + len(floats) + len(strings))
+                _refuse(out, "uneven_columns", f"target group: {_uneven(group)}", size)
+                continue
+            key = self._group_key(group.target, out, size)
+            if key is None:
+                continue
+            accepted = out.accepted
+            for signal, number in zip(ints, numbers, strict=True):
+                bounds = _int_bounds(signal)
+                if bounds is not None and bounds[0] <= number <= bounds[1]:
+                    accepted.append((key, signal, number))
+                else:
+                    _slow_check(out, key, signal, number)
+            for signal, real in zip(reals, floats, strict=True):
+                if math.isfinite(real) and _good_signal(signal) and rule_for(signal).fits(real):
+                    accepted.append((key, signal, real))
+                else:
+                    _slow_check(out, key, signal, real)
+            for signal, text in zip(texts, strings, strict=True):
+                if len(text) <= MAX_TEXT and _good_signal(signal) and rule_for(signal).fits(text):
+                    accepted.append((key, signal, text))
+                else:
+                    _slow_check(out, key, signal, text)
+        return count
+
+    def _group_key(self, t: pb.Target, out: ScreenedReport, size: int) -> TargetKey | None:
+        """The key of a group's target; None (its ``size`` samples refused) when it is bad."""
+        key = (t.kind, t.gpu_uuid, t.index, t.device)
+        if key in self._checked:
+            return key
+        try:
+            validate_target(t, self._inventory, "bad_target")
+        except WireError as exc:
+            _refuse(out, "bad_target", f"target group: {exc}", size)
+            return None
+        if len(self._checked) < MAX_CHECKED_TARGETS:
+            self._checked.add(key)
+        return key
 
     def _problem(self, sample: pb.Sample, key: TargetKey) -> tuple[str, str] | None:
         """Every check, in words (a sample the quick path did not take)."""
@@ -320,6 +442,45 @@ class SampleScreen:
             self._checked.add(key)
         found = value_problem(sample.signal, sample_value_from_pb(sample))
         return None if found is None else (found[0], f"sample {sample.signal}: {found[1]}")
+
+
+def _refuse(out: ScreenedReport, reason: str, message: str, count: int) -> None:
+    out.rejected[reason] += count
+    out.examples.setdefault(reason, message)
+
+
+@lru_cache(maxsize=4096)
+def _int_bounds(signal: str) -> tuple[float, float] | None:
+    """The range an int value of ``signal`` must fall in; None when no int can be right.
+
+    The same answer as :meth:`Plausible.fits` for ints (a flag's 0..1 holds only 0 and 1),
+    from one cached lookup: None for a malformed name or a text signal.
+    """
+    if not _good_signal(signal):
+        return None
+    rule = rule_for(signal)
+    if rule.shape == "text":
+        return None
+    if rule.shape == "any":
+        return (-math.inf, math.inf)
+    return (rule.low, rule.high)
+
+
+def _slow_check(out: ScreenedReport, key: TargetKey, signal: str, value: SampleValue) -> None:
+    """Every check of one grouped sample the quick test did not take.
+
+    It is refused by its first problem and counted, or taken after all.
+    """
+    problem = column_problem(signal, value)
+    if problem is None:
+        found = value_problem(signal, value)
+        if found is None:
+            out.accepted.append((key, signal, value))
+            return
+        problem = (found[0], f"sample {signal}: {found[1]}")
+    reason, message = problem
+    out.rejected[reason] += 1
+    out.examples.setdefault(reason, message)
 
 
 @lru_cache(maxsize=4096)

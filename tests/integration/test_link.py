@@ -1,6 +1,7 @@
 """The agent's link against collectors that misbehave."""
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ from fleetwatch.clock import SystemClock
 from fleetwatch.model import Target
 from fleetwatch.testing import wait_until
 from fleetwatch.wire import settings
+from fleetwatch.wire.grouped import keyed_samples
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -91,6 +93,43 @@ async def test_a_cancel_that_grpc_turns_into_its_own_error_still_ends_the_link()
     assert link.failures == 0
 
 
+StandIn = Callable[
+    [object, grpc.aio.ServicerContext[pb.AgentMessage, pb.CollectorMessage]], Awaitable[None]
+]
+
+
+async def stand_in(collector: StandIn) -> tuple[grpc.aio.Server, int]:
+    """A started gRPC server whose Stream method is ``collector``; and its port."""
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        settings.SERVICE_NAME,
+        {
+            "Stream": grpc.stream_stream_rpc_method_handler(
+                collector,
+                request_deserializer=pb.AgentMessage.FromString,
+                response_serializer=pb.CollectorMessage.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def link_to(port: int, live: LiveSamples, clock: SystemClock) -> CollectorLink:
+    """An agent's link to the stand-in on ``port``: node "n", a 1 s poll, a 30 s heartbeat."""
+    return CollectorLink(
+        targets=[f"127.0.0.1:{port}"],
+        hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
+        outbox=Outbox("b"),
+        live=live,
+        clock=clock,
+        backoff=Backoff(0.05, 0.1),
+        intervals=Intervals(poll=1.0, heartbeat=30.0),
+    )
+
+
 async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change():
     """A GPU's temperature that moved once, right after it travelled, is held back by
     gauge_interval; the sender wakes for it when it is due, though nothing else changes."""
@@ -107,32 +146,11 @@ async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change
                 values = {s.signal: s.int_value or s.real_value for s in msg.report.samples}
                 reports.append((clock.monotonic(), values))
 
-    server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        settings.SERVICE_NAME,
-        {
-            "Stream": grpc.stream_stream_rpc_method_handler(
-                collector,
-                request_deserializer=pb.AgentMessage.FromString,
-                response_serializer=pb.CollectorMessage.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await stand_in(collector)
     gpu = Target.gpu("GPU-00000000-0000")
     live = LiveSamples(0.6, clock.monotonic)
     live.update({(gpu, "temperature_celsius"): 60})
-    link = CollectorLink(
-        targets=[f"127.0.0.1:{port}"],
-        hello=lambda: pb.Hello(node="n", boot_id="b", protocol_version=1),
-        outbox=Outbox("b"),
-        live=live,
-        clock=clock,
-        backoff=Backoff(0.05, 0.1),
-        intervals=Intervals(poll=1.0, heartbeat=30.0),
-    )
+    link = link_to(port, live, clock)
     task = asyncio.create_task(link.run())
     try:
         await wait_until(lambda: bool(reports), timeout=10, what="the first report")
@@ -149,3 +167,59 @@ async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop(None)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+async def test_the_agent_groups_its_samples_only_for_a_collector_that_reads_them(grouped):
+    """After a Welcome with grouped_reports the first Report carries its samples grouped by
+    target (Report.targets); a collector that does not say so (an older one) gets one Sample
+    each, which is all it reads."""
+    first: list[pb.Report] = []
+
+    async def collector(
+        requests: object, context: grpc.aio.ServicerContext[pb.AgentMessage, pb.CollectorMessage]
+    ) -> None:
+        await context.read()  # the Hello
+        welcome = pb.Welcome(collector_version="t", grouped_reports=grouped)
+        await context.write(pb.CollectorMessage(welcome=welcome))
+        while isinstance(msg := await context.read(), pb.AgentMessage):
+            if msg.WhichOneof("body") == "report" and not first:
+                first.append(msg.report)
+
+    server, port = await stand_in(collector)
+    clock = SystemClock()
+    gpu = Target.gpu("GPU-00000000-0000")
+    live = LiveSamples(0.0, clock.monotonic)
+    live.update(
+        {
+            (gpu, "temperature_celsius"): 60,
+            (gpu, "power_watts"): 350.5,
+            (Target.nvlink("GPU-00000000-0000", 3), "nvlink_up"): 1,
+            (Target.ib_port("mlx5_0", 1), "ib_state"): "ACTIVE",
+        }
+    )
+    link = link_to(port, live, clock)
+    task = asyncio.create_task(link.run())
+    try:
+        await wait_until(lambda: bool(first), timeout=10, what="the first report")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+    report = first[0]
+    values = {(key[0], signal): value for key, signal, value in keyed_samples(report)}
+    assert {k: v for k, v in values.items() if k[0] != pb.TARGET_KIND_NODE} == {
+        (pb.TARGET_KIND_GPU, "temperature_celsius"): 60,
+        (pb.TARGET_KIND_GPU, "power_watts"): 350.5,
+        (pb.TARGET_KIND_NVLINK, "nvlink_up"): 1,
+        (pb.TARGET_KIND_IB_PORT, "ib_state"): "ACTIVE",
+    }
+    if grouped:  # the GPU, its NVLink, the port and the link's own node samples
+        assert not report.samples
+        assert len(report.targets) == 4
+        gpu_group = next(g for g in report.targets if g.target.kind == pb.TARGET_KIND_GPU)
+        assert list(gpu_group.int_signals) == ["temperature_celsius"]
+        assert list(gpu_group.real_values) == [350.5]
+    else:
+        assert not report.targets
+        assert len(report.samples) == len(values)

@@ -328,6 +328,52 @@ async def acked_stream(port: int, messages: list[bytes], last_seq: int) -> list[
     return acks
 
 
+class TestGroupedReports:
+    async def test_grouped_samples_are_taken_and_bad_groups_counted(self, collector):
+        """The Welcome says grouped_reports; a Report grouped by target lands in the model, and
+        a group with uneven columns or an undeclared target is refused and counted by reason
+        while the rest of the Report is taken."""
+        gpu = pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=ROGUE_UUID)
+        good = pb.TargetSamples(
+            target=gpu,
+            int_signals=["temperature_celsius"],
+            int_values=[66],
+            real_signals=["power_watts"],
+            real_values=[401.5],
+        )
+        uneven = pb.TargetSamples(target=gpu, int_signals=["sm_clock_mhz"], int_values=[1, 2])
+        stranger = pb.TargetSamples(
+            target=pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid="GPU-ffffffff-0000"),
+            real_signals=["power_watts"],
+            real_values=[1.0],
+        )
+        report = pb.AgentMessage(report=pb.Report(targets=[uneven, good, stranger]))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{collector.grpc_port}") as channel:
+            call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
+                settings.STREAM_METHOD,
+            )()
+            await call.write(rogue_hello())
+            raw = await call.read()
+            assert isinstance(raw, bytes)
+            assert pb.CollectorMessage.FromString(raw).welcome.grouped_reports
+            await call.write(report.SerializeToString())
+            await call.write(rogue_event(1))  # acked after the Report before it is applied
+            while True:
+                raw = await call.read()
+                assert isinstance(raw, bytes)
+                if pb.CollectorMessage.FromString(raw).ack.seq == 1:
+                    break
+            await call.done_writing()
+        signals = collector.fleet.snapshot()["rogue"].gpus[ROGUE_UUID].signals
+        assert signals["temperature_celsius"] == 66
+        assert signals["power_watts"] == 401.5
+        assert "sm_clock_mhz" not in signals
+        m = scrape(collector)
+        refused = "fleetwatch_collector_samples_rejected_total"
+        assert m[refused, (("reason", "uneven_columns"),)] == 2
+        assert m[refused, (("reason", "bad_target"),)] == 1
+
+
 class TestBadNumbers:
     async def test_an_unstorable_seq_is_refused_and_counted_while_others_stream(
         self, collector, cluster

@@ -13,7 +13,13 @@ from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.wire.plausible import EXACT, rule_for, value_problem
 from fleetwatch.wire.repeats import MAX_TIMES, mark_repeats, occurrences, parse_repeats
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import MAX_DETAIL, SampleScreen, screen_report, validate_hello
+from fleetwatch.wire.validate import (
+    MAX_DETAIL,
+    SampleScreen,
+    ScreenedReport,
+    screen_report,
+    validate_hello,
+)
 from tests.property.hostile import NUMBERS, WEIRD_TEXT, tried
 
 TARGET = "wire"
@@ -108,3 +114,59 @@ def test_the_quick_check_agrees_with_the_worded_one(signal, value):
     """``fits`` (every sample's check) says yes exactly when ``problem`` finds nothing."""
     rule = rule_for(signal)
     assert rule.fits(value) == (rule.problem(value) is None)
+
+
+TARGETS = [
+    pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid=UUID),
+    pb.Target(kind=pb.TARGET_KIND_NVLINK, gpu_uuid=UUID, index=1),
+    pb.Target(kind=pb.TARGET_KIND_NVLINK, gpu_uuid=UUID, index=7),  # beyond its 2 links
+    pb.Target(kind=pb.TARGET_KIND_GPU, gpu_uuid="GPU-ffffffff-0000"),  # never declared
+    pb.Target(kind=pb.TARGET_KIND_NODE),
+]
+BAD_TARGETS = frozenset({2, 3})
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(TARGETS) - 1), hostile_samples()).filter(
+            lambda pair: pair[1].WhichOneof("value") is not None
+        ),
+        max_size=30,
+    )
+)
+def test_grouped_samples_are_screened_as_the_same_samples_one_by_one(pairs):
+    """The same samples, one Sample each or grouped by target (Report.targets), are taken
+    and refused alike: the same (target, signal, value) taken, the same counts by reason,
+    except that a group whose target is bad is refused whole as bad_target (one by one, a bad
+    signal name is named first)."""
+    tried(TARGET)
+    flat, good = pb.Report(), pb.Report()
+    groups: dict[int, pb.TargetSamples] = {}
+    for t, sample in pairs:
+        sample.target.CopyFrom(TARGETS[t])
+        flat.samples.append(sample)
+        if t not in BAD_TARGETS:
+            good.samples.append(sample)
+        group = groups.setdefault(t, pb.TargetSamples(target=TARGETS[t]))
+        which = sample.WhichOneof("value")
+        if which == "int_value":
+            group.int_signals.append(sample.signal)
+            group.int_values.append(sample.int_value)
+        elif which == "real_value":
+            group.real_signals.append(sample.signal)
+            group.real_values.append(sample.real_value)
+        else:
+            group.text_signals.append(sample.signal)
+            group.text_values.append(sample.text_value)
+    grouped = pb.Report(targets=list(groups.values()))
+    by_target = SampleScreen(INVENTORY).screen(grouped)
+
+    def taken(screened: ScreenedReport) -> list[str]:
+        # NaN is refused by both, so every value taken compares equal to itself
+        return sorted(map(repr, screened.accepted))
+
+    assert taken(by_target) == taken(screen_report(flat, INVENTORY))
+    expected = screen_report(good, INVENTORY).rejected
+    expected["bad_target"] += len(flat.samples) - len(good.samples)
+    assert by_target.rejected == +expected
+    assert by_target.count == len(pairs)

@@ -177,12 +177,32 @@ class Target(_message.Message):
     def __init__(self, kind: _Optional[_Union[TargetKind, str]] = ..., gpu_uuid: _Optional[str] = ..., index: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("time_unix_ms", "samples")
+    __slots__ = ("time_unix_ms", "samples", "targets")
     TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     time_unix_ms: int
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
-    def __init__(self, time_unix_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+    targets: _containers.RepeatedCompositeFieldContainer[TargetSamples]
+    def __init__(self, time_unix_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[TargetSamples, _Mapping]]] = ...) -> None: ...
+
+class TargetSamples(_message.Message):
+    __slots__ = ("target", "int_signals", "int_values", "real_signals", "real_values", "text_signals", "text_values")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    INT_SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    REAL_SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    REAL_VALUES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    int_signals: _containers.RepeatedScalarFieldContainer[str]
+    int_values: _containers.RepeatedScalarFieldContainer[int]
+    real_signals: _containers.RepeatedScalarFieldContainer[str]
+    real_values: _containers.RepeatedScalarFieldContainer[float]
+    text_signals: _containers.RepeatedScalarFieldContainer[str]
+    text_values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., int_signals: _Optional[_Iterable[str]] = ..., int_values: _Optional[_Iterable[int]] = ..., real_signals: _Optional[_Iterable[str]] = ..., real_values: _Optional[_Iterable[float]] = ..., text_signals: _Optional[_Iterable[str]] = ..., text_values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("target", "signal", "int_value", "real_value", "text_value")
@@ -289,14 +309,16 @@ class CollectorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., preflight_task: _Optional[_Union[PreflightTask, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("collector_version", "journaled", "config")
+    __slots__ = ("collector_version", "journaled", "config", "grouped_reports")
     COLLECTOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     JOURNALED_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    GROUPED_REPORTS_FIELD_NUMBER: _ClassVar[int]
     collector_version: str
     journaled: Ack
     config: Config
-    def __init__(self, collector_version: _Optional[str] = ..., journaled: _Optional[_Union[Ack, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ...) -> None: ...
+    grouped_reports: bool
+    def __init__(self, collector_version: _Optional[str] = ..., journaled: _Optional[_Union[Ack, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., grouped_reports: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("boot_id", "seq")
