@@ -152,6 +152,10 @@ class FleetModel:
                 last_seen_mono=mono,
                 last_seen_unix=unix,
                 events=old.events if old else Counter(),
+                # A restart's grace outlives the Hello: a node back in a storm can go unread
+                # for longer than the silence limit while the collector takes the fleet's first
+                # Reports, and that silence is the collector's, not the node's.
+                grace_until_mono=old.grace_until_mono if old else 0.0,
             )
             for g in hello.gpus:
                 gpu = GpuState(g.index, g.uuid, g.pci_bus_id, g.model, g.nvlink_count)
