@@ -24,11 +24,13 @@ SERVER_MIN_PING_INTERVAL_MS: Final = 15_000
 # Streams that arrived but that the collector's event loop has not taken up yet. gRPC's own
 # limits (1,000, then 3,000 at most) cancel the rest at once: after a restart, thousands of
 # agents' Hellos came back CANCELLED within a second and each agent backed off, a second or more
-# longer each time; that, not the collector's work, was the restart's long tail. A call still
-# waits at most 30 s to be taken up (gRPC's grpc.server_max_unrequested_time_in_server, the
-# agent's own Welcome timeout), so these only bound how many wait: a few kilobytes each.
-MAX_PENDING_STREAMS: Final = 16_384
-MAX_PENDING_STREAMS_HARD: Final = 32_768
+# longer each time; that, not the collector's work, was the restart's long tail. The queue holds
+# the largest fleet one collector is sized for (docs/scaling.md); a call still waits at most
+# 30 s to be taken up (gRPC's grpc.server_max_unrequested_time_in_server, the agent's own
+# Welcome timeout). A waiting call holds what its sender wrote within the stream's HTTP/2
+# window (64 KiB to start): some hundreds of MiB at worst with the queue full, and only from a
+# peer allowed to open streams at all (with TLS, one holding a fleet certificate).
+MAX_PENDING_STREAMS: Final = 8_192
 
 ChannelOptions = list[tuple[str, int]]
 
@@ -57,5 +59,5 @@ def server_options() -> ChannelOptions:
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.max_receive_message_length", TRANSPORT_MAX_MESSAGE_BYTES),
         ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS_HARD),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
     ]

@@ -23,26 +23,26 @@ pytestmark = pytest.mark.integration
 HELLOS = 3_300  # past gRPC's default of 3,000 waiting calls
 
 
+async def hello_on(channel: grpc.aio.Channel, i: int, outcomes: dict[str, int]) -> None:
+    """Node ``i``'s Hello on a stream of its own; count its Welcome, or its error."""
+    call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(settings.STREAM_METHOD)()
+    hello = made_up_hello(f"storm-{i:05d}", gpus=0, nvlinks=0, ib_ports=0)
+    try:
+        await call.write(pb.AgentMessage(hello=hello).SerializeToString())
+        raw = await call.read()
+        assert isinstance(raw, bytes)
+        body = pb.CollectorMessage.FromString(raw).WhichOneof("body") or "nothing"
+        outcomes[body] = outcomes.get(body, 0) + 1
+    except grpc.aio.AioRpcError as exc:
+        outcomes[exc.code().name] = outcomes.get(exc.code().name, 0) + 1
+    finally:
+        call.cancel()
+
+
 async def say_hellos(port: int, outcomes: dict[str, int]) -> None:
-    """Each node's Hello on a stream of its own (one connection), then its Welcome or error."""
+    """Every node's Hello, each on a stream of its own (on one connection)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-
-        async def one(i: int) -> None:
-            call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
-                settings.STREAM_METHOD
-            )()
-            hello = made_up_hello(f"storm-{i:05d}", gpus=0, nvlinks=0, ib_ports=0)
-            try:
-                await call.write(pb.AgentMessage(hello=hello).SerializeToString())
-                raw = await call.read()
-                body = pb.CollectorMessage.FromString(raw).WhichOneof("body")  # type: ignore[arg-type]
-                outcomes[body or "nothing"] = outcomes.get(body or "nothing", 0) + 1
-            except grpc.aio.AioRpcError as exc:
-                outcomes[exc.code().name] = outcomes.get(exc.code().name, 0) + 1
-            finally:
-                call.cancel()
-
-        await asyncio.gather(*(one(i) for i in range(HELLOS)))
+        await asyncio.gather(*(hello_on(channel, i, outcomes) for i in range(HELLOS)))
 
 
 async def test_a_storm_of_hellos_waits_its_turn_and_none_is_cancelled(
