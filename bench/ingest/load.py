@@ -59,7 +59,7 @@ import grpc
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig
-from agent.link import HEALTHY_AFTER_S
+from agent.link import HEALTHY_AFTER_S, WELCOME_TIMEOUT_S
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -68,7 +68,6 @@ from helpers.sim_fleet import say, stdin_lines
 
 from ingest.wire import NodeWire, Recording, report_message
 
-WELCOME_TIMEOUT_S = 120.0
 HIST_CAP_MS = 60_000
 
 
