@@ -19,11 +19,9 @@ from fleetwatch.model import (
     Target,
     TargetKey,
     TargetKind,
-    sample_value_from_pb,
     target_from_key,
-    target_key_of,
 )
-from fleetwatch.wire.grouped import keyed_samples
+from fleetwatch.wire.grouped import keyed_sample, keyed_samples
 from fleetwatch.wire.plausible import is_counter
 
 if TYPE_CHECKING:
@@ -254,10 +252,7 @@ class FleetModel:
 
     def apply_samples(self, name: str, samples: Iterable[pb.Sample]) -> int:
         """Apply (validated) wire samples; return how many counters went down."""
-        return self.apply_keyed(
-            name,
-            [(target_key_of(s.target), s.signal, sample_value_from_pb(s)) for s in samples],
-        )
+        return self.apply_keyed(name, [keyed_sample(s) for s in samples])
 
     def apply_keyed(self, name: str, samples: Iterable[KeyedSample]) -> int:
         """Apply (validated) samples; return how many counters went down.

@@ -80,13 +80,18 @@ def sample_count(report: pb.Report) -> int:
     return count
 
 
+def keyed_sample(sample: pb.Sample) -> tuple[TargetKey, str, SampleValue]:
+    """One (trusted) wire sample as ``(target key, signal, value)``."""
+    return target_key_of(sample.target), sample.signal, sample_value_from_pb(sample)
+
+
 def keyed_samples(report: pb.Report) -> Iterator[tuple[TargetKey, str, SampleValue]]:
     """Every ``(target key, signal, value)`` of a Report that is trusted (already screened).
 
     Columns of unequal lengths are cut to the shorter: the collector's screen refuses them.
     """
     for sample in report.samples:
-        yield target_key_of(sample.target), sample.signal, sample_value_from_pb(sample)
+        yield keyed_sample(sample)
     for group in report.targets:
         key = target_key_of(group.target)
         for signal, number in zip(group.int_signals, group.int_values, strict=False):

@@ -368,9 +368,7 @@ class SampleScreen:
             if problem is None:
                 accepted.append((key, signal, sample_value_from_pb(sample)))
                 continue
-            reason, message = problem
-            out.rejected[reason] += 1
-            out.examples.setdefault(reason, message)
+            _refuse(out, *problem, 1)
         if report.targets:
             out.count += self._screen_groups(report, out)
             _require(
@@ -445,6 +443,7 @@ class SampleScreen:
 
 
 def _refuse(out: ScreenedReport, reason: str, message: str, count: int) -> None:
+    """Count ``count`` samples refused for ``reason``; keep the first ``message`` of it."""
     out.rejected[reason] += count
     out.examples.setdefault(reason, message)
 
@@ -478,9 +477,7 @@ def _slow_check(out: ScreenedReport, key: TargetKey, signal: str, value: SampleV
             out.accepted.append((key, signal, value))
             return
         problem = (found[0], f"sample {signal}: {found[1]}")
-    reason, message = problem
-    out.rejected[reason] += 1
-    out.examples.setdefault(reason, message)
+    _refuse(out, *problem, 1)
 
 
 @lru_cache(maxsize=4096)
