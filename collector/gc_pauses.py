@@ -1,16 +1,30 @@
-"""Keep the garbage collector's full collections short on a collector with a large fleet.
+"""Keep the garbage collector's pauses short on a collector with a large fleet.
 
-CPython's full (generation 2) collection walks every object the collector tracks, with the
-event loop stopped. A collector's model of 4,096 nodes is hundreds of thousands of long-lived
-objects; each full collection took 0.5 to 0.9 s (bench/collector_ingest.py), and while it ran no
-stream was read, no event acked and no rule evaluated: that pause was the tail of ingest lag and
-of fault-to-action latency.
+CPython stops the event loop for each collection, and two kinds of objects made them long:
 
-So after each full collection, what survived it is frozen (``gc.freeze()``: moved where no
-collection looks): the next full collection walks only what was made since. Memory is still
-freed by reference counting; what freezing gives up is collecting reference cycles among frozen
-objects that later become garbage. To bound that, everything is thawed every ``thaw_every_s``
-(an hour by default), so one full collection an hour walks the whole heap again.
+* The model. At 4,096 nodes it is hundreds of thousands of long-lived objects, and a full
+  (generation 2) collection walks every one: 0.5 to 1 s with no stream read, no event acked and
+  no rule evaluated (bench/collector_ingest.py).
+* Each stream's pending read. grpc.aio makes about 22 tracked objects for every ``read()`` (a
+  coroutine, futures, callback wrappers, the message), and they live until the node's next
+  message, a second later. A young collection walks every object made since the last one, so
+  at 4,096 nodes each walked some 90,000 live objects: 70 to 120 ms, once a second. That was
+  9 % of the collector's core and the tail of its lag, and it found nothing: twenty seconds with
+  no collection at all left 0 to 40 unreachable objects.
+
+So every tracked object is frozen (``gc.freeze()``: moved, in constant time, where no collection
+looks) ten times a second, and a young collection sees at most a tenth of a second's objects.
+Frozen objects are still freed by reference counting; what freezing gives up is finding
+reference cycles that have become garbage. That is bounded three ways:
+
+* a full collection of everything runs once the frozen objects have doubled since the last one
+  (as Go's collector lets its heap double between collections), checked every
+  :data:`GROWTH_CHECK_EVERY_S`;
+* and at least every ``full_every_s`` (an hour);
+* a full collection that finds more than :data:`GARBAGE_LIMIT` unreachable objects means
+  something makes cycles fast (a flood of failing streams, say): the freezer then freezes only
+  after full collections, so young collections find those cycles, until a full collection finds
+  little again.
 """
 
 from __future__ import annotations
@@ -26,12 +40,18 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector.gc")
 
-THAW_EVERY_S: Final = 3600.0
+FULL_EVERY_S: Final = 3600.0
+FREEZE_EVERY_S: Final = 0.1
+GROWTH_CHECK_EVERY_S: Final = 10.0  # counting the frozen objects walks them (~1 ms per 400,000)
+GROWTH_FACTOR: Final = 2.0
+# Below this many frozen objects, growth is measured from this many (a collector just started
+# holds a few tens of thousands: doubling from there would collect every few seconds).
+MIN_BASELINE: Final = 100_000
+GARBAGE_LIMIT: Final = 50_000
 # Allocations between young collections (CPython's default is 700). A loaded collector makes
 # tens of thousands of short-lived containers a second (a report's samples); at 700 it ran 65
-# young collections a second, 0.4 ms each, and a middle one every 0.2 s, 4 ms each.
+# young collections a second.
 YOUNG_THRESHOLD: Final = 10_000
-CHECK_EVERY_S: Final = 1.0
 
 
 class GcModule(Protocol):
@@ -47,6 +67,10 @@ class GcModule(Protocol):
         """Set the collection thresholds."""
         ...
 
+    def collect(self) -> int:
+        """Run a full collection; return how many unreachable objects it found."""
+        ...
+
     def freeze(self) -> None:
         """Move every tracked object to the permanent generation."""
         ...
@@ -60,62 +84,81 @@ class GcModule(Protocol):
         ...
 
 
-class FullCollectionFreezer:
-    """Freezes the survivors of each full collection, on the event loop; thaws now and then.
-
-    It also collects the youngest generation less often (:data:`YOUNG_THRESHOLD`).
-    """
+class Freezer:
+    """Freezes the heap ten times a second on the event loop; collects it all now and then."""
 
     def __init__(
         self,
         clock: Clock,
         *,
         gc_module: GcModule = gc,
-        thaw_every_s: float = THAW_EVERY_S,
+        full_every_s: float = FULL_EVERY_S,
     ) -> None:
         """Nothing happens until :meth:`run`."""
         self._clock = clock
         self._gc = gc_module
-        self._thaw_every_s = thaw_every_s
+        self._full_every_s = full_every_s
         self._full_collections = 0  # written by the callback, in whatever thread collected
         self._seen = 0
-        self.freezes = 0
-        self.thaws = 0
+        self._baseline = 0  # frozen objects right after the last full collection
+        # False while cycles come fast: frozen only after full collections (see the module)
+        self.young_frozen = True
+        self.full_runs = 0  # full collections this freezer ran
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "stop" and info.get("generation") == 2:  # noqa: PLR2004 - the oldest
             self._full_collections += 1
 
     async def run(self) -> None:
-        """Watch for full collections until cancelled; freeze after each.
-
-        Cancelled, it thaws everything and puts the thresholds back.
-        """
+        """Freeze and collect until cancelled; then thaw everything and put the thresholds back."""
         self._gc.callbacks.append(self._on_collection)
         before = self._gc.get_threshold()
         self._gc.set_threshold(YOUNG_THRESHOLD, before[1], before[2])
-        thawed_at = self._clock.monotonic()
+        self._gc.freeze()
+        self._baseline = self._gc.get_freeze_count()
+        full_at = checked_at = self._clock.monotonic()
         try:
             while True:
-                await self._clock.sleep(CHECK_EVERY_S)
-                if self._clock.monotonic() - thawed_at >= self._thaw_every_s:
-                    self._gc.unfreeze()  # the next full collection walks everything again
-                    self.thaws += 1
-                    thawed_at = self._clock.monotonic()
-                    self._seen = self._full_collections
-                    log.info("gc_thawed")
-                elif self._full_collections != self._seen:
+                await self._clock.sleep(FREEZE_EVERY_S)
+                now = self._clock.monotonic()
+                due = now - full_at >= self._full_every_s
+                if not due and now - checked_at >= GROWTH_CHECK_EVERY_S:
+                    checked_at = now
+                    limit = GROWTH_FACTOR * max(self._baseline, MIN_BASELINE)
+                    due = self._gc.get_freeze_count() >= limit
+                if due:
+                    self._collect_all()
+                    full_at = checked_at = self._clock.monotonic()
+                elif self.young_frozen or self._full_collections != self._seen:
                     self._seen = self._full_collections
                     self._gc.freeze()
-                    self.freezes += 1
-                    log.debug("gc_frozen", objects=self._gc.get_freeze_count())
         finally:  # leave the interpreter as it was (a collector stopped inside a test run)
             if self._on_collection in self._gc.callbacks:
                 self._gc.callbacks.remove(self._on_collection)
             self._gc.set_threshold(*before)
             self._gc.unfreeze()
 
+    def _collect_all(self) -> None:
+        """Thaw everything, collect it all, freeze the survivors."""
+        started = self._clock.monotonic()
+        self._gc.unfreeze()
+        found = self._gc.collect()
+        self._gc.freeze()
+        self._seen = self._full_collections
+        self._baseline = self._gc.get_freeze_count()
+        self.full_runs += 1
+        was, self.young_frozen = self.young_frozen, found <= GARBAGE_LIMIT
+        log.info(
+            "gc_full_collection",
+            unreachable=found,
+            objects=self._baseline,
+            pause_ms=round((self._clock.monotonic() - started) * 1000, 1),
+            young_frozen=self.young_frozen,
+        )
+        if was and not self.young_frozen:
+            log.warning("gc_cycles_fast", unreachable=found, limit=GARBAGE_LIMIT)
+
 
 def start_freezer(clock: Clock) -> asyncio.Task[None]:
-    """Run a :class:`FullCollectionFreezer` on the running loop."""
-    return asyncio.create_task(FullCollectionFreezer(clock).run(), name="gc-freezer")
+    """Run a :class:`Freezer` on the running loop."""
+    return asyncio.create_task(Freezer(clock).run(), name="gc-freezer")

@@ -1,24 +1,42 @@
-"""The collector freezes what survives each full collection, and thaws it now and then."""
+"""The collector freezes its heap ten times a second and collects it all now and then."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from collector.gc_pauses import YOUNG_THRESHOLD, FullCollectionFreezer
+from collector.gc_pauses import (
+    FREEZE_EVERY_S,
+    GARBAGE_LIMIT,
+    GROWTH_CHECK_EVERY_S,
+    MIN_BASELINE,
+    YOUNG_THRESHOLD,
+    Freezer,
+)
 from fleetwatch.testing import FakeClock
 
 
 class FakeGc:
+    """The gc module's calls, recorded; ``frozen`` and ``garbage`` set by the test."""
+
     def __init__(self) -> None:
         self.callbacks: list[Any] = []
         self.calls: list[str] = []
         self.threshold = (700, 10, 10)
+        self.frozen = 0
+        self.garbage = 0  # what the next full collection finds
 
-    def collect(self, generation: int) -> None:
+    def natural(self, generation: int) -> None:
+        """A collection the interpreter ran by itself."""
         for callback in list(self.callbacks):
             callback("start", {"generation": generation})
             callback("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+
+    def collect(self) -> int:
+        self.calls.append("collect")
+        self.natural(2)
+        found, self.garbage = self.garbage, 0
+        return found
 
     def get_threshold(self) -> tuple[int, int, int]:
         return self.threshold
@@ -33,38 +51,114 @@ class FakeGc:
         self.calls.append("unfreeze")
 
     def get_freeze_count(self) -> int:
-        return 0
+        return self.frozen
 
 
-async def step(clock: FakeClock, seconds: float = 1.0) -> None:
-    clock.advance(seconds)
-    for _ in range(5):
+async def turns(n: int) -> None:
+    """Let the freezer's loop go round ``n`` times (FakeClock.sleep moves time itself)."""
+    for _ in range(n):
         await asyncio.sleep(0)
 
 
-async def test_survivors_of_a_full_collection_are_frozen_and_thawed_hourly():
-    clock = FakeClock()
-    fake = FakeGc()
-    freezer = FullCollectionFreezer(clock, gc_module=fake, thaw_every_s=3600.0)
-    task = asyncio.create_task(freezer.run())
-    await step(clock, 0.0)
-    await step(clock)
-    assert fake.calls == []  # no collection yet
-    assert fake.threshold == (YOUNG_THRESHOLD, 10, 10)
-    fake.collect(0)
-    fake.collect(1)
-    await step(clock)
-    assert fake.calls == []  # young collections leave things be
-    fake.collect(2)
-    await step(clock)
-    assert fake.calls == ["freeze"]
-    await step(clock)
-    assert fake.calls == ["freeze"]  # once per full collection
-    fake.collect(2)
-    await step(clock, 3600.0)
-    assert fake.calls == ["freeze", "unfreeze"]  # an hour on: the whole heap is walked again
+async def seconds(s: float) -> None:
+    """Let ``s`` seconds of the freezer's loop pass (and a few turns more)."""
+    await turns(round(s / FREEZE_EVERY_S) + 3)
+
+
+def freezer_on(fake: FakeGc, full_every_s: float = 3600.0) -> tuple[Freezer, asyncio.Task[None]]:
+    freezer = Freezer(FakeClock(), gc_module=fake, full_every_s=full_every_s)
+    return freezer, asyncio.create_task(freezer.run())
+
+
+def young_frozen(freezer: Freezer) -> bool:
+    """Read afresh (a plain attribute read is narrowed by mypy across awaits)."""
+    return freezer.young_frozen
+
+
+async def stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_heap_is_frozen_every_tenth_of_a_second_and_put_back_at_the_end():
+    fake = FakeGc()
+    _, task = freezer_on(fake)
+    await turns(1)
+    assert fake.threshold == (YOUNG_THRESHOLD, 10, 10)
+    assert fake.calls == ["freeze"]  # at start
+    await turns(10)
+    # a young collection never sees more than a tenth of a second's objects
+    assert fake.calls == ["freeze"] * 11
+    assert "collect" not in fake.calls
+    await stop(task)
     assert fake.callbacks == []
     assert fake.threshold == (700, 10, 10)  # the interpreter as it was
     assert fake.calls[-1] == "unfreeze"
+
+
+async def test_everything_is_collected_once_the_frozen_objects_double():
+    fake = FakeGc()
+    fake.frozen = 300_000
+    freezer, task = freezer_on(fake)
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert "collect" not in fake.calls  # the same size: nothing to look for
+    fake.frozen = 599_999
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert "collect" not in fake.calls
+    fake.frozen = 600_000
+    fake.calls.clear()
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert fake.calls[fake.calls.index("collect") - 1 : fake.calls.index("collect") + 2] == [
+        "unfreeze",
+        "collect",
+        "freeze",
+    ]
+    assert freezer.full_runs == 1
+    await stop(task)
+
+
+async def test_a_small_heap_is_not_collected_for_every_doubling():
+    fake = FakeGc()
+    fake.frozen = 20_000  # a collector just started
+    freezer, task = freezer_on(fake)
+    fake.frozen = 60_000  # tripled, but far below twice MIN_BASELINE
+    await seconds(2 * GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 0
+    fake.frozen = 2 * MIN_BASELINE
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 1
+    await stop(task)
+
+
+async def test_everything_is_collected_at_least_every_full_every_s():
+    fake = FakeGc()
+    freezer, task = freezer_on(fake, full_every_s=5.0)
+    await seconds(5.0)
+    assert freezer.full_runs == 1
+    assert fake.calls.count("collect") == 1
+    await stop(task)
+
+
+async def test_cycles_coming_fast_hand_young_objects_back_to_the_collector_until_they_stop():
+    fake = FakeGc()
+    freezer, task = freezer_on(fake, full_every_s=1.0)
+    fake.garbage = GARBAGE_LIMIT + 1
+    await seconds(1.0)
+    assert freezer.full_runs == 1
+    assert not young_frozen(freezer)
+    fake.calls.clear()
+    await turns(5)
+    assert fake.calls == []  # young collections find the cycles now
+    fake.natural(0)
+    await turns(1)
+    assert fake.calls == []
+    fake.natural(2)  # the interpreter's own full collection: its survivors are frozen
+    await turns(1)
+    assert fake.calls == ["freeze"]
+    fake.garbage = 10  # the next full collection finds little: frozen ten times a second again
+    await seconds(1.0)
+    assert young_frozen(freezer)
+    fake.calls.clear()
+    await turns(3)
+    assert fake.calls == ["freeze"] * 3
+    await stop(task)
