@@ -252,6 +252,12 @@ class IncidentStore:
             ),
         )
 
+    def upsert_incidents(self, rows: Sequence[IncidentRow]) -> None:
+        """Write several incidents' current states in one transaction (a tick's changes)."""
+        with self._db.transaction():
+            for row in rows:
+                self.upsert_incident(row)
+
     def claim_firing(self, row: IncidentRow) -> IncidentRow | None:
         """Journal a newly firing incident unless another is firing for its rule and target.
 

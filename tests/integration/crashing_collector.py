@@ -67,17 +67,19 @@ class Crash:
         self.step = step
         self.notify_ids: set[int] = set()
         self.reset_ids: set[int] = set()
+        self.in_batch = False  # within upsert_incidents' transaction
 
     def at(self, step: str) -> None:
         """Die here when this is the chosen step."""
         if step == self.step:
             _die()
 
-    def arm(self) -> None:  # noqa: C901 - four small wrappers, one per step
+    def arm(self) -> None:  # noqa: C901, PLR0915 - small wrappers, one per journal method
         """Put the wrappers in place of the journal's methods."""
         crash = self
         insert_events = EventStore.insert_events
         upsert_incident = IncidentStore.upsert_incident
+        upsert_incidents = IncidentStore.upsert_incidents
         add_action = IncidentStore.add_action
         finish_action = IncidentStore.finish_action
 
@@ -87,12 +89,25 @@ class Crash:
                 crash.at("event")
             return ids
 
-        def incident(store: IncidentStore, row: IncidentRow) -> None:
-            upsert_incident(store, row)
+        def journaled(row: IncidentRow) -> None:
             if row.phase == "firing":
                 crash.at("incident")
                 if row.escalated:
                     crash.at("escalated")
+
+        def incident(store: IncidentStore, row: IncidentRow) -> None:
+            upsert_incident(store, row)
+            if not crash.in_batch:
+                journaled(row)
+
+        def incidents(store: IncidentStore, rows: Sequence[IncidentRow]) -> None:
+            crash.in_batch = True  # the rows are journaled once their transaction commits
+            try:
+                upsert_incidents(store, rows)
+            finally:
+                crash.in_batch = False
+            for row in rows:
+                journaled(row)
 
         def action(store: IncidentStore, row: ActionRow) -> tuple[int, bool]:
             action_id, new = add_action(store, row)
@@ -120,6 +135,7 @@ class Crash:
 
         EventStore.insert_events = events  # type: ignore[method-assign,assignment]
         IncidentStore.upsert_incident = incident  # type: ignore[method-assign,assignment]
+        IncidentStore.upsert_incidents = incidents  # type: ignore[method-assign,assignment]
         IncidentStore.add_action = action  # type: ignore[method-assign,assignment]
         IncidentStore.finish_action = finish  # type: ignore[method-assign,assignment]
 

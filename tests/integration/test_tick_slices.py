@@ -83,3 +83,40 @@ async def test_an_event_during_a_long_tick_is_acted_on_before_it_ends(busy: Coll
     assert busy.incidents.urgent_between >= 1
     fired = {(i.rule, i.node) for i in busy.evaluator.engine.open_incidents()}
     assert ("xid_application_error", "late") in fired
+
+
+async def test_what_a_slice_finds_is_journaled_before_the_tick_ends(busy: CollectorService):
+    """An incident found in a long tick's first slices is journaled (and acted on) at the next
+    turn, not when the whole tick is done: at 4,096 nodes a regular tick lasts some 160 ms."""
+    clock = busy.clock
+    for i in range(NODES):
+        gpu = next(iter(busy.fleet.view()[f"node-{i:03d}"].gpus.values()))
+        busy.fleet.apply_samples(
+            f"node-{i:03d}", [sample_to_pb(Target.gpu(gpu.uuid), "remap_pending", 1)]
+        )
+    slices_before = busy.incidents.slices
+    seen_after_slices: int | None = None  # the tick's turns taken when a row was first seen
+    ticking = True
+
+    async def watch() -> None:
+        nonlocal seen_after_slices
+        while ticking and seen_after_slices is None:
+            if await busy.journal.do(lambda s: s.incidents.incidents(open_only=True, limit=1)):
+                seen_after_slices = busy.incidents.slices - slices_before
+
+    task = asyncio.create_task(watch())
+    began = clock.monotonic()
+    outcomes = await busy.incidents.tick()
+    took = clock.monotonic() - began
+    ticking = False
+    await task
+    fired = {o.transition.incident.id for o in outcomes if o.rule.name == "row_remap_pending"}
+    assert len(fired) == NODES
+    assert took > 5 * TICK_SLICE_S, f"the tick took {took:.3f} s: too short to show slices"
+    slices = busy.incidents.slices - slices_before
+    assert seen_after_slices is not None
+    assert seen_after_slices <= slices // 2, (
+        f"the first incident was journaled after {seen_after_slices} of the tick's {slices} slices"
+    )
+    rows = await busy.journal.do(lambda s: s.incidents.incidents(open_only=True, limit=1000))
+    assert len({r.id for r in rows if r.rule == "row_remap_pending"}) == NODES
