@@ -113,16 +113,27 @@ class _Context:
         return self.evaluator.history.increase(self.key, signal, self.now - window_s, self.now)
 
     def share_of_ports(self, signal: str, above: float) -> float:
-        # Every port of the fleet, every regular tick: written as a plain loop (a method call
-        # per port made it a third of a 2,048-node collector's rules time).
-        total = hot = 0
-        for node in self.evaluator.fleet.view().values():
-            total += len(node.ports)
-            for port in node.ports.values():
-                value = port.signals.get(signal)
-                if value is not None and not isinstance(value, str) and value > above:
-                    hot += 1
-        return hot / total if total else 0.0
+        # Counted in the regular tick's fleet tally; a threshold asked for the first time is
+        # counted now, and in the tally from the next tick on.
+        share = self.evaluator.shares.get((signal, above))
+        if share is None:
+            share = self.evaluator.share_now(signal, above)
+        return share
+
+
+def _ports_over(nodes: list[NodeState], signal: str, above: float) -> int:
+    """How many of the nodes' IB ports have ``signal`` over ``above``.
+
+    A plain loop: every port of the fleet, every regular tick (a method call per port made it a
+    third of a 2,048-node collector's rules time).
+    """
+    hot = 0
+    for node in nodes:
+        for port in node.ports.values():
+            value = port.signals.get(signal)
+            if value is not None and not isinstance(value, str) and value > above:
+                hot += 1
+    return hot
 
 
 class _StillContext:
@@ -185,6 +196,8 @@ class _Sweep:
 
 # A condition that reads these sees more than its own target: the sweep evaluates it everywhere.
 _READS_FLEET: Final = re.compile(r"\b(fleet|share_of_ports)\b")
+# Nodes between two parts of a regular tick's fleet tally (the loop may take a turn between).
+TALLY_CHUNK: Final = 256
 
 
 def rule_texts(rule: Rule) -> tuple[str, str]:
@@ -334,6 +347,9 @@ class Evaluator:
             for scope in Scope
         }
         self._fleet_nodes: dict[str, Any] | None = None  # the fleet counts of the last tick
+        # share_of_ports() of the last regular tick, by (signal, above); and the pairs asked for
+        self.shares: dict[tuple[str, float], float] = {}
+        self._share_args: set[tuple[str, float]] = set()
         self._whole_next: set[str] = set()  # nodes whose inventory changed
         self._last_tick: float | None = None
         self._sweep_queue: list[str] = []  # nodes still to sweep in this round
@@ -536,6 +552,8 @@ class Evaluator:
         targets (all of a node among them that said Hello since), to act fast, with the fleet
         counts of the last regular tick.
         """
+        if not urgent or self._fleet_nodes is None:
+            self._fleet_nodes, self.shares = yield from self._tally_fleet()
         now = self.clock.monotonic()
         sweep = self._sweep_now(now, urgent=urgent)
         outcomes: list[Outcome] = []
@@ -568,10 +586,8 @@ class Evaluator:
             self._whole_next = set()
         else:
             whole = self._hellos_among({n for n, _ in wanted} | {n for n, _ in touched})
-        if not urgent or self._fleet_nodes is None:
-            self._fleet_nodes = self._fleet_counts()
         return _Sweep(
-            fleet={**self._fleet_nodes, **self.fleet_extras()},
+            fleet={**(self._fleet_nodes or {}), **self.fleet_extras()},
             now=now,
             wanted=wanted,
             swept=swept,
@@ -764,23 +780,58 @@ class Evaluator:
     # ---- data for CEL -----------------------------------------------------------------------
 
     def _fleet_counts(self) -> dict[str, Any]:
-        """The ``fleet`` variables the model gives (the dispatcher gives the rest)."""
-        nodes = self.fleet.view()
+        """The ``fleet`` variables the model gives (the dispatcher gives the rest), at once."""
+        tally = self._tally_fleet()
+        while True:
+            try:
+                next(tally)
+            except StopIteration as done:
+                counts: dict[str, Any] = done.value[0]
+                return counts
+
+    def _tally_fleet(
+        self,
+    ) -> Generator[list[Outcome], None, tuple[dict[str, Any], dict[tuple[str, float], float]]]:
+        """The ``fleet`` counts, and each ``share_of_ports`` asked for, in parts of nodes.
+
+        An empty part after every :data:`TALLY_CHUNK` nodes lets the incident service give the
+        loop a turn: at 4,096 nodes the counts took 10 ms, and a share (every port of the fleet)
+        20 to 40 ms, each as one piece of every regular tick with no stream read meanwhile.
+        """
+        nodes = list(self.fleet.view().values())
+        asked = sorted(self._share_args)
+        hot = [0] * len(asked)
         reachable = gpus = ports = up = 0
-        for node in nodes.values():
-            reachable += node.reachable
-            gpus += len(node.gpus)
-            ports += len(node.ports)
-            for port in node.ports.values():
-                if port.state == "ACTIVE":
-                    up += 1
-        return {
+        for start in range(0, len(nodes), TALLY_CHUNK):
+            chunk = nodes[start : start + TALLY_CHUNK]
+            for node in chunk:
+                reachable += node.reachable
+                gpus += len(node.gpus)
+                ports += len(node.ports)
+                for port in node.ports.values():
+                    if port.state == "ACTIVE":
+                        up += 1
+            for i, (signal, above) in enumerate(asked):
+                hot[i] += _ports_over(chunk, signal, above)
+            yield []
+        counts = {
             "nodes": len(nodes),
             "nodes_reachable": reachable,
             "gpus": gpus,
             "ib_ports": ports,
             "ib_ports_up": up,
         }
+        return counts, {pair: hot[i] / ports if ports else 0.0 for i, pair in enumerate(asked)}
+
+    def share_now(self, signal: str, above: float) -> float:
+        """The share of the fleet's IB ports whose ``signal`` is over ``above``, counted now.
+
+        The pair is counted in every regular tick's tally from now on.
+        """
+        self._share_args.add((signal, above))
+        nodes = list(self.fleet.view().values())
+        total = sum(len(node.ports) for node in nodes)
+        return _ports_over(nodes, signal, above) / total if total else 0.0
 
     @staticmethod
     def _node_map(node: NodeState) -> dict[str, Any]:

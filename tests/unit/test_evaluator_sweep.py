@@ -1,6 +1,6 @@
 """The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
 
-from collector.incidents.evaluator import Evaluator, paced_signals, watched_signals
+from collector.incidents.evaluator import TALLY_CHUNK, Evaluator, paced_signals, watched_signals
 from collector.model.fleet import FleetModel
 from collector.model.target_keys import gpu_key
 from fleetwatch.model import EventKind, Target, sample_to_pb
@@ -520,3 +520,45 @@ rules:
         before = ev.evaluations
         ev.tick(urgent=True)
         assert ev.evaluations - before == 8 * 2  # all of n1: no_growth and hot on 8 GPUs
+
+
+CONGESTION = """\
+version: 1
+rules:
+  - name: congested
+    scope: fleet
+    when: 'share_of_ports("ib_port_xmit_wait_per_second", 1000.0) >= 0.25'
+    severity: warning
+    actions: [notify]
+"""
+
+
+def test_the_fleet_tally_comes_in_parts_and_share_of_ports_from_it():
+    """A regular tick counts the fleet (and each share_of_ports threshold the rules asked for)
+    in parts of TALLY_CHUNK nodes, so the loop can take turns between; the shares agree with
+    counting every port at once, and the fleet rule reads them."""
+    clock = FakeClock()
+    fleet = FleetModel()
+    count = 2 * TALLY_CHUNK + 10
+    for i in range(count):
+        hello = made_up_hello(f"n{i:04d}", gpus=0, ib_ports=2)
+        fleet.on_hello(hello, clock.monotonic(), 0.0)
+        wait = 5000.0 if i % 3 == 0 else 10.0  # a third of the nodes' ports wait to send
+        fleet.apply_samples(
+            hello.node,
+            [
+                sample_to_pb(Target.ib_port(p.device, p.port), "ib_port_xmit_wait_per_second", wait)
+                for p in hello.ib_ports
+            ],
+        )
+    ev = evaluator(CONGESTION, fleet, clock, 30.0)
+    fired = {o.transition.incident.rule for o in ev.tick()}  # the first: asked, counted at once
+    assert fired == {"congested"}
+    direct = ev.share_now("ib_port_xmit_wait_per_second", 1000.0)
+    assert abs(direct - (TALLY_CHUNK * 2 + 10 + 2) // 3 / count) < 1e-9
+    clock.advance(1.0)
+    parts = list(ev.steps())
+    # the tally's parts (one per TALLY_CHUNK nodes), then the fleet rule's (no node has rules)
+    assert parts == [[]] * -(-count // TALLY_CHUNK) + [[]]
+    assert ev.shares == {("ib_port_xmit_wait_per_second", 1000.0): direct}
+    assert {e.rule for e in ev.engine.open_incidents()} == {"congested"}
