@@ -49,15 +49,21 @@ def client_options() -> ChannelOptions:
     ]
 
 
-def server_options() -> ChannelOptions:
-    """Server options for the collector."""
+def server_options(pending_streams: int = MAX_PENDING_STREAMS) -> ChannelOptions:
+    """Server options for the collector (``pending_streams``: the queue of streams not taken up).
+
+    ``grpc.so_reuseport`` (gRPC's default on Linux, said here because the collector counts on
+    it): several servers of one process share the port (collector/ingest/server.py). Linux lets
+    only sockets of the same user join the group, so another user cannot take a share of it.
+    """
     return [
+        ("grpc.so_reuseport", 1),
         ("grpc.keepalive_time_ms", SERVER_KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", SERVER_KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.max_receive_message_length", TRANSPORT_MAX_MESSAGE_BYTES),
-        ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+        ("grpc.server.max_pending_requests", pending_streams),
+        ("grpc.server.max_pending_requests_hard_limit", pending_streams),
     ]
