@@ -59,8 +59,9 @@ class FleetServer:
         self._credentials = credentials
         self.registry = SessionRegistry(limits)
         self.health = health.aio.HealthServicer()
-        # The queue of streams not yet taken up, shared out: the same bound in all.
-        options = settings.server_options(settings.MAX_PENDING_STREAMS // ACCEPTORS)
+        # Each server's queue of streams not yet taken up holds a fleet: the kernel spreads
+        # connections, not streams, and a proxy in front may bring every agent's stream on one.
+        options = settings.server_options()
         self.servers = [grpc.aio.server(options=options) for _ in range(ACCEPTORS)]
         # Requests arrive as raw bytes: parsing them in the session lets a malformed or
         # oversized message be counted and answered with a status that says what was wrong.

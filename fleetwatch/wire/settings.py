@@ -29,7 +29,8 @@ SERVER_MIN_PING_INTERVAL_MS: Final = 15_000
 # 30 s to be taken up (gRPC's grpc.server_max_unrequested_time_in_server, the agent's own
 # Welcome timeout). A waiting call holds what its sender wrote within the stream's HTTP/2
 # window (64 KiB to start): some hundreds of MiB at worst with the queue full, and only from a
-# peer allowed to open streams at all (with TLS, one holding a fleet certificate).
+# peer allowed to open streams at all (with TLS, one holding a fleet certificate). Each of the
+# collector's servers on the port (collector/ingest/server.py) has a queue this long.
 MAX_PENDING_STREAMS: Final = 8_192
 
 ChannelOptions = list[tuple[str, int]]
@@ -49,8 +50,8 @@ def client_options() -> ChannelOptions:
     ]
 
 
-def server_options(pending_streams: int = MAX_PENDING_STREAMS) -> ChannelOptions:
-    """Server options for the collector (``pending_streams``: the queue of streams not taken up).
+def server_options() -> ChannelOptions:
+    """Server options for the collector.
 
     ``grpc.so_reuseport`` (gRPC's default on Linux, said here because the collector counts on
     it): several servers of one process share the port (collector/ingest/server.py). Linux lets
@@ -64,6 +65,6 @@ def server_options(pending_streams: int = MAX_PENDING_STREAMS) -> ChannelOptions
         ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
         ("grpc.http2.max_ping_strikes", 2),
         ("grpc.max_receive_message_length", TRANSPORT_MAX_MESSAGE_BYTES),
-        ("grpc.server.max_pending_requests", pending_streams),
-        ("grpc.server.max_pending_requests_hard_limit", pending_streams),
+        ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
     ]
