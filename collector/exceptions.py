@@ -22,6 +22,10 @@ class ConfigError(CollectorError):
     """The collector's configuration is invalid."""
 
 
+class PortInUseError(CollectorError):
+    """Another socket already listens on the collector's gRPC port (another collector?)."""
+
+
 class JournalError(CollectorError):
     """The journal cannot be used."""
 

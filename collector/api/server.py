@@ -306,8 +306,9 @@ class ApiServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
+        """Stop serving and release the port (a server never started: only the port)."""
+        if self._thread is not None:  # shutdown() waits for a serve_forever() that never ran
+            self._server.shutdown()
         self._server.server_close()
 
     @staticmethod

@@ -12,11 +12,14 @@ back, one server took up some 90 streams a second and a 4,096-node fleet queued 
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from typing import TYPE_CHECKING, Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from collector.exceptions import PortInUseError
 from collector.ingest.session import SessionRegistry, StreamSession, handle_stream
 from collector.ingest.throttle import DEFAULT_LIMITS
 from fleetwatch.wire import settings
@@ -109,6 +112,8 @@ class FleetServer:
         address gets one server.
         """
         servers = self.servers if not address.startswith("unix:") else self.servers[:1]
+        if len(servers) > 1:
+            refuse_a_port_in_use(address)
         port = self._bind(servers[0], address)
         for server in servers[1:]:
             host = address.rsplit(":", 1)[0]
@@ -132,3 +137,33 @@ class FleetServer:
         """Say NOT_SERVING, then stop (``grace`` None cancels streams at once)."""
         await self.health.enter_graceful_shutdown()
         await asyncio.gather(*(server.stop(grace) for server in self.servers))
+
+
+def refuse_a_port_in_use(address: str) -> None:
+    """Raise PortInUseError when another socket listens on ``address``'s port (not port 0).
+
+    The servers share their port with ``SO_REUSEPORT``, and gRPC sets it on every listener: a
+    second collector of the same user started on the same port would share the first's
+    connections, each taking some of the fleet, instead of failing to bind. A probe bound
+    without ``SO_REUSEPORT`` (with ``SO_REUSEADDR``, so that connections of a collector just
+    killed do not count) fails only where a socket listens.
+    """
+    host, _, port_text = address.rpartition(":")
+    if not port_text.isdigit() or int(port_text) == 0:
+        return
+    port = int(port_text)
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:  # gRPC's bind says what is wrong with the address
+        return
+    for family, kind, proto, _, where in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(where)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    msg = f"listen {address}: port {port} is in use (another collector?)"
+                    raise PortInUseError(msg) from exc

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from collector.exceptions import PortInUseError
 from collector.ingest.server import ACCEPTORS
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
@@ -77,3 +78,28 @@ async def test_several_servers_share_the_port_and_every_stream_is_served(
     finally:
         await service.stop(grace=None)
     assert listening_sockets(service.grpc_port) == 0  # every server stopped
+
+
+async def test_a_second_collector_on_the_port_refuses_to_start(
+    collector_config: Callable[..., CollectorConfig], tmp_path: Path
+):
+    """With SO_REUSEPORT, a second collector on the same port would quietly take a share of the
+    first's connections: it refuses to start instead, naming the port."""
+    first = CollectorService(collector_config(), SystemClock())
+    await first.start()
+    try:
+        port = first.grpc_port
+        second = CollectorService(
+            collector_config(
+                listen=f"127.0.0.1:{port}", http="127.0.0.1:0", journal=tmp_path / "second.db"
+            ),
+            SystemClock(),
+        )
+        with pytest.raises(PortInUseError, match=f"port {port} is in use"):
+            await second.start()
+        await second.stop(grace=None)
+        assert listening_sockets(port) == ACCEPTORS  # the first still has all of it
+        answer = await welcome_for(port, "still-served")
+        assert answer.WhichOneof("body") == "welcome"
+    finally:
+        await first.stop(grace=None)
