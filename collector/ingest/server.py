@@ -115,8 +115,8 @@ class FleetServer:
         if len(servers) > 1:
             refuse_a_port_in_use(address)
         port = self._bind(servers[0], address)
+        host = address.rpartition(":")[0]
         for server in servers[1:]:
-            host = address.rsplit(":", 1)[0]
             if self._bind(server, f"{host}:{port}") != port:
                 msg = f"could not share port {port} of {address} (SO_REUSEPORT)"
                 raise RuntimeError(msg)
