@@ -582,8 +582,7 @@ class Evaluator:
             wanted |= held
             first = self._last_tick is None
             swept = self._sweep_slice(now)
-            whole = self._connected(swept | self._whole_next if first else self._whole_next)
-            self._whole_next = set()
+            whole = self._ready_whole(swept | self._whole_next if first else set(self._whole_next))
         else:
             whole = self._hellos_among({n for n, _ in wanted} | {n for n, _ in touched})
         return _Sweep(
@@ -624,29 +623,43 @@ class Evaluator:
         touched, self._touched = self._touched, {}
         return wanted, touched
 
-    def _connected(self, names: set[str]) -> set[str]:
-        """The nodes of ``names`` that are connected: those evaluated whole.
+    def _ready_whole(self, names: set[str]) -> set[str]:
+        """The nodes of ``names`` to evaluate whole now, taken off the list of those to do so.
 
-        A node the collector took back from its journal at a start has no readings until its
-        agent says Hello, which evaluates it whole then; until then the sweep evaluates its
-        node rules (a node that never returns is seen). Evaluating a restored 4,096-node fleet
-        whole at the first tick took seconds of one callback, with no stream read meanwhile.
+        A node is evaluated whole once its first Report since its Hello is in. Before that it has
+        no readings: evaluated then, it changes nothing, and its first Report marks each of its
+        targets changed for another evaluation. In a restart storm a tick comes between most
+        nodes' Hello and their first Report (the loop is busy with the Reports of the others):
+        that was three evaluations of a node instead of one, and twice the CPU of its return
+        (bench/ingest/reconnect.py). So such a node stays on the list.
+
+        A node that is not connected leaves the list: one the collector took back from its
+        journal at a start has no readings until its agent says Hello, which puts it on the list
+        again; until then the sweep evaluates its node rules (a node that never returns is
+        seen). Evaluating a restored 4,096-node fleet whole at the first tick took seconds of one
+        callback, with no stream read meanwhile.
         """
         nodes = self.fleet.view()
-        return {n for n in names if (state := nodes.get(n)) is not None and state.connected}
+        ready: set[str] = set()
+        for name in names:
+            state = nodes.get(name)
+            if state is None or not state.connected:
+                self._whole_next.discard(name)
+            elif state.reported:
+                ready.add(name)
+                self._whole_next.discard(name)
+        return ready
 
     def _hellos_among(self, names: set[str]) -> set[str]:
-        """The nodes of ``names`` that said Hello since the last regular tick, taken off it.
+        """The nodes of ``names`` to evaluate whole in this urgent tick (see :meth:`_ready_whole`).
 
-        Such a node (its first Report is in) is evaluated whole in this urgent tick, once: not
-        here for the Report and again whole at the next regular tick. After a collector restart
-        every node connects at once, and that was twice the evaluation.
+        Such a node said Hello and its first Report is in. It is evaluated whole once: not
+        here for the Report and again whole at the next regular tick (after a collector restart
+        every node connects at once, and that was twice the evaluation).
         """
         if not self._whole_next:
             return set()
-        whole = names & self._whole_next
-        self._whole_next -= whole
-        return whole
+        return self._ready_whole(names & self._whole_next)
 
     def _evaluate(  # noqa: PLR0913 - a target's rule, its data, and whether it has any yet
         self,

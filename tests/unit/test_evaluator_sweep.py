@@ -496,10 +496,59 @@ rules:
         ev.tick()
         assert ev.evaluations == 3  # any_node on each node, no GPU rule
         fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        fleet.apply_samples("n1", [])  # its first Report
         clock.advance(1.0)
         before = ev.evaluations
         ev.tick()
         assert ev.evaluations - before == 1 + 8 * 2  # n1 whole: any_node, and two rules a GPU
+
+    def test_a_node_is_evaluated_whole_once_its_first_report_is_in(self):
+        """In a restart storm a tick comes between most nodes' Hello and their first Report.
+        Such a node is not evaluated whole while it has no readings; its first Report then
+        still marks only the node, and the next tick evaluates it whole, once (before: whole
+        at the tick without readings, then each target its Report marked, again)."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 3600.0)
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        clock.advance(1.0)
+        before = ev.evaluations
+        ev.tick()
+        ev.tick(urgent=True)
+        assert ev.evaluations == before  # no readings yet: nothing of n1
+        uuids = list(fleet.view()["n1"].gpus)
+        fleet.apply_samples(
+            "n1",
+            [sample_to_pb(Target.gpu(u), "temperature_celsius", 60.0) for u in uuids]
+            + [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
+        )
+        assert ev._dirty == {("n1", "n1")}
+        assert ev._touched == {}
+        clock.advance(1.0)
+        ev.tick()
+        assert ev.evaluations - before == 8 * 2  # all of n1: no_growth and hot on 8 GPUs
+        assert ev._whole_next == set()  # once only
+
+    def test_a_node_that_leaves_before_its_first_report_is_not_waited_for(self):
+        """A node that said Hello and went away before its first Report leaves the list of
+        those to evaluate whole; its next Hello puts it back."""
+        clock = FakeClock()
+        fleet = FleetModel()
+        ev = evaluator(self.RATES, fleet, clock, 3600.0)
+        ev.tick()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        ev.tick()
+        assert ev._whole_next == {"n1"}
+        fleet.on_disconnect("n1")
+        ev.tick()
+        assert ev._whole_next == set()
+        fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
+        fleet.apply_samples("n1", [])
+        before = ev.evaluations
+        ev.tick()
+        assert ev.evaluations - before == 8 * 2
+        assert ev._whole_next == set()
 
     def test_a_first_report_marks_its_node_not_each_target(self):
         """The first Report after a Hello (evaluated whole anyway) marks only its node, and
