@@ -544,13 +544,14 @@ class Evaluator:
         every stream for as long; data that changes meanwhile is seen by this tick or the next.
 
         Every tick evaluates the targets whose data changed. A regular tick also evaluates the
-        open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello,
-        the job and fleet rules, and a slice of the fleet's nodes, so every node is swept within
-        ``full_sweep_s`` without one tick doing the whole fleet and stalling the loop. A sweep
-        evaluates what can change with time alone (see the module's docstring); the first tick
-        evaluates everything. An ``urgent`` tick (an event arrived) evaluates only the changed
-        targets (all of a node among them that said Hello since), to act fast, with the fleet
-        counts of the last regular tick.
+        open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello
+        and sent their first Report since, the job and fleet rules, and a slice of the fleet's
+        nodes, so every node is swept within ``full_sweep_s`` without one tick doing the whole
+        fleet and stalling the loop. A sweep evaluates what can change with time alone (see the
+        module's docstring); the first tick evaluates everything. An ``urgent`` tick (an event
+        arrived) evaluates only the changed targets (all of a node among them that said Hello
+        and sent its first Report since), to act fast, with the fleet counts of the last regular
+        tick.
         """
         if not urgent or self._fleet_nodes is None:
             self._fleet_nodes, self.shares = yield from self._tally_fleet()

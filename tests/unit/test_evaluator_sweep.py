@@ -393,6 +393,16 @@ class TestNodesWithoutReadings:
         ]
 
 
+def first_report(fleet: FleetModel, node: str) -> None:
+    """A node's first Report: each GPU's temperature and each of its 18 links' ``nvlink_up``."""
+    uuids = list(fleet.view()[node].gpus)
+    fleet.apply_samples(
+        node,
+        [sample_to_pb(Target.gpu(u), "temperature_celsius", 60.0) for u in uuids]
+        + [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
+    )
+
+
 class TestHelloEvaluation:
     """A node's Hello evaluates it whole, but not a rule of windows alone on a still target."""
 
@@ -517,12 +527,7 @@ rules:
         ev.tick()
         ev.tick(urgent=True)
         assert ev.evaluations == before  # no readings yet: nothing of n1
-        uuids = list(fleet.view()["n1"].gpus)
-        fleet.apply_samples(
-            "n1",
-            [sample_to_pb(Target.gpu(u), "temperature_celsius", 60.0) for u in uuids]
-            + [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
-        )
+        first_report(fleet, "n1")
         assert ev._dirty == {("n1", "n1")}
         assert ev._touched == {}
         clock.advance(1.0)
@@ -558,12 +563,7 @@ rules:
         ev = evaluator(self.RATES, fleet, clock, 30.0)
         ev.tick()
         fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
-        uuids = list(fleet.view()["n1"].gpus)
-        fleet.apply_samples(
-            "n1",
-            [sample_to_pb(Target.gpu(u), "temperature_celsius", 60.0) for u in uuids]
-            + [sample_to_pb(Target.nvlink(u, i), "nvlink_up", 1) for u in uuids for i in range(18)],
-        )
+        first_report(fleet, "n1")
         assert ev._dirty == {("n1", "n1")}
         assert ev._touched == {}
         before = ev.evaluations
