@@ -43,7 +43,9 @@ up with, if smaller: the JSON then has ``fault_to_action_p99_ms`` and ``fault_no
 figure is null with a ``why``), ``--faults`` faults (``bench/fault_to_action.py``'s kinds), each
 on its own node, one every 100 to 200 ms: the recorded messages of that fault sent on the node's
 stream; latency is the arrival of the first webhook naming the node minus the write of the fault's
-first message (so, unlike ``fault_to_action.py``, without the agent's own detection).
+first message (so, unlike ``fault_to_action.py``, without the agent's own detection). A fault
+run's row has the p50 of each kind, the p50 and p99 of each stage, and ``faults_slowest``: the
+five slowest faults with their kind, time into the run and stages, to tell a tail's cause.
 
 ``--floor`` runs every size again against ``bench/ingest/floor.py``, a server that only reads,
 parses and acks (grpcio and protobuf, nothing of the collector), and reports its CPU beside the

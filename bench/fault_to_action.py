@@ -98,12 +98,12 @@ FAULTS: dict[str, tuple[FaultKind, dict[str, int], str]] = {
     "xid119_gsp_timeout": (
         FaultKind.XID,
         {"xid": 119},
-        "xid_needs_gpu_reset: reset_gpu (through the agent), then notify",
+        "xid_needs_gpu_reset: reset_gpu (through the agent), notify beside it",
     ),
     "xid120_gsp_error": (
         FaultKind.XID,
         {"xid": 120},
-        "xid_needs_gpu_reset: reset_gpu (through the agent), then notify",
+        "xid_needs_gpu_reset: reset_gpu (through the agent), notify beside it",
     ),
     "xid13_application": (FaultKind.XID, {"xid": 13}, "xid_application_error: notify"),
     "remap_failure": (

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Mapping
 
 # Bus numbers of the eight GPUs on a typical HGX H100 board.
@@ -57,6 +58,8 @@ class SimGpu:
     processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
     resets: int = 0
     reset_fails: bool = False  # the driver cannot reset it (nvidia-smi answers an error)
+    # A reset waits until this is set, as a real one takes seconds (None: it does not wait).
+    reset_gate: threading.Event | None = None
     ecc_mode: int = 1  # current ECC mode (1 enabled)
     ecc_mode_pending: int = 1  # what it becomes after the next reset
     persistence_mode: int = 1

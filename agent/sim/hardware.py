@@ -40,6 +40,7 @@ XID_DBE = 48
 XID_REMAP_RECORDED = 63
 XID_REMAP_FAILED = 64
 XID_FALLEN_OFF_BUS = 79
+RESET_GATE_WAIT_S = 60.0  # a held reset gives up after this, as nvidia-smi's own limit would
 THERMAL_REASONS = 0x20 | 0x40  # SW and HW thermal slowdown
 PCIE_GEN_SPEEDS = {
     1: "2.5 GT/s PCIe",
@@ -236,6 +237,8 @@ class SimNode:
             return False, f"GPU {gpu} is in use by {len(g.processes)} processes"
         if g.reset_fails:
             return False, f"Unable to reset GPU {g.nvml_bus_id}: Unknown Error"
+        if g.reset_gate is not None and not g.reset_gate.wait(RESET_GATE_WAIT_S):
+            return False, f"GPU {gpu} reset timed out"
         g.resets += 1
         g.ecc_sbe_volatile = g.ecc_dbe_volatile = 0
         g.remap_pending = False

@@ -449,6 +449,7 @@ def run_faults(ctx: Context, load: Load, collector: Collector, nodes: int) -> di
 
     rng = random.Random(args.seed + 1)
     next_at = time.monotonic()
+    started = time.time()
     for f in faults:
         time.sleep(max(0.0, next_at - time.monotonic()))
         load.owner[f.node].send(op="fault", id=f.id, node=f.node, kind=f.kind)
@@ -489,10 +490,27 @@ def run_faults(ctx: Context, load: Load, collector: Collector, nodes: int) -> di
         "fault_by_kind_p50_ms": by_kind(faults),
         "fault_stages_p50_ms": stage_figures(faults, 0.5),
         "fault_stages_p99_ms": stage_figures(faults, 0.99),
+        "faults_slowest": slowest(faults, started),
         "webhooks_for_nodes_without_fault": sum(
             1 for d in deliveries if str(d.body.get("payload", {}).get("node", "")) not in faulted
         ),
     }
+
+
+def slowest(faults: list[PlannedFault], started: float, count: int = 5) -> list[dict[str, Any]]:
+    """The ``count`` slowest faults: kind, when (s into the fault run), latency and stages."""
+    answered = sorted(
+        (f for f in faults if not math.isinf(latency_ms(f))), key=latency_ms, reverse=True
+    )
+    return [
+        {
+            "kind": f.kind,
+            "at_s": None if f.injected_at is None else round(f.injected_at - started, 2),
+            "latency_ms": round(latency_ms(f), 1),
+            "stages_ms": f.stages,
+        }
+        for f in answered[:count]
+    ]
 
 
 def by_kind(faults: list[PlannedFault]) -> dict[str, float | None]:

@@ -457,7 +457,7 @@ class Dispatcher:
         *,
         escalation: bool = False,
     ) -> None:
-        """Run the firing incident's actions, one after another, each journaled twice.
+        """Run the firing incident's actions, each journaled twice (see :meth:`_fire`).
 
         A GPU reset that fails escalates at once: the rule's escalation actions run for this
         incident (a reset that cannot help is no reason to wait for the fault to come back).
@@ -486,7 +486,34 @@ class Dispatcher:
         actions: tuple[ActionSpec, ...],
         prefix: str = "",
     ) -> bool:
-        """Run ``actions``; True when a GPU reset among them ran and failed."""
+        """Run ``actions``; True when a GPU reset among them ran and failed.
+
+        Drains and resets run in the order listed, one after another (a drain before a reset
+        keeps new jobs off the GPU). Notifications go out at once, beside them: a page says
+        nothing about how the drain or reset went, and a reset may take minutes (the agent
+        waits up to 180 s for it), so waiting behind one only makes the page late.
+        """
+        notes = [spec for spec in actions if spec.name == "notify"]
+        if not notes:
+            return await self._fire_in_order(incident, rule, actions, prefix)
+        ordered = tuple(spec for spec in actions if spec.name != "notify")
+        runs = [self._fire_in_order(incident, rule, (spec,), prefix) for spec in notes]
+        if ordered:
+            runs.insert(0, self._fire_in_order(incident, rule, ordered, prefix))
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        for result in results:  # each ran to its end; the first failure goes on up
+            if isinstance(result, BaseException):
+                raise result
+        return any(results)
+
+    async def _fire_in_order(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        prefix: str,
+    ) -> bool:
+        """Run ``actions`` one after another; True when a GPU reset among them ran and failed."""
         failed_reset = False
         for spec in actions:
             state, why = self._refusal(incident, rule, spec)

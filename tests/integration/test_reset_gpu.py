@@ -1,6 +1,7 @@
 """reset_gpu from a rule to the agent and back, over the real stream."""
 
 import asyncio
+import threading
 import urllib.request
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -183,6 +184,36 @@ class TestResetGpu:
                 assert "Unable to reset GPU" in done[0][2]
                 assert done[1][:2] == ("escalated_drain_node", "succeeded")
             finally:
+                await cluster.stop()
+                await service.stop(grace=None)
+
+    async def test_the_page_goes_out_while_the_reset_runs(self, collector_config, tmp_path):
+        """`[reset_gpu, notify]`: the notification does not wait behind the reset (a real one
+        takes seconds, and the collector waits up to 180 s for it): it is delivered while the
+        agent is still resetting, and the reset then finishes and is journaled."""
+        with WebhookReceiver(clock=SystemClock()) as hooks:
+            acts = ActionsConfig(notify={"default": WebhookConfig(url=f"{hooks.url}/page")})
+            rules = RULES.replace("actions: [reset_gpu]", "actions: [reset_gpu, notify]")
+            service, cluster = await run(collector_config, tmp_path, acts, rules)
+            gate = threading.Event()
+            try:
+                node = cluster.nodes["n1"]
+                node.gpus[4].reset_gate = gate
+                node.nvlink_down(4, 2)
+                await wait_until(lambda: len(hooks.deliveries()) == 1, what="the page")
+                (page,) = hooks.deliveries()
+                assert page.body["kind"] == "notification"
+                assert page.body["payload"]["rule"] == "link_down"
+                assert node.gpus[4].resets == 0  # the reset is still running
+                states = {a: st for a, st, _ in await actions_of(service)}
+                assert states["notify"] == "succeeded"
+                assert states["reset_gpu"] in {"planned", "running"}  # not finished
+                gate.set()
+                await wait_until(lambda: node.gpus[4].resets == 1, what="reset")
+                done = sorted(a[:2] for a in await settled_actions_of(service))
+                assert done == [("notify", "succeeded"), ("reset_gpu", "succeeded")]
+            finally:
+                gate.set()
                 await cluster.stop()
                 await service.stop(grace=None)
 
