@@ -17,12 +17,15 @@ looks) ten times a second, and a young collection sees at most a tenth of a seco
 Frozen objects are still freed by reference counting; what freezing gives up is finding
 reference cycles that have become garbage. That is bounded three ways:
 
-* a full collection of everything runs once the heap has doubled since the last one (as Go's
-  collector lets its heap double between collections), checked every
-  :data:`GROWTH_CHECK_EVERY_S`. The heap is measured in the allocator's blocks in use
-  (``sys.getallocatedblocks()``, which sums a count kept per 16 KiB pool: about 1 ms at 15
-  million blocks), not by counting the frozen objects: that walks them, and in a heap of
-  gigabytes each is a cache miss (170 ms a count at 4,096 nodes, every 10 s);
+* a full collection of everything runs once the heap has doubled per connected node since the
+  last one (as Go's collector lets its heap double between collections), checked every
+  :data:`GROWTH_CHECK_EVERY_S`. Per connected node, counted from :data:`NODES_FLOOR` up: a fleet
+  coming back after a restart grows the heap tenfold in half a minute, and collecting at each
+  doubling stopped the loop for 0.3, 0.5 and 1 s while the nodes already back waited for their
+  acks; a small fleet's heap still doubles as before. The heap is measured in the allocator's
+  blocks in use (``sys.getallocatedblocks()``, which sums a count kept per 16 KiB pool: about
+  1 ms at 15 million blocks), not by counting the frozen objects: that walks them, and in a heap
+  of gigabytes each is a cache miss (170 ms a count at 4,096 nodes, every 10 s);
 * and at least every ``full_every_s`` (an hour);
 * a full collection that finds more than :data:`GARBAGE_LIMIT` unreachable objects means
   something makes cycles fast (a flood of failing streams, say): the freezer then freezes only
@@ -55,6 +58,8 @@ GROWTH_FACTOR: Final = 2.0
 # connects).
 MIN_BASELINE: Final = 1_000_000
 GARBAGE_LIMIT: Final = 50_000
+# The heap's growth is measured per connected node, counting at least this many nodes.
+NODES_FLOOR: Final = 256
 # Allocations between young collections (CPython's default is 700). A loaded collector makes
 # tens of thousands of short-lived containers a second (a report's samples); at 700 it ran 65
 # young collections a second.
@@ -97,11 +102,18 @@ class Freezer:
         gc_module: GcModule = gc,
         full_every_s: float = FULL_EVERY_S,
         heap_blocks: Callable[[], int] = sys.getallocatedblocks,
+        nodes: Callable[[], int] = lambda: 0,
     ) -> None:
-        """Nothing happens until :meth:`run`; ``heap_blocks`` measures the heap."""
+        """Nothing happens until :meth:`run`.
+
+        ``heap_blocks`` measures the heap; ``nodes`` counts the connected nodes whose state it
+        holds.
+        """
         self._clock = clock
         self._gc = gc_module
         self._heap_blocks = heap_blocks
+        self._nodes = nodes
+        self._baseline_nodes = 0  # connected nodes at the last full collection
         self._full_every_s = full_every_s
         self._full_collections = 0  # written by the callback, in whatever thread collected
         self._seen = 0
@@ -121,6 +133,7 @@ class Freezer:
         self._gc.set_threshold(YOUNG_THRESHOLD, before[1], before[2])
         self._gc.freeze()
         self._baseline = self._heap_blocks()
+        self._baseline_nodes = self._nodes()
         full_at = checked_at = self._clock.monotonic()
         try:
             while True:
@@ -129,8 +142,7 @@ class Freezer:
                 due = now - full_at >= self._full_every_s
                 if not due and now - checked_at >= GROWTH_CHECK_EVERY_S:
                     checked_at = now
-                    limit = GROWTH_FACTOR * max(self._baseline, MIN_BASELINE)
-                    due = self._heap_blocks() >= limit
+                    due = self._heap_blocks() >= self._limit()
                 if due:
                     self._collect_all()
                     full_at = checked_at = self._clock.monotonic()
@@ -143,6 +155,11 @@ class Freezer:
             self._gc.set_threshold(*before)
             self._gc.unfreeze()
 
+    def _limit(self) -> float:
+        """The blocks in use at which the heap has doubled per connected node."""
+        grown = self._nodes() / max(self._baseline_nodes, NODES_FLOOR)
+        return GROWTH_FACTOR * max(self._baseline, MIN_BASELINE) * max(1.0, grown)
+
     def _collect_all(self) -> None:
         """Thaw everything, collect it all, freeze the survivors."""
         started = self._clock.monotonic()
@@ -151,12 +168,14 @@ class Freezer:
         self._gc.freeze()
         self._seen = self._full_collections
         self._baseline = self._heap_blocks()
+        self._baseline_nodes = self._nodes()
         self.full_runs += 1
         was, self.young_frozen = self.young_frozen, found <= GARBAGE_LIMIT
         log.info(
             "gc_full_collection",
             unreachable=found,
             blocks=self._baseline,
+            nodes=self._baseline_nodes,
             pause_ms=round((self._clock.monotonic() - started) * 1000, 1),
             young_frozen=self.young_frozen,
         )
@@ -164,6 +183,6 @@ class Freezer:
             log.warning("gc_cycles_fast", unreachable=found, limit=GARBAGE_LIMIT)
 
 
-def start_freezer(clock: Clock) -> asyncio.Task[None]:
-    """Run a :class:`Freezer` on the running loop."""
-    return asyncio.create_task(Freezer(clock).run(), name="gc-freezer")
+def start_freezer(clock: Clock, nodes: Callable[[], int]) -> asyncio.Task[None]:
+    """Run a :class:`Freezer` on the running loop; ``nodes`` counts the connected nodes."""
+    return asyncio.create_task(Freezer(clock, nodes=nodes).run(), name="gc-freezer")

@@ -311,7 +311,7 @@ class CollectorService:
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
-        self._gc_task = start_freezer(self.clock)
+        self._gc_task = start_freezer(self.clock, self.fleet.connected)
         if self.peers.shared:
             self._beat_task = asyncio.create_task(self.peers.run(), name="collector-beat")
         log.info(

@@ -109,6 +109,10 @@ class FleetModel:
         """The live nodes, uncopied: only for code on the event loop, which is the only writer."""
         return self._nodes
 
+    def connected(self) -> int:
+        """How many nodes have a stream open now (on the event loop; a walk of the nodes)."""
+        return sum(1 for node in self._nodes.values() if node.connected)
+
     def read_node(self, name: str, read: Callable[[NodeState, int, int], T]) -> T | None:
         """``read(node, changed, urgent)`` under the lock, or None for an unknown node.
 

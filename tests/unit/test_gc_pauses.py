@@ -10,6 +10,7 @@ from collector.gc_pauses import (
     GARBAGE_LIMIT,
     GROWTH_CHECK_EVERY_S,
     MIN_BASELINE,
+    NODES_FLOOR,
     YOUNG_THRESHOLD,
     Freezer,
 )
@@ -68,9 +69,17 @@ async def seconds(s: float) -> None:
     await turns(round(s / FREEZE_EVERY_S) + 3)
 
 
-def freezer_on(fake: FakeGc, full_every_s: float = 3600.0) -> tuple[Freezer, asyncio.Task[None]]:
+def freezer_on(
+    fake: FakeGc, full_every_s: float = 3600.0, nodes: list[int] | None = None
+) -> tuple[Freezer, asyncio.Task[None]]:
+    """A freezer on ``fake``; ``nodes[0]`` is the connected nodes (none when not given)."""
+    connected = nodes if nodes is not None else [0]
     freezer = Freezer(
-        FakeClock(), gc_module=fake, full_every_s=full_every_s, heap_blocks=fake.heap_blocks
+        FakeClock(),
+        gc_module=fake,
+        full_every_s=full_every_s,
+        heap_blocks=fake.heap_blocks,
+        nodes=lambda: connected[0],
     )
     return freezer, asyncio.create_task(freezer.run())
 
@@ -130,6 +139,51 @@ async def test_a_small_heap_is_not_collected_for_every_doubling():
     await seconds(2 * GROWTH_CHECK_EVERY_S)
     assert freezer.full_runs == 0
     fake.blocks = 2 * MIN_BASELINE
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 1
+    await stop(task)
+
+
+async def test_a_fleet_coming_back_is_not_collected_while_its_heap_grows_with_it():
+    """A restart's storm grows the heap with each node back: no full collection (0.3-1 s
+    with the loop stopped, while the nodes already back wait for acks) until the heap has
+    doubled per connected node."""
+    fake = FakeGc()
+    fake.blocks = MIN_BASELINE  # a collector just started, no node connected
+    connected = [0]
+    freezer, task = freezer_on(fake, nodes=connected)
+    await turns(1)  # started: the heap and the nodes measured
+    for back in (512, 1024, 2048, 4096):  # ~3,800 blocks a node
+        connected[0] = back
+        fake.blocks = MIN_BASELINE + 3_800 * back
+        await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 0  # 16.6 million blocks, 4,096 nodes: the same per node
+    limit = 2 * MIN_BASELINE * 4096 / NODES_FLOOR
+    fake.blocks = round(limit) - 1
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 0
+    fake.blocks = round(limit)  # twice the heap per node: something grows that is not nodes
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 1
+    # measured again from here: 4,096 nodes and what the collection left
+    fake.blocks = 2 * round(limit) - 1
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 1
+    fake.blocks = 2 * round(limit)
+    await seconds(GROWTH_CHECK_EVERY_S)
+    assert freezer.full_runs == 2
+    await stop(task)
+
+
+async def test_a_fleet_that_shrinks_still_collects_when_the_heap_doubles():
+    """Fewer nodes than at the last collection never raise the limit above twice the heap."""
+    fake = FakeGc()
+    fake.blocks = 8_000_000
+    connected = [4096]
+    freezer, task = freezer_on(fake, nodes=connected)
+    await turns(1)
+    connected[0] = 100
+    fake.blocks = 16_000_000
     await seconds(GROWTH_CHECK_EVERY_S)
     assert freezer.full_runs == 1
     await stop(task)

@@ -31,3 +31,15 @@ def test_a_node_new_to_the_collector_gets_no_grace():
     fleet = FleetModel()
     fleet.on_hello(made_up_hello("new", gpus=1, nvlinks=1, ib_ports=0), 2.0, 2.0)
     assert fleet.overdue(2.0 + SILENCE_S + 1.0, SILENCE_S) == ["new"]
+
+
+def test_only_nodes_with_a_stream_open_count_as_connected():
+    """Nodes remembered from the journal are not connected until their Hello; a stream that
+    ends takes its node out of the count (the garbage collector's freezer reads it)."""
+    fleet = restored("a", "b", "c")
+    assert fleet.connected() == 0
+    fleet.on_hello(made_up_hello("a", gpus=1, nvlinks=1, ib_ports=0), 2.0, 2.0)
+    fleet.on_hello(made_up_hello("d", gpus=1, nvlinks=1, ib_ports=0), 2.0, 2.0)
+    assert fleet.connected() == 2
+    fleet.on_disconnect("a")
+    assert fleet.connected() == 1
