@@ -42,6 +42,11 @@ EVENT_GAP_S: Final = 0.005
 # the load's write to its dispatch and a journal call's return 27-40 ms (p99), with 5 ms slices
 # 6-10 ms and 8-18 ms (bench/collector_ingest.py's load, docs/performance.md).
 TICK_SLICE_S: Final = 0.005
+# Between two regular ticks, what changed (samples, paced samples whose pause is over) is
+# evaluated this often in a small tick. A regular tick at 4,096 nodes evaluated a second's worth
+# at once (11,000 evaluations, 140 ms of the loop): the messages that arrived meanwhile waited,
+# and they were the fault benchmark's slowest (docs/performance.md, ninth measurement).
+SMALL_TICK_S: Final = 0.2
 
 
 class ActionSink(Protocol):
@@ -115,6 +120,7 @@ class IncidentService:
         self._unrecorded: list[Outcome] = []
         self._retry: set[str] = set()
         self.ticks = 0
+        self.small_ticks = 0  # ticks of what changed, between two regular ones
         self.slices = 0  # turns given to the event loop within ticks
         self.urgent_between = 0  # events evaluated between two parts of a regular tick
         evaluator.silencer = self._silenced_by
@@ -267,17 +273,27 @@ class IncidentService:
         self._acting[incident_id] = task
 
     async def _run(self) -> None:
-        """Tick every ``interval_s``, and at once when an event arrives.
+        """Tick every ``interval_s``, at once when an event arrives, and in between for changes.
 
         Events (an Xid, a GPU lost, a node unreachable) are what rules act on without waiting,
         so an event wakes the loop; a burst of them within ``EVENT_GAP_S`` costs one tick.
+        Every ``SMALL_TICK_S`` between regular ticks, a small (urgent) tick evaluates what
+        changed since, if anything did, so that the regular tick is not a second's worth.
         """
+        small_s = SMALL_TICK_S if self.interval_s > SMALL_TICK_S else None
         due = self._clock.monotonic() + self.interval_s
         while True:
-            urgent = await self._wait_for_event(due - self._clock.monotonic())
-            if not urgent or self._clock.monotonic() >= due:
+            now = self._clock.monotonic()
+            wait = due - now if small_s is None else min(due - now, small_s)
+            urgent = await self._wait_for_event(wait)
+            if self._clock.monotonic() >= due:
                 urgent = False
                 due = self._clock.monotonic() + self.interval_s
+            elif not urgent:
+                if not self.evaluator.has_changes():
+                    continue
+                urgent = True
+                self.small_ticks += 1
             try:
                 await self.tick(urgent=urgent)
             except Exception:

@@ -334,6 +334,28 @@ class TestPacedSignals:
         ev.tick()
         assert ev.engine.get("hot", key) is None
 
+    def test_a_pause_that_ends_is_let_through_at_whichever_tick_comes_first(self):
+        """Urgent ticks release paced samples too, so pauses keep their samples' phases: at
+        regular ticks alone, every busy GPU's pause came to begin and end at one, and a regular
+        tick at 4,096 nodes evaluated 11,000 of them at once."""
+        clock, fleet, ev, uuid = one_gpu(SLOW_HOT)
+        key = gpu_key("n1", fleet.view()["n1"].gpus[uuid].index)
+        gpu = Target.gpu(uuid)
+        fleet.apply_samples("n1", [sample_to_pb(gpu, "temperature_celsius", 70.0)])
+        ev.tick(urgent=True)  # the first sample of a pause goes through
+        clock.advance(1.0)
+        fleet.apply_samples("n1", [sample_to_pb(gpu, "temperature_celsius", 95.0)])  # held
+        ev.tick(urgent=True)
+        assert ev.engine.get("hot", key) is None
+        assert not ev.has_changes()  # held: nothing to evaluate until the pause is over
+        clock.advance(4.5)
+        assert ev.has_changes()
+        ev.tick(urgent=True)  # the pause is over: the held 95 °C is evaluated
+        incident = ev.engine.get("hot", key)
+        assert incident is not None
+        assert incident.phase == Phase.PENDING
+        assert not ev.has_changes()
+
     def test_a_reports_signals_of_one_target_go_through_together(self):
         """An NVLink's three counters arrive in one report: evaluated once, not again 5 s on."""
         rules = SLOW_HOT.replace(
