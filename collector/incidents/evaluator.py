@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -987,12 +988,17 @@ class Evaluator:
     def _targets(
         self, sweep: _Sweep
     ) -> Iterator[tuple[str, str, Scope, tuple[Rule, ...], dict[str, Any]]]:
-        """(node, key, scope, rules, data) of every target with rules to evaluate this tick."""
+        """(node, key, scope, rules, data) of every target with rules to evaluate this tick.
+
+        The nodes with a target marked changed (an event, a change of state) come first: a tick
+        that an Xid woke also evaluates the samples of the last 0.2 s (some 1,000 targets at
+        4,096 nodes), and the fault's incident was found wherever its node fell among them.
+        """
         nodes = self.fleet.view()
-        names = sweep.swept | sweep.whole | {n for n, _ in sweep.wanted}
-        names |= {n for n, _ in sweep.touched}
+        marked = {n for n, _ in sweep.wanted}
+        rest = sweep.swept | sweep.whole | {n for n, _ in sweep.touched}
         links_of = self._nodes_with_links(sweep)
-        for name in names:
+        for name in chain(marked, rest - marked):
             node = nodes.get(name)
             if node is None:
                 continue

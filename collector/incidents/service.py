@@ -323,8 +323,8 @@ class IncidentService:
         What a slice found is recorded (journaled, its actions started) at the turn after it,
         not at the end of the tick: at 4,096 nodes a regular tick lasts some 160 ms, and an
         incident found in its first slice waited for all of it before its webhook. An event
-        that arrives during a regular tick is evaluated at the next turn (an urgent tick
-        between two parts), after what the regular tick found so far is recorded, so each
+        that arrives during a tick is evaluated at the next turn (an urgent tick between two
+        parts), after what the regular tick found so far is recorded, so each
         incident's changes are journaled in order. A reload that swaps the rules during a turn
         ends this tick there: what it evaluated is recorded, and the new evaluator (which took
         over the engine as it was) goes on next tick.
@@ -347,7 +347,7 @@ class IncidentService:
                     await asyncio.sleep(0)
                 if self.evaluator is not evaluator:
                     break
-                if not urgent and self._event.is_set():
+                if self._event.is_set():  # an urgent or small tick is 20-70 ms at 4,096 nodes
                     self._event.clear()
                     self.urgent_between += 1
                     done += await self._record_all(evaluator.tick(urgent=True))

@@ -72,6 +72,25 @@ def test_urgent_tick_evaluates_only_what_changed():
     assert {o.transition.incident.target for o in outcomes} == {"n07"}
 
 
+def test_a_tick_evaluates_the_nodes_with_a_marked_change_first():
+    """A tick that an event woke also takes the samples since the last one: the event's node
+    comes first, so its incident is found in the tick's first part, not wherever it fell."""
+    clock = FakeClock()
+    fleet = FleetModel()
+    for i in range(60):
+        fleet.on_hello(made_up_hello(f"n{i:02d}", gpus=1, ib_ports=0), clock.monotonic(), 0.0)
+    ev = evaluator(RULES + HOT.removeprefix("version: 1\nrules:\n"), fleet, clock, 3600.0)
+    ev.tick()
+    clock.advance(1.0)
+    for name, node in fleet.view().items():  # a second of samples: every GPU is hot
+        (uuid,) = node.gpus
+        fleet.apply_samples(name, [sample_to_pb(Target.gpu(uuid), "temperature_celsius", 95.0)])
+    fleet.mark_unreachable("n59")
+    parts = [part for part in ev.steps(urgent=True) if part]
+    assert len(parts) == 60  # each node's hot GPU, n59's too, in a part of its node
+    assert {o.transition.incident.target for o in parts[0]} == {"n59", "n59/gpu/0"}
+
+
 HOT = """\
 version: 1
 rules:
