@@ -42,6 +42,11 @@ EVENT_GAP_S: Final = 0.005
 # the load's write to its dispatch and a journal call's return 27-40 ms (p99), with 5 ms slices
 # 6-10 ms and 8-18 ms (bench/collector_ingest.py's load, docs/performance.md).
 TICK_SLICE_S: Final = 0.005
+# Between two slices of a tick the loop pauses this long (when nothing else is ready), so that
+# the journal's writer thread gets the interpreter lock at once: given only a bare turn of the
+# loop, it waited up to the 5 ms switch interval at each of its calls while a tick ran, and an
+# event's commit (its incident is found only after it) took 50-60 ms at 4,096 nodes.
+SLICE_PAUSE_S: Final = 0.001
 # Between two regular ticks, what changed (samples, paced samples whose pause is over) is
 # evaluated this often in a small tick. A regular tick at 4,096 nodes evaluated a second's worth
 # at once (11,000 evaluations, 140 ms of the loop): the messages that arrived meanwhile waited,
@@ -343,8 +348,8 @@ class IncidentService:
                 if found:  # the journal's round trip is the loop's turn
                     done += await self._record_all(found)
                     found = []
-                else:
-                    await asyncio.sleep(0)
+                else:  # a pause, not a bare turn: see SLICE_PAUSE_S
+                    await asyncio.sleep(SLICE_PAUSE_S)
                 if self.evaluator is not evaluator:
                     break
                 if self._event.is_set():  # an urgent or small tick is 20-70 ms at 4,096 nodes

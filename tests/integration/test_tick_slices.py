@@ -24,9 +24,11 @@ NODES = 300
 @pytest.fixture
 async def busy(collector_config: Callable[..., CollectorConfig]) -> AsyncIterator[CollectorService]:
     """A real collector whose model holds ``NODES`` nodes of 8 GPUs that said Hello (so its next
-    tick evaluates each whole), and whose own ticks wait an hour."""
+    tick evaluates each whole), and that does not tick by itself: the tests tick it (its own
+    loop would run a small tick every 0.2 s beside theirs, and take their events)."""
     service = CollectorService(collector_config(rules_interval=3600), SystemClock())
     await service.start()
+    await service.incidents.stop(grace=0)
     try:
         clock = service.clock
         for i in range(NODES):
