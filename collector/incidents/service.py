@@ -45,7 +45,8 @@ TICK_SLICE_S: Final = 0.005
 # Between two slices of a tick the loop pauses this long (when nothing else is ready), so that
 # the journal's writer thread gets the interpreter lock at once: given only a bare turn of the
 # loop, it waited up to the 5 ms switch interval at each of its calls while a tick ran, and an
-# event's commit (its incident is found only after it) took 50-60 ms at 4,096 nodes.
+# event (its incident is evaluated once it is journaled) took 50-60 ms to its incident at
+# 4,096 nodes; 29 ms at p99 with the pause (docs/performance.md, ninth measurement).
 SLICE_PAUSE_S: Final = 0.001
 # Between two regular ticks, what changed (samples, paced samples whose pause is over) is
 # evaluated this often in a small tick. A regular tick at 4,096 nodes evaluated a second's worth
