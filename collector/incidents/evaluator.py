@@ -555,16 +555,15 @@ class Evaluator:
         every stream for as long; data that changes meanwhile is seen by this tick or the next.
 
         Every tick evaluates the targets whose data changed, and the paced samples whose pause
-        is over. A regular tick also evaluates the
-        open incidents' targets (for ``for`` and ``keep_firing_for``), the nodes that said Hello
-        and sent their first Report since, the job and fleet rules, and a slice of the fleet's
-        nodes, so every node is swept within ``full_sweep_s`` without one tick doing the whole
-        fleet and stalling the loop. A sweep evaluates what can change with time alone (see the
-        module's docstring); the first tick evaluates everything. An ``urgent`` tick (an event
-        arrived, or the incident service's small tick between regular ones) evaluates only the
-        changed targets (all of a node among them that said Hello
-        and sent its first Report since), to act fast, with the fleet counts of the last regular
-        tick.
+        is over. A regular tick also evaluates the open incidents' targets (for ``for`` and
+        ``keep_firing_for``), the nodes that said Hello and sent their first Report since, the
+        job and fleet rules, and a slice of the fleet's nodes, so every node is swept within
+        ``full_sweep_s`` without one tick doing the whole fleet and stalling the loop. A sweep
+        evaluates what can change with time alone (see the module's docstring); the first tick
+        evaluates everything. An ``urgent`` tick (an event arrived, or the incident service's
+        small tick between regular ones) evaluates only the changed targets (all of a node among
+        them that said Hello and sent its first Report since), to act fast, with the fleet
+        counts of the last regular tick.
         """
         if not urgent or self._fleet_nodes is None:
             self._fleet_nodes, self.shares = yield from self._tally_fleet()
@@ -631,8 +630,8 @@ class Evaluator:
         Every tick first lets through the paced samples whose pause is over, urgent ones too:
         released only at regular ticks, every busy GPU's pause came to begin at one, and each
         regular tick at 4,096 nodes evaluated some 11,000 of them at once (140 ms of the loop,
-        when the tail of the fault benchmark's faults arrived). Released at whichever tick
-        comes first, pauses keep the phases of the samples that began them.
+        when the tail of the fault benchmark's faults arrived). A pause begins again at the
+        tick that lets it through, so pauses let through together stay together.
         """
         self._release_paced(now)
         wanted = set(self._dirty)
