@@ -93,8 +93,10 @@ def table(
         drains = [a for a in actions if a.node == node and a.action == "drain_node"]
         action = "-"
         if drains:
-            last = drains[-1]
-            action = f"drain {last.state}" + (f": {last.detail[:70]}" if last.detail else "")
+            holding = _holding(drains)
+            action = f"drain {holding.state}" + (
+                f": {holding.detail[:70]}" if holding.detail else ""
+            )
         shown = verdict.upper() if verdict == "fail" else verdict
         lines.append(f"  {node:<10} {shown:<8} {action}")
         if verdict != "fail":
@@ -115,6 +117,19 @@ def table(
         + (f"; held out: {', '.join(held)}" if held else "")
     )
     return lines
+
+
+def _holding(drains: Sequence[ActionRow]) -> ActionRow:
+    """The drain that holds the node out: the latest one not skipped, else the latest.
+
+    A built-in rule may drain a node for the same fault pre-flight found (a port below its
+    rate), before or after pre-flight's own drain; the one of the two that ran (or waits for
+    room under the cap) is what the node's line should show, not the other's skip ("already
+    drained", or a rule's waiting drain dropped once its fault cleared).
+    """
+    ordered = sorted(drains, key=lambda a: (a.created_ms, a.id))
+    ran = [a for a in ordered if a.state != "skipped"]
+    return (ran or ordered)[-1]
 
 
 def _findings(
