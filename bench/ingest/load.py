@@ -35,7 +35,9 @@ previous write had not finished (the collector not reading: gRPC flow control), 
 ``skipped``: slots given up because a stream was a whole interval behind (a real agent sends
 its changes merged, later); ``event_lags``: each probe event's (send time since ``record``,
 send-to-ack ms); ``events_unacked``: probe events sent in the window and not acked when asked,
-with the oldest one's age; ``cpu_s``: this process's CPU seconds.
+with the oldest one's age; ``loop_lag_ms_hist``: how late this process's event loop woke from a
+10 ms sleep, as a histogram of whole milliseconds (a probe's send-to-ack time holds this
+process's own lag twice: its write and its ack's read); ``cpu_s``: this process's CPU seconds.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ from helpers.sim_fleet import say, stdin_lines
 from ingest.wire import NodeWire, Recording, report_message
 
 HIST_CAP_MS = 60_000
+# The process's own event loop is timed with a sleep this long, over and over: how late it wakes
+# is how long a probe's write or its ack's read waited here, not in the collector.
+LAG_TICK_S = 0.01
 
 
 @dataclass(slots=True)
@@ -85,6 +90,7 @@ class Window:
     behind: Counter[int] = field(default_factory=Counter)
     lags: list[tuple[float, float]] = field(default_factory=list)
     write_max_ms: float = 0.0
+    loop_lag: Counter[int] = field(default_factory=Counter)  # ms late, by whole ms
 
 
 def cpu_seconds() -> float:
@@ -299,6 +305,16 @@ class Load:
                 async with node.lock:
                     await self._probe(node, node.call)
 
+    async def watch_lag(self) -> None:
+        """Count how late this process's event loop wakes from a short sleep, in the window."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_TICK_S
+            await asyncio.sleep(LAG_TICK_S)
+            if self.window is not None:
+                late_ms = (loop.time() - due) * 1000
+                self.window.loop_lag[min(int(late_ms), HIST_CAP_MS)] += 1
+
     async def _read(self, node: Node, call: grpc.aio.StreamStreamCall[bytes, bytes]) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             while isinstance(raw := await call.read(), bytes):
@@ -377,10 +393,12 @@ class Load:
             "late_ms_hist": {str(k): v for k, v in sorted(w.late.items())},
             "behind_ms_hist": {str(k): v for k, v in sorted(w.behind.items())},
             "write_max_ms": round(w.write_max_ms, 1),
+            "loop_lag_ms_hist": {str(k): v for k, v in sorted(w.loop_lag.items())},
             "event_lags": [[round(t, 3), round(ms, 2)] for t, ms in w.lags],
             "events_unacked": len(unacked),
             "events_unacked_oldest_s": round(max(unacked, default=0.0), 3),
             "commands": self.commands,
+            "role": self.args.role,
             **self.status(),
         }
 
@@ -412,6 +430,7 @@ async def serve(args: argparse.Namespace) -> None:
     reader = await stdin_lines()
     load.tasks.extend(asyncio.create_task(load.run_node(n)) for n in load.nodes.values())
     load.tasks.append(asyncio.create_task(load.probes()))
+    load.tasks.append(asyncio.create_task(load.watch_lag()))
     say(op="started", nodes=len(load.nodes))
     background: set[asyncio.Task[None]] = set()
     try:
@@ -440,6 +459,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="s between a node's reports")
     parser.add_argument("--connecting", type=int, default=16, help="nodes connecting at once")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--role",
+        choices=("load", "probe"),
+        default="load",
+        help="probe: a few nodes whose probes time the collector (the window says which)",
+    )
     parser.add_argument(
         "--reconnect",
         action="store_true",

@@ -39,31 +39,80 @@ from ingest.size import profile_start, profile_summary
 from ingest.wire import node_name
 
 STORM_LIMIT_S = 240.0  # a restart whose fleet is not back by then is reported as not back
+# The probes that say whether the nodes already back are slowed come from a process of their
+# own with this many nodes: a load process reconnecting 512 nodes on the load's one core lags
+# by hundreds of ms in a storm, and that lag (in the probe's write and in its ack's read) passed
+# for the collector's. A real node's agent has its own machine.
+PROBE_NODES = 32
+PROBE_RATE = 10.0  # probe events a second from the probe process
+STEADY_S = 10.0  # the probes' window before the restart: their figures with no storm
+
+
+def _process(  # noqa: PLR0913, PLR0917 - one load process's share and settings
+    collector: Collector,
+    recording: Path,
+    core: int,
+    name: str,
+    first: int,
+    count: int,
+    *,
+    nodes: int,
+    events_per_s: float,
+) -> FleetProcess:
+    err: IO[bytes] = (collector.workdir / f"{name}.log").open("wb")
+    return FleetProcess(
+        [
+            f"--collector={collector.listen}",
+            f"--recording={recording}",
+            f"--first={first}",
+            f"--count={count}",
+            f"--nodes={nodes}",
+            f"--events-per-s={events_per_s:g}",
+            f"--connecting={count}",  # no pacing of our own: the agents' backoff only
+            "--reconnect",
+            f"--role={'probe' if name == 'probe' else 'load'}",
+        ],
+        err,
+        script=LOAD,
+        preexec=pinned({core}),
+    )
 
 
 def load_start(
     nodes: int, collector: Collector, recording: Path, core: int, per: int
 ) -> list[FleetProcess]:
-    """Start the nodes (``per`` a process), each reconnecting as an agent does."""
-    procs: list[FleetProcess] = []
-    for i in range(math.ceil(nodes / per)):
-        first, count = 1 + i * per, min(per, nodes - i * per)
-        err: IO[bytes] = (collector.workdir / f"load-{i}.log").open("wb")
+    """Start the nodes, each reconnecting as an agent does: the probe process first.
+
+    The first process holds the last ``PROBE_NODES`` nodes and sends ``PROBE_RATE`` probe
+    events a second; the others ``per`` nodes each, with the fleet's 20 probes a second shared
+    by their size (those probes are the load's; their figures are given apart).
+    """
+    probe = min(PROBE_NODES, nodes // 2)
+    bulk = nodes - probe
+    procs = [
+        _process(
+            collector,
+            recording,
+            core,
+            "probe",
+            bulk + 1,
+            probe,
+            nodes=nodes,
+            events_per_s=PROBE_RATE * nodes / probe,
+        )
+    ]
+    for i in range(math.ceil(bulk / per)):
+        first, count = 1 + i * per, min(per, bulk - i * per)
         procs.append(
-            FleetProcess(
-                [
-                    f"--collector={collector.listen}",
-                    f"--recording={recording}",
-                    f"--first={first}",
-                    f"--count={count}",
-                    f"--nodes={nodes}",
-                    "--events-per-s=20",
-                    f"--connecting={count}",  # no pacing of our own: the agents' backoff only
-                    "--reconnect",
-                ],
-                err,
-                script=LOAD,
-                preexec=pinned({core}),
+            _process(
+                collector,
+                recording,
+                core,
+                f"load-{i}",
+                first,
+                count,
+                nodes=nodes,
+                events_per_s=20.0,
             )
         )
     for proc in procs:
@@ -144,6 +193,39 @@ def evaluations_per_node_s(collector: Collector, nodes: int, seconds: float = 10
     return round(done / (time.monotonic() - began) / nodes, 2)
 
 
+def loop_lag_p99_ms(windows: list[dict[str, Any]]) -> float | None:
+    """The p99 of how late the processes' event loops woke, over ``windows`` together."""
+    hist: dict[int, int] = {}
+    for w in windows:
+        for k, v in w.get("loop_lag_ms_hist", {}).items():
+            hist[int(k)] = hist.get(int(k), 0) + int(v)
+    total = sum(hist.values())
+    if not total:
+        return None
+    seen = 0
+    for ms in sorted(hist):
+        seen += hist[ms]
+        if seen >= 0.99 * total:
+            return float(ms)
+    return float(max(hist))
+
+
+def probe_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probe process's figures and the load processes', apart.
+
+    ``probe_ack_*``: the probe process's events, send to ack (none without a probe process);
+    ``load_probe_ack_*``: the load processes' own probes, which hold their loops' lag; each
+    group's loop lag p99.
+    """
+    probe = [w for w in windows if w.get("role") == "probe"]
+    load = [w for w in windows if w.get("role") != "probe"]
+    out = {f"load_{k}": v for k, v in lag_figures(load).items()}
+    out.update(lag_figures(probe))
+    out["probe_loop_lag_p99_ms"] = loop_lag_p99_ms(probe)
+    out["load_loop_lag_p99_ms"] = loop_lag_p99_ms(load)
+    return out
+
+
 def lag_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     lags: list[float] = sorted(float(ms) for w in windows for _, ms in w["event_lags"])
     if not lags:
@@ -186,6 +268,11 @@ def measure(  # noqa: PLR0913 - the benchmark's shared parts
             row["reconnect_s"] = None
             return row
         time.sleep(3.0)
+        for p in procs:
+            p.send(op="record")
+        time.sleep(STEADY_S)
+        steady = probe_figures(ask(procs, "window"))
+        row["steady"] = {k: v for k, v in steady.items() if not k.startswith("load_probe")}
         row.update(storm(collector, procs, nodes, cores, command, profile_s=profile_s))
         return row
     finally:
@@ -237,7 +324,7 @@ def storm(  # noqa: PLR0913 - the running fleet and how to start its collector a
             for name, n in w["errors"].items():
                 errors[name] = errors.get(name, 0) + n
         row["stream_errors"] = errors
-        row.update(lag_figures(windows))
+        row.update(probe_figures(windows))
         if not wait_healthy(collector.base, collector.proc):
             row["collector_log"] = tail(workdir / "collector-restarted.log")
         elif done:
