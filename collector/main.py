@@ -26,6 +26,7 @@ from collector.export.rules import RulesCollector
 from collector.gc_pauses import start_freezer
 from collector.incidents.evaluator import Evaluator
 from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
+from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from collector.ingest.server import FleetServer
 from collector.ingest.tls import server_credentials
 from collector.jobs.book import JobBook
@@ -255,6 +256,7 @@ class CollectorService:
         self.grpc_port = 0
         self._liveness_task: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
+        self.wakeups: DrainedWakeups | None = None  # gRPC's wakeup bytes, drained (see there)
         self._beat_task: asyncio.Task[None] | None = None
 
     @property
@@ -309,6 +311,13 @@ class CollectorService:
         await self.incidents.start()
         await self.preflight.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
+        self.wakeups = drain_wakeups(asyncio.get_running_loop())
+        if self.wakeups is None:
+            log.warning(
+                "grpc_wakeups_not_drained",
+                why="gRPC's asyncio reader was not found (another gRPC engine or version)",
+                effect="a burst of completions may reach the loop one per turn",
+            )
         self.http.start()
         self._liveness_task = asyncio.create_task(self.liveness.run(), name="liveness")
         self._gc_task = start_freezer(self.clock, self.fleet.connected)

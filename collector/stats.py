@@ -31,6 +31,8 @@ class CollectorStats:
     events_duplicate: int = 0
     seq_gaps: int = 0
     reports: int = 0
+    # heavy Reports (a node's first) that waited for a later turn of the event loop
+    reports_deferred: int = 0
     samples: int = 0
     job_steps: int = 0
     # events journaled as part of a coalesced row (a flood of alike events)

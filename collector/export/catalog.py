@@ -968,6 +968,17 @@ _COLLECTOR = _specs(
             "Reports received (an empty one is a heartbeat).",
         ),
         (
+            "fleetwatch_collector_reports_deferred_total",
+            "counter",
+            "",
+            (),
+            (
+                "Heavy Reports (a node's first, with all its samples) applied at a later turn "
+                "of the event loop than they arrived, so that the other streams were read "
+                "meanwhile: many while a fleet reconnects."
+            ),
+        ),
+        (
             "fleetwatch_collector_samples_total",
             "counter",
             "",

@@ -322,6 +322,7 @@ class FleetCollector(Collector):
             ("events_journaled", stats.events_journaled),
             ("events_duplicate", stats.events_duplicate),
             ("reports", stats.reports),
+            ("reports_deferred", stats.reports_deferred),
             ("samples", stats.samples),
             ("job_steps", stats.job_steps),
             ("seq_gaps", stats.seq_gaps),

@@ -23,7 +23,7 @@ from rules.engine import Incident, Phase
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Callable, Coroutine, Generator
 
     from collector.actions.dispatcher import Dispatcher
     from collector.incidents.evaluator import Evaluator, Outcome, Verdict
@@ -336,9 +336,19 @@ class IncidentService:
         over the engine as it was) goes on next tick.
         """
         evaluator = self.evaluator
+        return await self._sliced(evaluator, evaluator.steps(urgent=urgent), nested=False)
+
+    async def _sliced(
+        self, evaluator: Evaluator, steps: Generator[list[Outcome]], *, nested: bool
+    ) -> list[Outcome]:
+        """Run a tick's ``steps`` a slice at a time, recording what each slice found.
+
+        An event that arrives meanwhile gets an urgent tick at the next turn, itself sliced
+        (``nested``): it evaluates every node that sent its first Report since the last tick
+        (a restart's hundreds), and unsliced it held the loop for hundreds of milliseconds.
+        """
         done: list[Outcome] = []
         found: list[Outcome] = []
-        steps = evaluator.steps(urgent=urgent)
         slice_end = self._clock.monotonic() + TICK_SLICE_S
         try:
             for part in steps:
@@ -353,10 +363,13 @@ class IncidentService:
                     await asyncio.sleep(SLICE_PAUSE_S)
                 if self.evaluator is not evaluator:
                     break
-                if self._event.is_set():  # an urgent or small tick is 20-70 ms at 4,096 nodes
+                if not nested and self._event.is_set():  # an event: evaluated at once
                     self._event.clear()
                     self.urgent_between += 1
-                    done += await self._record_all(evaluator.tick(urgent=True))
+                    urgent = evaluator.steps(urgent=True)
+                    done += await self._sliced(evaluator, urgent, nested=True)
+                    if self.evaluator is not evaluator:
+                        break
                 slice_end = self._clock.monotonic() + TICK_SLICE_S
         finally:
             steps.close()

@@ -33,8 +33,12 @@ if TYPE_CHECKING:
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
 
-# gRPC servers sharing the port: streams taken up at once (see the module's docstring).
-ACCEPTORS: Final = 4
+# gRPC servers sharing the port: streams taken up at once (see the module's docstring). Four
+# were enough while gRPC's completions reached the loop one a turn (turns were short); with
+# them drained (collector.ingest.grpc_wakeups) a storm's turns last 40-70 ms, and with four
+# servers a 4,096-node restart had 147-231 streams cancelled before they were taken up and
+# 49-169 agents without a Welcome in 30 s; with sixteen, none (docs/performance.md, tenth).
+ACCEPTORS: Final = 16
 
 
 class FleetServer:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -29,6 +30,7 @@ from google.protobuf.message import DecodeError
 from collector.exceptions import JournalFullError
 from collector.ingest.session_events import StreamEvents, Warnings
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestThrottle
+from collector.ingest.turns import TurnShare
 from collector.store.sqlite import EventRow, NodeRow
 from fleetwatch import __version__
 from fleetwatch.clock import unix_ms
@@ -53,6 +55,11 @@ log = structlog.get_logger("collector.ingest.session")
 HELLO_TIMEOUT_S: Final = 30.0
 # A long wait for a node's budget is slept in steps this long, the node marked alive after each.
 PACE_STEP_S: Final = 1.0
+# A Report with this many target groups and single samples together is heavy (a node's first:
+# 169 groups, 1,500 samples; a busy node's steady Report: 0-9): it runs in the loop's share
+# for heavy work (collector.ingest.turns), so that a fleet's first Reports leave room each turn
+# for the nodes already back.
+HEAVY_REPORT_ENTRIES: Final = 32
 
 _STATUS: Final = {
     "oversized": grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -97,6 +104,7 @@ class SessionRegistry:
         self._sessions: dict[str, StreamSession] = {}
         self._writes: dict[str, asyncio.Future[None]] = {}
         self.throttle = IngestThrottle(limits)
+        self.heavy = TurnShare()  # heavy Reports (a node's first): a share of each loop turn
 
     def session(self, node: str) -> StreamSession | None:
         """The node's live stream, to send it a command."""
@@ -433,7 +441,7 @@ class StreamSession:
             await self.node_reachable()
         body = message.WhichOneof("body")
         if body == "report":
-            await self._pace("samples", self._report(message.report))
+            await self._pace("samples", await self._take_report(message.report))
         elif body == "event":
             await events.take(message.event, self._inventory)
             await self._pace("events", 1)
@@ -473,6 +481,15 @@ class StreamSession:
             # The node is talking; only we are not listening: it must not look silent.
             if self._fleet.touch(self._node, self._clock.monotonic(), self._clock.now()):
                 await self.node_reachable()
+
+    async def _take_report(self, report: pb.Report) -> int:
+        """Apply a Report (a heavy one in the loop's share for heavy work); its sample count."""
+        if len(report.targets) + len(report.samples) < HEAVY_REPORT_ENTRIES:
+            return self._report(report)
+        heavy = self._registry.heavy
+        if heavy.full():
+            self._stats.reports_deferred += 1
+        return await heavy.run(partial(self._report, report))
 
     def _report(self, report: pb.Report) -> int:
         """Screen and apply a Report; return how many samples it carried."""

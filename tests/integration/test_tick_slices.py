@@ -5,6 +5,7 @@ as one callback that was seconds in which no stream was read and no event acked.
 """
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -122,3 +123,51 @@ async def test_what_a_slice_finds_is_journaled_before_the_tick_ends(busy: Collec
     )
     rows = await busy.journal.do(lambda s: s.incidents.incidents(open_only=True, limit=1000))
     assert len({r.id for r in rows if r.rule == "row_remap_pending"}) == NODES
+
+
+async def test_an_urgent_tick_within_a_long_tick_is_sliced_too(busy: CollectorService):
+    """An event during a long tick gets an urgent tick at the next turn, and that tick evaluates
+    every node that sent its first Report since: after a restart, hundreds. It gives the loop
+    turns as the tick around it does; as one callback it held every stream for its length."""
+    clock = busy.clock
+    stamps: list[float] = []
+    stop = asyncio.Event()
+    set_up_at: float | None = None
+
+    async def beside() -> None:
+        while not stop.is_set():
+            stamps.append(clock.monotonic())
+            await asyncio.sleep(0)
+
+    async def fleet_back_meanwhile() -> None:
+        nonlocal set_up_at
+        await asyncio.sleep(0)  # the regular tick has begun
+        for i in range(NODES):
+            hello = made_up_hello(f"back-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
+            busy.fleet.on_hello(hello, clock.monotonic(), clock.now())
+            samples = [
+                sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 40) for g in hello.gpus
+            ]
+            busy.fleet.apply_samples(hello.node, samples)
+        gpu = Target.gpu(made_up_hello("back-000", gpus=8, nvlinks=18, ib_ports=8).gpus[0].uuid)
+        busy.fleet.apply_event("back-000", EventKind.XID, gpu, 13)
+        set_up_at = clock.monotonic()
+
+    watcher = asyncio.create_task(beside())
+    arrivals = asyncio.create_task(fleet_back_meanwhile())
+    began = clock.monotonic()
+    await busy.incidents.tick()
+    took = clock.monotonic() - began
+    stop.set()
+    await asyncio.gather(watcher, arrivals)
+    assert busy.incidents.urgent_between >= 1
+    fired = {(i.rule, i.node) for i in busy.evaluator.engine.open_incidents()}
+    assert ("xid_application_error", "back-000") in fired
+    assert set_up_at is not None
+    after = [t for t in stamps if t >= set_up_at]
+    assert took - (set_up_at - began) > 20 * TICK_SLICE_S, f"too short to show slices: {took:.3f}"
+    gaps = [b - a for a, b in itertools.pairwise(after)]
+    # the nested tick is about half of what is left of the tick: unsliced, one gap that long
+    assert max(gaps) < (took - (set_up_at - began)) / 4, (
+        f"the loop waited {max(gaps) * 1000:.0f} ms at once in a tick of {took * 1000:.0f} ms"
+    )
