@@ -62,6 +62,7 @@ import grpc
 from agent.backoff import Backoff
 from agent.config import AgentConfig
 from agent.link import HEALTHY_AFTER_S, WELCOME_TIMEOUT_S
+from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -144,6 +145,7 @@ class Load:
         self.stream_errors: Counter[str] = Counter()
         self.commands = 0
         self.reconnects = 0
+        self.wakeups: DrainedWakeups | None = None
 
     # ---- one node ------------------------------------------------------------------------
 
@@ -187,6 +189,8 @@ class Load:
                     settings.STREAM_METHOD
                 )()
                 node.call, node.channel = call, channel
+                if self.wakeups is None:  # as the collector does: see collector/ingest/grpc_wakeups
+                    self.wakeups = drain_wakeups(asyncio.get_running_loop())
                 await self._open(node, call)
                 await node.ready.wait()
             await self._steady(node, call)
