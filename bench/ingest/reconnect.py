@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 from fault_to_action import FleetProcess, tail, wait_healthy
 
 from ingest.procs import LOAD, ROOT, Collector, Cores, log, pinned, record
-from ingest.size import profile_start, profile_summary
+from ingest.size import hist_percentile, profile_start, profile_summary
 from ingest.wire import node_name
 
 STORM_LIMIT_S = 240.0  # a restart whose fleet is not back by then is reported as not back
@@ -195,19 +196,10 @@ def evaluations_per_node_s(collector: Collector, nodes: int, seconds: float = 10
 
 def loop_lag_p99_ms(windows: list[dict[str, Any]]) -> float | None:
     """The p99 of how late the processes' event loops woke, over ``windows`` together."""
-    hist: dict[int, int] = {}
+    hist: Counter[int] = Counter()
     for w in windows:
-        for k, v in w.get("loop_lag_ms_hist", {}).items():
-            hist[int(k)] = hist.get(int(k), 0) + int(v)
-    total = sum(hist.values())
-    if not total:
-        return None
-    seen = 0
-    for ms in sorted(hist):
-        seen += hist[ms]
-        if seen >= 0.99 * total:
-            return float(ms)
-    return float(max(hist))
+        hist.update({int(k): int(v) for k, v in w.get("loop_lag_ms_hist", {}).items()})
+    return hist_percentile(hist, 0.99)
 
 
 def probe_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -54,11 +54,6 @@ class TurnShare:
         self.queued = 0  # pieces of work that waited for a later turn
         self.turns = 0  # turns in which the queue was worked off
 
-    @property
-    def waiting(self) -> int:
-        """Pieces of work in the queue now."""
-        return len(self._queue)
-
     def full(self) -> bool:
         """Whether work handed over now would wait for a later turn."""
         return bool(self._queue) or self._spent >= self._budget
