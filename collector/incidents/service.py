@@ -345,7 +345,8 @@ class IncidentService:
 
         An event that arrives meanwhile gets an urgent tick at the next turn, itself sliced
         (``nested``): it evaluates every node that sent its first Report since the last tick
-        (a restart's hundreds), and unsliced it held the loop for hundreds of milliseconds.
+        (a restart's hundreds); unsliced, it was 12 % of a 4,096-node restart's loop time (py-spy),
+        each one a single stop of the loop.
         """
         done: list[Outcome] = []
         found: list[Outcome] = []
