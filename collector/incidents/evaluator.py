@@ -356,6 +356,7 @@ class Evaluator:
         self._sweep_queue: list[str] = []  # nodes still to sweep in this round
         self._sweep_credit = 0.0
         self._dirty: set[tuple[str, str]] = set()  # (node, target key)
+        self._evented: set[tuple[str, str]] = set()  # of those, the targets an event marked
         self._touched: dict[tuple[str, str], set[str]] = {}  # (node, key) -> signals sampled
         self._reads = {r.name: rule_words(r) for r in rules.rules}
         self._cut_signals = {r.name: reads_named_signals(r) for r in rules.rules}
@@ -395,7 +396,7 @@ class Evaluator:
 
     def note_event(self, node: str, kind: EventKind, target: Target, xid: int) -> None:
         """An event was journaled: remember it for windows and mark its targets for a look."""
-        self._remember(node, kind, target, xid, self.clock.monotonic())
+        self._evented |= self._remember(node, kind, target, xid, self.clock.monotonic())
         category = self.failure_category(kind, xid)
         if category is not None:
             self.failures[node, category] += 1
@@ -412,16 +413,21 @@ class Evaluator:
         """
         self._remember(node, kind, target, xid, self.clock.monotonic() - max(age_s, 0.0))
 
-    def _remember(self, node: str, kind: EventKind, target: Target, xid: int, at: float) -> None:
+    def _remember(
+        self, node: str, kind: EventKind, target: Target, xid: int, at: float
+    ) -> set[tuple[str, str]]:
+        """Put the event in its targets' windows and mark them changed; return them."""
         state = self.fleet.view().get(node)
         key = self.target_key(state, target) if state is not None else node_key(node)
         past = PastEvent(at, kind.value, xid)
         keys = {key, node_key(node)}
         if "/nvlink/" in key:
             keys.add(key.rsplit("/nvlink/", 1)[0])
+        marked = {(node, k) for k in keys}
         for k in keys:
             self.history.add_event(k, past)
-            self._dirty.add((node, k))
+        self._dirty |= marked
+        return marked
 
     def failure_category(self, kind: EventKind, xid: int) -> str | None:
         """The category of an event that interrupts a training job, or None for others.
@@ -547,7 +553,7 @@ class Evaluator:
         """Evaluate what needs it; return the transitions with their verdicts (:meth:`steps`)."""
         return [outcome for part in self.steps(urgent=urgent) for outcome in part]
 
-    def steps(self, *, urgent: bool = False) -> Generator[list[Outcome]]:
+    def steps(self, *, urgent: bool = False, events: bool = False) -> Generator[list[Outcome]]:
         """One tick in parts: the transitions of each node's targets, then of jobs and the fleet.
 
         The caller may give the event loop a turn between parts (the incident service does,
@@ -564,11 +570,21 @@ class Evaluator:
         small tick between regular ones) evaluates only the changed targets (all of a node among
         them that said Hello and sent its first Report since), to act fast, with the fleet
         counts of the last regular tick.
+
+        An ``events`` tick evaluates only the targets that events marked since the last tick
+        (an urgent one too): it is what an event that arrives during another tick gets, at that
+        tick's next turn. The rest of what changed waits for the next tick; evaluated there
+        too, a 4,096-node restart's first Reports made it last seconds, and an Xid that arrived
+        meanwhile waited for all of it (bench/collector_ingest.py).
         """
-        if not urgent or self._fleet_nodes is None:
-            self._fleet_nodes, self.shares = yield from self._tally_fleet()
-        now = self.clock.monotonic()
-        sweep = self._sweep_now(now, urgent=urgent)
+        urgent = urgent or events
+        if events and self._fleet_nodes is not None:
+            sweep = self._events_now()
+        else:
+            if not urgent or self._fleet_nodes is None:
+                self._fleet_nodes, self.shares = yield from self._tally_fleet()
+            sweep = self._sweep_now(self.clock.monotonic(), urgent=urgent)
+        now = sweep.now
         outcomes: list[Outcome] = []
         nodes = self.fleet.view()
         last = ""
@@ -622,6 +638,19 @@ class Evaluator:
             outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, data, sweep.now)
         return outcomes
 
+    def _events_now(self) -> _Sweep:
+        """What an ``events`` tick evaluates: the targets events marked, and no others.
+
+        They stay marked changed for the next tick too: a node's mark is also what has that
+        tick evaluate the node whole when its first Report is in, and a target or two evaluated
+        twice costs less than a node that waits for the regular tick.
+        """
+        wanted, self._evented = self._evented, set()
+        fleet = {**(self._fleet_nodes or {}), **self.fleet_extras()}
+        return _Sweep(
+            fleet=fleet, now=self.clock.monotonic(), wanted=wanted, swept=set(), whole=set()
+        )
+
     def _take_changes(
         self, now: float
     ) -> tuple[set[tuple[str, str]], dict[tuple[str, str], set[str]]]:
@@ -636,6 +665,7 @@ class Evaluator:
         self._release_paced(now)
         wanted = set(self._dirty)
         self._dirty.clear()
+        self._evented.clear()
         touched, self._touched = self._touched, {}
         return wanted, touched
 

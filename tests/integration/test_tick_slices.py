@@ -171,3 +171,46 @@ async def test_an_urgent_tick_within_a_long_tick_is_sliced_too(busy: CollectorSe
     assert max(gaps) < (took - (set_up_at - began)) / 4, (
         f"the loop waited {max(gaps) * 1000:.0f} ms at once in a tick of {took * 1000:.0f} ms"
     )
+
+
+async def test_an_event_during_an_events_tick_waits_a_slice_not_a_fleet(busy: CollectorService):
+    """A second Xid that arrives while the first is evaluated within a long tick fires within a
+    few slices. The tick for the first evaluates only what events marked: when it evaluated
+    every node back since the last tick as well (hundreds after a restart, seconds at 4,096
+    nodes), the second waited for all of them."""
+    clock = busy.clock
+    engine = busy.evaluator.engine
+    slices_waited: int | None = None
+
+    def xid(node: str) -> None:
+        gpu = Target.gpu(made_up_hello(node, gpus=8, nvlinks=18, ib_ports=8).gpus[0].uuid)
+        busy.fleet.apply_event(node, EventKind.XID, gpu, 13)
+
+    async def arrivals() -> None:
+        nonlocal slices_waited
+        await asyncio.sleep(0)  # the regular tick has begun
+        for i in range(NODES):
+            hello = made_up_hello(f"back-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
+            busy.fleet.on_hello(hello, clock.monotonic(), clock.now())
+            samples = [
+                sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 40) for g in hello.gpus
+            ]
+            busy.fleet.apply_samples(hello.node, samples)
+        xid("back-000")
+        while busy.incidents.urgent_between == 0:  # its tick has begun
+            await asyncio.sleep(0)
+        xid("back-001")
+        at = busy.incidents.slices
+        while ("xid_application_error", "back-001") not in {
+            (i.rule, i.node) for i in engine.open_incidents()
+        }:
+            await asyncio.sleep(0)
+        slices_waited = busy.incidents.slices - at
+
+    task = asyncio.create_task(arrivals())
+    await busy.incidents.tick()
+    while not task.done():  # the second's incident may come at the next tick
+        await busy.incidents.tick(urgent=True)
+    await task
+    assert slices_waited is not None
+    assert slices_waited <= 3, f"the second Xid waited {slices_waited} slices for its incident"
