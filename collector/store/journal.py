@@ -1,8 +1,9 @@
 """The journal as the asyncio side sees it: group commit on one writer thread.
 
-Sessions ``await append(row)``; rows that arrive while a commit is running wait and go together
-in the next transaction, so one fsync covers many agents' events. ``append`` returns only after
-the commit, which is what lets the session ack.
+Sessions ``await append(row)``; a row that finds nothing being written goes to the writer thread
+at once, and rows that arrive while a commit is running wait and go together in the next
+transaction, so one fsync covers many agents' events. ``append`` returns only after the commit,
+which is what lets the session ack.
 
 One row must not fail its neighbours: when a group commit fails, its rows are tried again in one
 transaction, each under a savepoint (:meth:`EventStore.insert_each`). A row the database refuses
@@ -99,6 +100,7 @@ class Journal:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._queue: asyncio.Queue[tuple[EventRow, asyncio.Future[int]]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._writing = 0  # commits of events on their way to the writer thread, or on it
         self._hellos: asyncio.Queue[tuple[NodeRow, asyncio.Future[int]]] = asyncio.Queue()
         self._hello_writer: asyncio.Task[None] | None = None
         self.hello_commits = 0
@@ -147,10 +149,24 @@ class Journal:
     async def append(self, row: EventRow) -> int:
         """Journal one event; return its id once committed, or 0 if it was already there.
 
+        With nothing else being written, the row is committed at once; otherwise it waits and
+        goes with the rows that came meanwhile, in one commit (a group commit). Going straight
+        to the writer thread saves the writer task's two turns of the event loop, which at
+        4,096 nodes were a good part of an event's way to its incident.
+
         Raises:
             RowRefusedError: the database refused this row (the rest of its commit went in);
             another exception: the commit failed as a whole.
         """
+        if not self._writing and self._queue.empty():
+            self._writing += 1
+            try:
+                (result,) = await self._commit([row])
+            finally:
+                self._writing -= 1
+            if isinstance(result, Exception):
+                raise result
+            return result
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -162,17 +178,11 @@ class Journal:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            rows = [row for row, _ in batch]
-            results: list[int | Exception]
+            self._writing += 1
             try:
-                results = list(await self._run(partial(self.store.insert_events, rows), write=True))
-            except JournalFullError as exc:  # row by row would not find room either
-                results = [exc] * len(rows)
-            except Exception as exc:  # noqa: BLE001 - tried again row by row, then handed on
-                log.warning("journal_commit_failed", rows=len(rows), error=str(exc))
-                results = await self._row_by_row(rows)
-            else:
-                self.commits += 1
+                results = await self._commit([row for row, _ in batch])
+            finally:
+                self._writing -= 1
             for (_, future), result in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -180,6 +190,19 @@ class Journal:
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+
+    async def _commit(self, rows: list[EventRow]) -> list[int | Exception]:
+        """Commit ``rows`` together: each one's id (0: already there) or its error."""
+        results: list[int | Exception]
+        try:
+            results = list(await self._run(partial(self.store.insert_events, rows), write=True))
+        except JournalFullError as exc:  # row by row would not find room either
+            return [exc] * len(rows)
+        except Exception as exc:  # noqa: BLE001 - tried again row by row, then handed on
+            log.warning("journal_commit_failed", rows=len(rows), error=str(exc))
+            return await self._row_by_row(rows)
+        self.commits += 1
+        return results
 
     async def _row_by_row(self, rows: list[EventRow]) -> list[int | Exception]:
         """Try a failed group commit again, each row on its own.
