@@ -149,6 +149,27 @@ _NODES = _specs(
             ),
         ),
         (
+            "fleetwatch_agent_job_reports_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Step reports the node's agent queued from training processes on its job "
+                "socket (allowed and well formed; some may be dropped later)."
+            ),
+        ),
+        (
+            "fleetwatch_agent_job_reports_lost_total",
+            "counter",
+            "",
+            NODE,
+            (
+                "Step reports of the node's training processes lost on the way: not sent (the "
+                "socket was full; the senders count them), dropped from the agent's full queue, "
+                "or refused (fleetwatch_agent_job_reports_refused_total has the reasons)."
+            ),
+        ),
+        (
             "fleetwatch_agent_job_reports_refused_total",
             "counter",
             "",

@@ -141,6 +141,8 @@ AGENT_SIGNALS: Final = (
     ("fleetwatch_agent_collector_index", "agent_collector_index"),
     ("fleetwatch_agent_collector_away", "agent_collector_away"),
     ("fleetwatch_agent_collector_failovers_total", "agent_collector_failovers"),
+    ("fleetwatch_agent_job_reports_total", "agent_job_reports"),
+    ("fleetwatch_agent_job_reports_lost_total", "agent_job_reports_lost"),
     # the node's BMC
     ("fleetwatch_bmc_up", "bmc_up"),
     ("fleetwatch_agent_bmc_hung", "agent_bmc_hung"),

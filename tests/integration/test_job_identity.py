@@ -111,6 +111,12 @@ async def test_a_user_cannot_report_steps_for_another_users_job(
         await wait_until(lambda: len(service.jobs.ranks(JOB)) == 8, 15, "the job's 8 ranks")
         await until_metric(service, 40 * 8, AGENT_REFUSED, node="node-a", reason="job_owned")
         await until_metric(service, 40 * 4, COLLECTOR_REFUSED, reason="owner_mismatch")
+        # what node-a's agent took in and lost, as it counts them, reaches /metrics too
+        assert queue(cluster, "node-a").received == 40 * 4
+        await until_metric(service, 40 * 4, "fleetwatch_agent_job_reports_total", node="node-a")
+        await until_metric(
+            service, 40 * 8, "fleetwatch_agent_job_reports_lost_total", node="node-a"
+        )
         status, view = api(service, "GET", f"/api/v1/jobs/{JOB}")
         assert status == 200, view
         placed = {r["rank"]: r["node"] for r in view["rank_detail"]}
