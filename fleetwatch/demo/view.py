@@ -253,5 +253,5 @@ def action_table(rows: Sequence[ActionRow], t0: float) -> list[str]:
 
 
 def count_by(values: Iterable[str]) -> str:
-    """``succeeded 5, deferred 1`` in first-seen order."""
-    return ", ".join(f"{k} {n}" for k, n in Counter(values).items()) or "none"
+    """``deferred 1, succeeded 5``, by name: the same run reads the same whatever came first."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(Counter(values).items())) or "none"
