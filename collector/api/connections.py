@@ -207,7 +207,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         refusals: Refusals,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Bind and listen on ``address``; ``refusals`` counts and logs what is refused."""
+        """Bind and listen on ``address``; ``refusals`` counts and logs what is refused.
+
+        An IPv6 address (``::1``, ``::``) gets an IPv6 socket; ``::`` takes IPv4 too, where the
+        kernel maps it (Linux's default).
+        """
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
         self.limits = limits
         self.monotonic = monotonic
