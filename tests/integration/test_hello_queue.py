@@ -7,57 +7,51 @@ a fleet (``fleetwatch.wire.settings.MAX_PENDING_STREAMS``): every Hello waits it
 """
 
 import asyncio
-import threading
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-import grpc
 import pytest
 
 from collector.main import CollectorService
-from fleetwatch.testing import made_up_hello
-from fleetwatch.wire import settings
-from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
 HELLOS = 3_300  # past gRPC's default of 3,000 waiting calls
-
-
-async def hello_on(channel: grpc.aio.Channel, i: int, outcomes: dict[str, int]) -> None:
-    """Node ``i``'s Hello on a stream of its own; count its Welcome, or its error."""
-    call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(settings.STREAM_METHOD)()
-    hello = made_up_hello(f"storm-{i:05d}", gpus=0, nvlinks=0, ib_ports=0)
-    try:
-        await call.write(pb.AgentMessage(hello=hello).SerializeToString())
-        raw = await call.read()
-        assert isinstance(raw, bytes)
-        body = pb.CollectorMessage.FromString(raw).WhichOneof("body") or "nothing"
-        outcomes[body] = outcomes.get(body, 0) + 1
-    except grpc.aio.AioRpcError as exc:
-        outcomes[exc.code().name] = outcomes.get(exc.code().name, 0) + 1
-    finally:
-        call.cancel()
-
-
-async def say_hellos(port: int, outcomes: dict[str, int]) -> None:
-    """Every node's Hello, each on a stream of its own (on one connection)."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        await asyncio.gather(*(hello_on(channel, i, outcomes) for i in range(HELLOS)))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_a_storm_of_hellos_waits_its_turn_and_none_is_cancelled(
     collector: CollectorService,
 ):
-    outcomes: dict[str, int] = {}
-    sender = threading.Thread(
-        target=lambda: asyncio.run(say_hellos(collector.grpc_port, outcomes)), daemon=True
+    """The Hellos come from a process of their own (tests/integration/hello_storm.py)."""
+    sender = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.hello_storm",
+            str(collector.grpc_port),
+            str(HELLOS),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    sender.start()
-    # The collector's loop (this one) is busy for 5 s, as with a restart's first Reports: no
-    # stream is taken up meanwhile, and every Hello that arrives waits in gRPC's queue.
-    time.sleep(5.0)  # blocking the loop is the point
-    deadline = time.monotonic() + 120
-    while sender.is_alive() and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    assert not sender.is_alive(), f"the Hellos did not finish: {outcomes}"
+    try:
+        # The collector's loop (this one) is busy for 5 s, as with a restart's first Reports: no
+        # stream is taken up meanwhile, and every Hello that arrives waits in gRPC's queue.
+        time.sleep(5.0)  # blocking the loop is the point
+        deadline = time.monotonic() + 120
+        while sender.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert sender.poll() is not None, "the Hellos did not finish in 120 s"
+        out, err = sender.communicate()
+        assert sender.returncode == 0, err.decode()[-2000:]
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.communicate()
+    outcomes = json.loads(out.decode().strip().splitlines()[-1])
     assert outcomes == {"welcome": HELLOS}
