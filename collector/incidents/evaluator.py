@@ -615,7 +615,7 @@ class Evaluator:
         else:
             whole = self._hellos_among({n for n, _ in wanted} | {n for n, _ in touched})
         return _Sweep(
-            fleet={**(self._fleet_nodes or {}), **self.fleet_extras()},
+            fleet=self._fleet_map(),
             now=now,
             wanted=wanted,
             swept=swept,
@@ -646,10 +646,17 @@ class Evaluator:
         twice costs less than a node that waits for the regular tick.
         """
         wanted, self._evented = self._evented, set()
-        fleet = {**(self._fleet_nodes or {}), **self.fleet_extras()}
         return _Sweep(
-            fleet=fleet, now=self.clock.monotonic(), wanted=wanted, swept=set(), whole=set()
+            fleet=self._fleet_map(),
+            now=self.clock.monotonic(),
+            wanted=wanted,
+            swept=set(),
+            whole=set(),
         )
+
+    def _fleet_map(self) -> dict[str, Any]:
+        """The ``fleet`` a tick reads: the last regular tick's counts, and the extras."""
+        return {**(self._fleet_nodes or {}), **self.fleet_extras()}
 
     def _take_changes(
         self, now: float

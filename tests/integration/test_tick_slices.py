@@ -45,6 +45,22 @@ async def busy(collector_config: Callable[..., CollectorConfig]) -> AsyncIterato
         await service.stop(grace=None)
 
 
+def bring_back(busy: CollectorService) -> None:
+    """``NODES`` more nodes say Hello and send their first Report (a restart's returns)."""
+    clock = busy.clock
+    for i in range(NODES):
+        hello = made_up_hello(f"back-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
+        busy.fleet.on_hello(hello, clock.monotonic(), clock.now())
+        samples = [sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 40) for g in hello.gpus]
+        busy.fleet.apply_samples(hello.node, samples)
+
+
+def xid(busy: CollectorService, node: str) -> None:
+    """An Xid 13 on GPU 0 of a node that :func:`bring_back` brought."""
+    gpu = Target.gpu(made_up_hello(node, gpus=8, nvlinks=18, ib_ports=8).gpus[0].uuid)
+    busy.fleet.apply_event(node, EventKind.XID, gpu, 13)
+
+
 async def test_a_long_tick_lets_other_work_run(busy: CollectorService):
     clock = busy.clock
     turns = 0
@@ -126,9 +142,10 @@ async def test_what_a_slice_finds_is_journaled_before_the_tick_ends(busy: Collec
 
 
 async def test_an_urgent_tick_within_a_long_tick_is_sliced_too(busy: CollectorService):
-    """An event during a long tick gets an urgent tick at the next turn, and that tick evaluates
-    every node that sent its first Report since: after a restart, hundreds. It gives the loop
-    turns as the tick around it does; as one callback it held every stream for its length."""
+    """An event during a long tick, while hundreds of nodes come back (a restart), gets a tick of
+    its own at the next turn. The loop keeps getting turns through it and the rest of the tick:
+    when that tick was an urgent one over every node back since, unsliced, it held every stream
+    for its length."""
     clock = busy.clock
     stamps: list[float] = []
     stop = asyncio.Event()
@@ -142,15 +159,8 @@ async def test_an_urgent_tick_within_a_long_tick_is_sliced_too(busy: CollectorSe
     async def fleet_back_meanwhile() -> None:
         nonlocal set_up_at
         await asyncio.sleep(0)  # the regular tick has begun
-        for i in range(NODES):
-            hello = made_up_hello(f"back-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
-            busy.fleet.on_hello(hello, clock.monotonic(), clock.now())
-            samples = [
-                sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 40) for g in hello.gpus
-            ]
-            busy.fleet.apply_samples(hello.node, samples)
-        gpu = Target.gpu(made_up_hello("back-000", gpus=8, nvlinks=18, ib_ports=8).gpus[0].uuid)
-        busy.fleet.apply_event("back-000", EventKind.XID, gpu, 13)
+        bring_back(busy)
+        xid(busy, "back-000")
         set_up_at = clock.monotonic()
 
     watcher = asyncio.create_task(beside())
@@ -178,28 +188,17 @@ async def test_an_event_during_an_events_tick_waits_a_slice_not_a_fleet(busy: Co
     few slices. The tick for the first evaluates only what events marked: when it evaluated
     every node back since the last tick as well (hundreds after a restart, seconds at 4,096
     nodes), the second waited for all of them."""
-    clock = busy.clock
     engine = busy.evaluator.engine
     slices_waited: int | None = None
-
-    def xid(node: str) -> None:
-        gpu = Target.gpu(made_up_hello(node, gpus=8, nvlinks=18, ib_ports=8).gpus[0].uuid)
-        busy.fleet.apply_event(node, EventKind.XID, gpu, 13)
 
     async def arrivals() -> None:
         nonlocal slices_waited
         await asyncio.sleep(0)  # the regular tick has begun
-        for i in range(NODES):
-            hello = made_up_hello(f"back-{i:03d}", gpus=8, nvlinks=18, ib_ports=8)
-            busy.fleet.on_hello(hello, clock.monotonic(), clock.now())
-            samples = [
-                sample_to_pb(Target.gpu(g.uuid), "temperature_celsius", 40) for g in hello.gpus
-            ]
-            busy.fleet.apply_samples(hello.node, samples)
-        xid("back-000")
+        bring_back(busy)
+        xid(busy, "back-000")
         while busy.incidents.urgent_between == 0:  # its tick has begun
             await asyncio.sleep(0)
-        xid("back-001")
+        xid(busy, "back-001")
         at = busy.incidents.slices
         while ("xid_application_error", "back-001") not in {
             (i.rule, i.node) for i in engine.open_incidents()
