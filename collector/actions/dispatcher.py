@@ -84,6 +84,7 @@ __all__ = [
 # Actions safe to send again with the same idempotency key after a crash cut them short.
 REPEATABLE = frozenset({"drain_node", "notify"})
 TAKEN = "taken"  # a waiting action another collector on the shared journal took up
+CUT_SHORT = "collector restarted before the outcome was known"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,57 @@ class _Waiting:
     spec: ActionSpec
     next_try: float = 0.0  # monotonic; resets wait for their GPU to be idle
     name: str = ""  # the journaled name when it differs (escalated_...)
+    cut_short: bool = False  # decided (and maybe sent) before a restart: runs again as it was
+
+
+@dataclass(slots=True)
+class Planned:
+    """The first action of one of a firing's chains, decided before the firing was journaled.
+
+    Its place (the node under the drain cap, the GPU) is held from the decision until the
+    action runs, as it is across the journal's round trip when the action is decided later.
+    """
+
+    spec: ActionSpec
+    name: str
+    state: str
+    why: str
+    row: ActionRow
+    busy: set[str] | None
+    where: str
+    action_id: int = 0
+    new: bool = False
+
+    def release(self) -> None:
+        """Give the held place back (once)."""
+        if self.busy is not None:
+            self.busy.discard(self.where)
+            self.busy = None
+
+
+@dataclass(slots=True)
+class FirePlan:
+    """What :meth:`Dispatcher.plan` decided: journal :meth:`rows` with the incident.
+
+    Then hand the plan to :meth:`Dispatcher.fire` (after :meth:`journaled`), or
+    :meth:`release` it when the journal refused the rows.
+    """
+
+    firsts: list[Planned]
+
+    def rows(self) -> list[ActionRow]:
+        """The action rows to journal, in the same transaction as their incident's."""
+        return [first.row for first in self.firsts]
+
+    def journaled(self, results: list[tuple[int, bool]]) -> None:
+        """The journal's (id, new) for each of :meth:`rows`, in order."""
+        for first, (action_id, new) in zip(self.firsts, results, strict=True):
+            first.action_id, first.new = action_id, new
+
+    def release(self) -> None:
+        """Give every held place back (the rows were not journaled)."""
+        for first in self.firsts:
+            first.release()
 
 
 class Dispatcher:
@@ -200,7 +252,11 @@ class Dispatcher:
             # crash before it ran again must not drop it
             if kind in ("drain_node", "reset_gpu", "notify") and row.state == "deferred":
                 self.waiting[row.id] = _Waiting(
-                    row.id, row.incident_id, ActionSpec(kind, dict(row.params)), name=row.action
+                    row.id,
+                    row.incident_id,
+                    ActionSpec(kind, dict(row.params)),
+                    name=row.action,
+                    cut_short=row.detail.startswith(CUT_SHORT),
                 )
         await self._settle_unfinished()
         if self.drained or self.waiting:
@@ -215,13 +271,14 @@ class Dispatcher:
             if kind in REPEATABLE:
                 # Drains and notifications are idempotent at the receiver (same key, same
                 # reason): run them again once their incident fires, rather than lose them.
-                why = "collector restarted before the outcome was known: will run again"
-                await self._finish(row.id, "deferred", why)
+                await self._finish(row.id, "deferred", f"{CUT_SHORT}: will run again")
                 spec = ActionSpec(kind, dict(row.params))
-                self.waiting[row.id] = _Waiting(row.id, row.incident_id, spec, name=row.action)
+                self.waiting[row.id] = _Waiting(
+                    row.id, row.incident_id, spec, name=row.action, cut_short=True
+                )
                 continue
             # A reset may have run; running it twice is not safe. People decide.
-            await self._finish(row.id, "failed", "collector restarted before the outcome was known")
+            await self._finish(row.id, "failed", CUT_SHORT)
 
     def status(self) -> dict[str, Any]:
         """The drain counts rules see as ``fleet.*`` variables.
@@ -456,6 +513,7 @@ class Dispatcher:
         actions: tuple[ActionSpec, ...],
         *,
         escalation: bool = False,
+        plan: FirePlan | None = None,
     ) -> None:
         """Run the firing incident's actions, each journaled twice (see :meth:`_fire`).
 
@@ -464,14 +522,47 @@ class Dispatcher:
         ``escalation``: these are the escalation's actions (the incident fired escalated, or the
         fault came back while it fired and escalated it), journaled as ``escalated_<action>``
         (as a failed reset's are, so an incident runs each escalation action once, whichever
-        way it escalated).
+        way it escalated). ``plan``: what :meth:`plan` decided for these actions and the
+        journal took with the incident; the first action of each chain is not decided again.
         """
         if escalation:
-            await self._fire(incident, rule, _expand(actions), prefix="escalated_")
+            await self._fire(incident, rule, _expand(actions), prefix="escalated_", plan=plan)
             return
-        failed_reset = await self._fire(incident, rule, _expand(actions))
+        failed_reset = await self._fire(incident, rule, _expand(actions), plan=plan)
         if failed_reset:
             await self._escalate(incident, rule)
+
+    def plan(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        *,
+        escalation: bool = False,
+    ) -> FirePlan | None:
+        """Decide the first action of each chain of a firing now, to journal with the incident.
+
+        A firing's first actions were journaled in a writer call of their own after the
+        incident's: at 4,096 nodes that round trip through the busy event loop was a good part
+        of a fault's way to its webhook. Decided here, with the places they take held, their
+        rows go in the incident's own transaction. None on a shared journal (a drain or a
+        reset is decided under the fleet lock there) and when there is nothing to run.
+        """
+        if self._shared:
+            return None
+        prefix = "escalated_" if escalation else ""
+        firsts = []
+        for chain in _chains(_expand(actions)):
+            spec = chain[0]
+            state, why = self._refusal(incident, rule, spec)
+            busy = self._busy_set(spec) if state == "planned" else None
+            where = _place(incident, spec)
+            if busy is not None:
+                busy.add(where)
+            name = f"{prefix}{spec.name}"
+            row = self._action_row(incident, spec, state, why, name)
+            firsts.append(Planned(spec, name, state, why, row, busy, where))
+        return FirePlan(firsts) if firsts else None
 
     async def _escalate(self, incident: IncidentRow, rule: Rule) -> None:
         esc = rule.escalation
@@ -485,22 +576,37 @@ class Dispatcher:
         rule: Rule,
         actions: tuple[ActionSpec, ...],
         prefix: str = "",
+        plan: FirePlan | None = None,
     ) -> bool:
         """Run ``actions``; True when a GPU reset among them ran and failed.
 
         Drains and resets run in the order listed, one after another (a drain before a reset
         keeps new jobs off the GPU). Notifications go out at once, beside them: a page says
         nothing about how the drain or reset went, and a reset may take minutes (the agent
-        waits up to 180 s for it), so waiting behind one only makes the page late.
+        waits up to 180 s for it), so waiting behind one only makes the page late. The first
+        chain runs in this task, the others in tasks of their own: a task starts a turn of the
+        event loop later, and a turn of a busy collector's loop is milliseconds.
         """
-        notes = [spec for spec in actions if spec.name == "notify"]
-        if not notes:
-            return await self._fire_in_order(incident, rule, actions, prefix)
-        ordered = tuple(spec for spec in actions if spec.name != "notify")
-        runs = [self._fire_in_order(incident, rule, (spec,), prefix) for spec in notes]
-        if ordered:
-            runs.insert(0, self._fire_in_order(incident, rule, ordered, prefix))
-        results = await asyncio.gather(*runs, return_exceptions=True)
+        chains = _chains(actions)
+        if not chains:
+            return False
+        firsts: list[Planned | None] = list(plan.firsts) if plan is not None else []
+        firsts += [None] * (len(chains) - len(firsts))
+        others = [
+            asyncio.ensure_future(self._fire_in_order(incident, rule, chain, prefix, first))
+            for chain, first in zip(chains[1:], firsts[1:], strict=True)
+        ]
+        results: list[bool | BaseException] = []
+        try:
+            results.append(await self._fire_in_order(incident, rule, chains[0], prefix, firsts[0]))
+        except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
+            results.append(exc)
+        except BaseException:  # cancelled: so are the chains beside this one
+            for other in others:
+                other.cancel()
+            raise
+        if others:
+            results += await asyncio.gather(*others, return_exceptions=True)
         for result in results:  # each ran to its end; the first failure goes on up
             if isinstance(result, BaseException):
                 raise result
@@ -512,26 +618,22 @@ class Dispatcher:
         rule: Rule,
         actions: tuple[ActionSpec, ...],
         prefix: str,
+        first: Planned | None = None,
     ) -> bool:
-        """Run ``actions`` one after another; True when a GPU reset among them ran and failed."""
+        """Run ``actions`` one after another; True when a GPU reset among them ran and failed.
+
+        ``first``: the first action, decided and journaled already (:meth:`plan`).
+        """
         failed_reset = False
-        for spec in actions:
-            state, why = self._refusal(incident, rule, spec)
-            busy = self._busy_set(spec) if state == "planned" else None
-            where = incident.node if spec.name == "drain_node" else _cooldown_key(incident, spec)
-            if busy is not None:  # hold the place (cap, GPU) before anything awaits
-                busy.add(where)
-            name = f"{prefix}{spec.name}"
-            try:
-                if busy is not None and self._shared:  # a planned drain or reset
-                    action_id, new, state, why = await self._journal_fleet_wide(
-                        incident, spec, name
-                    )
-                else:
-                    action_id, new = await self._journal_action(incident, spec, state, why, name)
-            finally:
-                if busy is not None:
-                    busy.discard(where)
+        for i, spec in enumerate(actions):
+            if i == 0 and first is not None:
+                first.release()  # _run_journaled holds the place again while it runs
+                action_id, new, state, why = first.action_id, first.new, first.state, first.why
+                name = first.name
+                if new:
+                    self._count_new(action_id, name, state, incident.node)
+            else:
+                action_id, new, state, why, name = await self._decide(incident, rule, spec, prefix)
             if not new:  # this action of this incident was decided before: never twice
                 if spec.name == "reset_gpu" and await self._reset_failed(action_id):
                     failed_reset = True  # a crash cut its escalation short: hand that on
@@ -545,6 +647,26 @@ class Dispatcher:
             outcome = await self._run_journaled(action_id, incident, rule, spec, name)
             failed_reset |= spec.name == "reset_gpu" and not outcome.ok and not outcome.retry
         return failed_reset
+
+    async def _decide(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, prefix: str
+    ) -> tuple[int, bool, str, str, str]:
+        """Decide an action and journal it: (id, new, state, why, journaled name)."""
+        state, why = self._refusal(incident, rule, spec)
+        busy = self._busy_set(spec) if state == "planned" else None
+        where = _place(incident, spec)
+        if busy is not None:  # hold the place (cap, GPU) before anything awaits
+            busy.add(where)
+        name = f"{prefix}{spec.name}"
+        try:
+            if busy is not None and self._shared:  # a planned drain or reset
+                action_id, new, state, why = await self._journal_fleet_wide(incident, spec, name)
+            else:
+                action_id, new = await self._journal_action(incident, spec, state, why, name)
+        finally:
+            if busy is not None:
+                busy.discard(where)
+        return action_id, new, state, why, name
 
     async def _reset_failed(self, action_id: int) -> bool:
         """Whether the journaled reset ``action_id`` ended failed or refused for good."""
@@ -567,7 +689,7 @@ class Dispatcher:
         if draining:
             self._drain_starts.append(self._clock.monotonic())
         busy = self._busy_set(spec)
-        where = incident.node if draining else _cooldown_key(incident, spec)
+        where = _place(incident, spec)
         if busy is not None:
             busy.add(where)  # a drain counts toward the cap while it runs
         try:
@@ -610,7 +732,10 @@ class Dispatcher:
         (with its rule) by id. A waiting drain is also dropped when ``holds`` says its rule's
         condition no longer holds on its target: ``keep_firing_for`` keeps an incident firing
         for a while after its fault cleared, and a node must not be drained for a fault it no
-        longer has (counted in :attr:`dropped_cleared`).
+        longer has (counted in :attr:`dropped_cleared`). Not so a drain a restart cut short: it
+        was decided, and may have been sent, while the fault held; the restarted collector's
+        model has lost the history a rule like ``increase(..., "24h")`` reads, so its "no
+        longer holds" would drop a drain that is owed.
         """
         drains_blocked = False
         for action_id, wait in list(self.waiting.items()):
@@ -622,6 +747,7 @@ class Dispatcher:
                 continue
             if (
                 wait.spec.name == "drain_node"
+                and not wait.cut_short
                 and holds is not None
                 and holds(wait.incident_id) is False
             ):
@@ -770,12 +896,24 @@ def _refuse(action: str, incident: IncidentRow, exc: UnsafeArgumentError) -> Act
     return refused(str(exc))
 
 
+def _place(incident: IncidentRow, spec: ActionSpec) -> str:
+    """What an action holds while it is decided and runs: a drain its node, a reset its GPU."""
+    return incident.node if spec.name == "drain_node" else _cooldown_key(incident, spec)
+
+
 def _cooldown_key(incident: IncidentRow, spec: ActionSpec) -> str:
     """Cooldowns are per node, except resets: per GPU (``node/gpu/N``)."""
     if spec.name == "reset_gpu" and "/gpu/" in incident.target:
         node, _, rest = incident.target.partition("/gpu/")
         return f"{node}/gpu/{rest.split('/', 1)[0]}"
     return incident.node
+
+
+def _chains(actions: tuple[ActionSpec, ...]) -> list[tuple[ActionSpec, ...]]:
+    """What runs one after another: the drains and resets in order, then each notification."""
+    ordered = tuple(spec for spec in actions if spec.name != "notify")
+    notes = [(spec,) for spec in actions if spec.name == "notify"]
+    return ([ordered] if ordered else []) + notes
 
 
 def _expand(actions: tuple[ActionSpec, ...]) -> tuple[ActionSpec, ...]:

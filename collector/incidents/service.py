@@ -25,7 +25,7 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Generator
 
-    from collector.actions.dispatcher import Dispatcher
+    from collector.actions.dispatcher import Dispatcher, FirePlan
     from collector.incidents.evaluator import Evaluator, Outcome, Verdict
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
@@ -65,13 +65,26 @@ class ActionSink(Protocol):
         actions: tuple[ActionSpec, ...],
         *,
         escalation: bool = False,
+        plan: FirePlan | None = None,
     ) -> None:
         """Run (or journal as skipped) a firing incident's actions.
 
         ``escalation``: the actions are the rule's escalation's (the incident fired escalated,
         or the fault recurred while it fired and escalated it), journaled as
-        ``escalated_<action>`` whichever way it escalated.
+        ``escalated_<action>`` whichever way it escalated. ``plan``: what :meth:`plan` decided,
+        journaled with the incident.
         """
+        ...
+
+    def plan(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        *,
+        escalation: bool = False,
+    ) -> FirePlan | None:
+        """Decide a firing's first actions now, to journal with the incident (or None)."""
         ...
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
@@ -381,29 +394,64 @@ class IncidentService:
     async def _record_all(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Journal each change and hand firings to the sink; return ``outcomes``.
 
-        On a journal of its own the changes go in one call to its writer thread: each call is
-        a round trip through a busy event loop (a few milliseconds at 4,096 nodes), and a fault
-        that fires several rules, or fires beside other changes, paid one per change. A shared
+        On a journal of its own the changes go in one call to its writer thread, with the
+        first action of each firing (:meth:`ActionSink.plan`): each call is a round trip
+        through a busy event loop (a few milliseconds at 4,096 nodes), and a fault paid one for
+        its incident, one for its action and one per other change fired beside it. A shared
         journal claims each firing in turn (another collector may hold it).
         """
-        if len(outcomes) > 1 and not self._journal.store.shared:
-            rows = [self._row(o.transition.incident, o.rule, o.verdict) for o in outcomes]
-            try:
-                await self._journal.do(lambda s: s.incidents.upsert_incidents(rows))
-            except Exception:  # one by one at the next tick (_record_again)
-                log.exception("incident_record_failed", incidents=len(outcomes))
-                self._unrecorded += outcomes
-                return outcomes
-            for outcome, row in zip(outcomes, rows, strict=True):
-                self._announce(outcome, row)
+        if self._journal.store.shared:
+            for outcome in outcomes:
+                try:
+                    await self._record(outcome)
+                except Exception:  # journaled (and acted on) at a later tick
+                    log.exception("incident_record_failed", incident=outcome.transition.incident.id)
+                    self._unrecorded.append(outcome)
             return outcomes
-        for outcome in outcomes:
-            try:
-                await self._record(outcome)
-            except Exception:  # journaled (and acted on) at a later tick
-                log.exception("incident_record_failed", incident=outcome.transition.incident.id)
-                self._unrecorded.append(outcome)
+        rows = [self._row(o.transition.incident, o.rule, o.verdict) for o in outcomes]
+        plans = self._plans(outcomes, rows)
+        actions = [a for plan in plans if plan is not None for a in plan.rows()]
+        try:
+            results = await self._journal.do(lambda s: s.incidents.record(rows, actions))
+        except Exception:  # one by one at the next tick (_record_again)
+            for plan in plans:
+                if plan is not None:
+                    plan.release()
+            log.exception("incident_record_failed", incidents=len(outcomes))
+            self._unrecorded += outcomes
+            return outcomes
+        for outcome, row, plan in zip(outcomes, rows, plans, strict=True):
+            if plan is not None:
+                plan.journaled(results[: len(plan.firsts)])
+                results = results[len(plan.firsts) :]
+            self._announce(outcome, row, plan)
         return outcomes
+
+    def _plans(self, outcomes: list[Outcome], rows: list[IncidentRow]) -> list[FirePlan | None]:
+        """Each change's first actions, decided now (None: decided when they run)."""
+        plans: list[FirePlan | None] = []
+        planned: set[str] = set()
+        for outcome, row in zip(outcomes, rows, strict=True):
+            fired = self._fired(outcome)
+            plan = None
+            # an incident with a step still running acts after it, on what that step left
+            idle = row.id not in self._acting and row.id not in planned
+            if fired is not None and self.sink is not None and idle:
+                actions, escalation = fired
+                plan = self.sink.plan(row, outcome.rule, actions, escalation=escalation)
+                planned.add(row.id)
+            plans.append(plan)
+        return plans
+
+    @staticmethod
+    def _fired(outcome: Outcome) -> tuple[tuple[ActionSpec, ...], bool] | None:
+        """The actions a change hands the sink, and whether they are an escalation's."""
+        transition, incident = outcome.transition, outcome.transition.incident
+        if transition.recurred:
+            return (transition.actions, True) if transition.actions else None
+        if incident.phase == Phase.FIRING:
+            return transition.actions, incident.escalated
+        return None
 
     async def _record_again(self) -> None:
         """Journal what a tick could not (the journal was down), then retry failed actions."""
@@ -468,8 +516,8 @@ class IncidentService:
             await self._journal.do(lambda s: s.incidents.upsert_incident(row))
         self._announce(outcome, row)
 
-    def _announce(self, outcome: Outcome, row: IncidentRow) -> None:
-        """Log a journaled change and hand it to the sink."""
+    def _announce(self, outcome: Outcome, row: IncidentRow, plan: FirePlan | None = None) -> None:
+        """Log a journaled change and hand it to the sink (with what was planned for it)."""
         incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
         event = f"incident_{incident.phase.value}"
         if outcome.transition.recurred:
@@ -480,10 +528,6 @@ class IncidentService:
                 occurrences=incident.firings,
                 escalated=bool(outcome.transition.actions),
             )
-            if self.sink is not None and outcome.transition.actions:
-                self._act(
-                    row.id, self.sink.fire(row, rule, outcome.transition.actions, escalation=True)
-                )
         elif incident.phase == Phase.FIRING:
             log.warning(
                 event,
@@ -494,17 +538,15 @@ class IncidentService:
                 suppressed_by=verdict.suppressed_by,
                 silenced_by=verdict.silenced_by,
             )
-            if self.sink is not None:
-                self._act(
-                    row.id,
-                    self.sink.fire(
-                        row, rule, outcome.transition.actions, escalation=incident.escalated
-                    ),
-                )
         elif incident.phase == Phase.RESOLVED:
             log.info(event, rule=rule.name, target=incident.target)
             if self.sink is not None:
                 self._act(row.id, self.sink.resolve(row, rule))
+            return
+        fired = self._fired(outcome)
+        if self.sink is not None and fired is not None:
+            actions, escalation = fired
+            self._act(row.id, self.sink.fire(row, rule, actions, escalation=escalation, plan=plan))
 
 
 class _Handoff:

@@ -258,6 +258,22 @@ class IncidentStore:
             for row in rows:
                 self.upsert_incident(row)
 
+    def record(
+        self, incidents: Sequence[IncidentRow], actions: Sequence[ActionRow] = ()
+    ) -> list[tuple[int, bool]]:
+        """Write incidents' states and the actions they start with: each action's (id, new).
+
+        One transaction (one statement alone needs none): a firing and its first actions are
+        journaled together, or not at all.
+        """
+        if len(incidents) + len(actions) == 1 and incidents:
+            self.upsert_incident(incidents[0])
+            return []
+        with self._db.transaction():
+            for row in incidents:
+                self.upsert_incident(row)
+            return [self.add_action(action) for action in actions]
+
     def claim_firing(self, row: IncidentRow) -> IncidentRow | None:
         """Journal a newly firing incident unless another is firing for its rule and target.
 

@@ -18,6 +18,7 @@ from rules.engine import Phase
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from collector.actions.dispatcher import FirePlan
     from collector.incidents.service import ActionSink
     from collector.store.incidents import ActionRow, IncidentRow
     from collector.store.journal import Journal
@@ -70,15 +71,29 @@ class IncidentFeed:
         actions: tuple[ActionSpec, ...],
         *,
         escalation: bool = False,
+        plan: FirePlan | None = None,
     ) -> None:
         """Let the dispatcher run the actions, then note the firing and their outcomes."""
         self._acting += 1
         try:
             if self._inner is not None:
-                await self._inner.fire(incident, rule, actions, escalation=escalation)
+                await self._inner.fire(incident, rule, actions, escalation=escalation, plan=plan)
         finally:
             self._acting -= 1
         await self._show("ESCALATED" if escalation else "FIRING", incident)
+
+    def plan(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        actions: tuple[ActionSpec, ...],
+        *,
+        escalation: bool = False,
+    ) -> FirePlan | None:
+        """The dispatcher's plan: the feed shows actions once they ran."""
+        if self._inner is None:
+            return None
+        return self._inner.plan(incident, rule, actions, escalation=escalation)
 
     async def resolve(self, incident: IncidentRow, rule: Rule) -> None:
         """Let the dispatcher undo what it should, then note the resolution."""

@@ -6,7 +6,8 @@ own methods run and commit as they always do, and at STEP the process ends with 
 spot, as the OOM killer or a power cut would end it, the first time STEP is reached:
 
 * ``event``: an Xid event's row has just been committed (the agent has no ack yet);
-* ``incident``: an incident has just been journaled as firing (its actions not yet);
+* ``incident``: an incident has just been journaled as firing (its actions not yet run; on a
+  journal of its own, the first of them were decided and journaled in the same transaction);
 * ``escalated``: a firing incident has just been journaled as escalated (its escalation's
   actions not yet);
 * ``reset_failed``: a GPU reset's failure has just been journaled (the escalation it calls
@@ -67,7 +68,7 @@ class Crash:
         self.step = step
         self.notify_ids: set[int] = set()
         self.reset_ids: set[int] = set()
-        self.in_batch = False  # within upsert_incidents' transaction
+        self.in_batch = False  # within upsert_incidents' or record's transaction
 
     def at(self, step: str) -> None:
         """Die here when this is the chosen step."""
@@ -80,6 +81,7 @@ class Crash:
         insert_events = EventStore.insert_events
         upsert_incident = IncidentStore.upsert_incident
         upsert_incidents = IncidentStore.upsert_incidents
+        record = IncidentStore.record
         add_action = IncidentStore.add_action
         finish_action = IncidentStore.finish_action
 
@@ -109,15 +111,35 @@ class Crash:
             for row in rows:
                 journaled(row)
 
-        def action(store: IncidentStore, row: ActionRow) -> tuple[int, bool]:
-            action_id, new = add_action(store, row)
+        def planned(row: ActionRow, action_id: int, *, new: bool) -> None:
             if row.action == "reset_gpu":
                 crash.reset_ids.add(action_id)
             if row.action == "notify":
                 crash.notify_ids.add(action_id)
                 if new:
                     crash.at("action")
+
+        def action(store: IncidentStore, row: ActionRow) -> tuple[int, bool]:
+            action_id, new = add_action(store, row)
+            if not crash.in_batch:
+                planned(row, action_id, new=new)
             return action_id, new
+
+        def recorded(
+            store: IncidentStore,
+            rows: Sequence[IncidentRow],
+            actions: Sequence[ActionRow] = (),
+        ) -> list[tuple[int, bool]]:
+            crash.in_batch = True  # the rows are journaled once their transaction commits
+            try:
+                results = record(store, rows, actions)
+            finally:
+                crash.in_batch = False
+            for row in rows:
+                journaled(row)
+            for action_row, (action_id, new) in zip(actions, results, strict=True):
+                planned(action_row, action_id, new=new)
+            return results
 
         def finish(
             store: IncidentStore, action_id: int, state: str, detail: str, finished_ms: int
@@ -136,6 +158,7 @@ class Crash:
         EventStore.insert_events = events  # type: ignore[method-assign,assignment]
         IncidentStore.upsert_incident = incident  # type: ignore[method-assign,assignment]
         IncidentStore.upsert_incidents = incidents  # type: ignore[method-assign,assignment]
+        IncidentStore.record = recorded  # type: ignore[method-assign,assignment]
         IncidentStore.add_action = action  # type: ignore[method-assign,assignment]
         IncidentStore.finish_action = finish  # type: ignore[method-assign,assignment]
 
