@@ -551,18 +551,22 @@ class Dispatcher:
         if self._shared:
             return None
         prefix = "escalated_" if escalation else ""
-        firsts = []
-        for chain in _chains(_expand(actions)):
-            spec = chain[0]
-            state, why = self._refusal(incident, rule, spec)
-            busy = self._busy_set(spec) if state == "planned" else None
-            where = _place(incident, spec)
-            if busy is not None:
-                busy.add(where)
-            name = f"{prefix}{spec.name}"
-            row = self._action_row(incident, spec, state, why, name)
-            firsts.append(Planned(spec, name, state, why, row, busy, where))
-        return FirePlan(firsts) if firsts else None
+        plan = FirePlan([])
+        try:
+            for chain in _chains(_expand(actions)):
+                spec = chain[0]
+                state, why = self._refusal(incident, rule, spec)
+                busy = self._busy_set(spec) if state == "planned" else None
+                where = _place(incident, spec)
+                name = f"{prefix}{spec.name}"
+                row = self._action_row(incident, spec, state, why, name)
+                if busy is not None:
+                    busy.add(where)
+                plan.firsts.append(Planned(spec, name, state, why, row, busy, where))
+        except BaseException:
+            plan.release()
+            raise
+        return plan if plan.firsts else None
 
     async def _escalate(self, incident: IncidentRow, rule: Rule) -> None:
         esc = rule.escalation

@@ -438,7 +438,10 @@ class IncidentService:
             idle = row.id not in self._acting and row.id not in planned
             if fired is not None and self.sink is not None and idle:
                 actions, escalation = fired
-                plan = self.sink.plan(row, outcome.rule, actions, escalation=escalation)
+                try:
+                    plan = self.sink.plan(row, outcome.rule, actions, escalation=escalation)
+                except Exception:  # decided when they run, as without a plan
+                    log.exception("action_plan_failed", incident=row.id)
                 planned.add(row.id)
             plans.append(plan)
         return plans

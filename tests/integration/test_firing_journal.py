@@ -9,7 +9,7 @@ beside them) is now decided before the incident is journaled and goes in its tra
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
+    from collector.actions.dispatcher import Dispatcher, FirePlan
     from collector.config import CollectorConfig
     from fleetwatch.webhook_receiver import WebhookReceiver
 
@@ -151,3 +152,41 @@ async def test_a_plan_the_journal_did_not_take_gives_its_place_back(service: Col
     assert again is not None
     assert again.firsts[0].state == "planned", again.firsts[0].why
     again.release()
+
+
+class _PlanFails:
+    """The real dispatcher, whose planning breaks (a bug, a bad value): fault injection."""
+
+    def __init__(self, inner: Dispatcher) -> None:
+        self.inner = inner
+
+    def plan(self, *_args: Any, **_kwargs: Any) -> FirePlan | None:
+        msg = "planning broke"
+        raise RuntimeError(msg)
+
+    async def fire(self, *args: Any, **kwargs: Any) -> None:
+        await self.inner.fire(*args, **kwargs)
+
+    async def resolve(self, *args: Any, **kwargs: Any) -> None:
+        await self.inner.resolve(*args, **kwargs)
+
+    async def settle(self, *args: Any, **kwargs: Any) -> None:
+        await self.inner.settle(*args, **kwargs)
+
+
+async def test_a_plan_that_breaks_loses_neither_the_firing_nor_its_actions(
+    service: CollectorService, receiver: WebhookReceiver
+):
+    """Planning is an optimisation: when it raises, the firing is journaled all the same and its
+    actions are decided when they run, as they were before plans."""
+    service.incidents.sink = _PlanFails(service.dispatcher)
+    lose_gpu(service, 0)
+    await service.incidents.tick(urgent=True)
+    await wait_until(lambda: len(receiver.deliveries()) >= 2, 10, "the drain and the notification")
+    incidents = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
+    assert [(i.rule, i.phase) for i in incidents] == [("gpu_lost", "firing")]
+    rows = await service.journal.do(lambda s: s.incidents.actions(node=NODE))
+    assert sorted((r.action, r.state) for r in rows) == [
+        ("drain_node", "succeeded"),
+        ("notify", "succeeded"),
+    ]
