@@ -25,14 +25,19 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 # The loop's time a turn for heavy work while work waits: this many times what the rest of the
-# last turn took (the heavy work gets three quarters of a busy loop), within the bounds below. A
-# fixed 8 ms a turn left the first Reports a third of the loop when a turn's other work was
-# 17 ms, and a 4,096-node fleet took 39 s to come back instead of 28 s.
+# last turn took, within the bounds below (equal now, so 3 ms a turn: see there).
 HEAVY_PER_OTHER: Final = 3.0
-# At least this much a turn (a first Report is 2-3 ms), and at most this much: a turn's length
-# is what a node already back waits for its next message to be read.
-TURN_BUDGET_MIN_S: Final = 0.004
-TURN_BUDGET_MAX_S: Final = 0.010
+# At least this much a turn, and at most this much. A turn's length is what a node already back
+# waits for its next message to be read, and a probe's read, commit and ack are three turns. In
+# a storm the rest of the loop's work arrives at a share r of the loop's time (the Reports of
+# the nodes back, Hellos), so a turn lasts about budget / (1 - r): the heavy work's share of the
+# loop is 1 - r whatever the budget, and the budget sets only the turns' length. Measured with
+# bench/ingest/reconnect.py --nodes 4096 (docs/performance.md, twelfth measurement), a probe's
+# ack during the restart (p50 / p99) and the restart: 4-10 ms a turn 168 / 359 ms in 25.3 s,
+# 4 ms 106 / 259 ms in 25.5 s, 3 ms 89 / 184 ms in 26.4 s, 2 ms 72 / 173 ms in 29.5 s (a first
+# Report is 2-3 ms, so 2 ms is one a turn, and the turns' own cost begins to show).
+TURN_BUDGET_MIN_S: Final = 0.003
+TURN_BUDGET_MAX_S: Final = 0.003
 
 
 class TurnShare:
