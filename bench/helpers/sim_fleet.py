@@ -70,6 +70,7 @@ class LoopLag:
     def __init__(self) -> None:
         self.samples: list[float] = []
         self.recording = False
+        self.worst = 0.0  # ms, while recording
         self.worst_at = 0.0  # wall time the worst lag ended
 
     async def run(self) -> None:
@@ -79,8 +80,8 @@ class LoopLag:
             await asyncio.sleep(LAG_PROBE_S)
             if self.recording:
                 late = (time.monotonic() - began - LAG_PROBE_S) * 1000
-                if late > max(self.samples, default=0.0):
-                    self.worst_at = time.time()
+                if late > self.worst:
+                    self.worst, self.worst_at = late, time.time()
                 self.samples.append(late)
 
     def summary(self) -> dict[str, float | None]:

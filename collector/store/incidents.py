@@ -252,12 +252,6 @@ class IncidentStore:
             ),
         )
 
-    def upsert_incidents(self, rows: Sequence[IncidentRow]) -> None:
-        """Write several incidents' current states in one transaction (a tick's changes)."""
-        with self._db.transaction():
-            for row in rows:
-                self.upsert_incident(row)
-
     def record(
         self, incidents: Sequence[IncidentRow], actions: Sequence[ActionRow] = ()
     ) -> list[tuple[int, bool]]:

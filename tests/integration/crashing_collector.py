@@ -68,7 +68,7 @@ class Crash:
         self.step = step
         self.notify_ids: set[int] = set()
         self.reset_ids: set[int] = set()
-        self.in_batch = False  # within upsert_incidents' or record's transaction
+        self.in_batch = False  # within record's transaction
 
     def at(self, step: str) -> None:
         """Die here when this is the chosen step."""
@@ -80,7 +80,6 @@ class Crash:
         crash = self
         insert_events = EventStore.insert_events
         upsert_incident = IncidentStore.upsert_incident
-        upsert_incidents = IncidentStore.upsert_incidents
         record = IncidentStore.record
         add_action = IncidentStore.add_action
         finish_action = IncidentStore.finish_action
@@ -100,15 +99,6 @@ class Crash:
         def incident(store: IncidentStore, row: IncidentRow) -> None:
             upsert_incident(store, row)
             if not crash.in_batch:
-                journaled(row)
-
-        def incidents(store: IncidentStore, rows: Sequence[IncidentRow]) -> None:
-            crash.in_batch = True  # the rows are journaled once their transaction commits
-            try:
-                upsert_incidents(store, rows)
-            finally:
-                crash.in_batch = False
-            for row in rows:
                 journaled(row)
 
         def planned(row: ActionRow, action_id: int, *, new: bool) -> None:
@@ -157,7 +147,6 @@ class Crash:
 
         EventStore.insert_events = events  # type: ignore[method-assign,assignment]
         IncidentStore.upsert_incident = incident  # type: ignore[method-assign,assignment]
-        IncidentStore.upsert_incidents = incidents  # type: ignore[method-assign,assignment]
         IncidentStore.record = recorded  # type: ignore[method-assign,assignment]
         IncidentStore.add_action = action  # type: ignore[method-assign,assignment]
         IncidentStore.finish_action = finish  # type: ignore[method-assign,assignment]
