@@ -251,13 +251,18 @@ class Sampler:
         errors = self.source_errors
         mono = self._clock.monotonic()
         due = self._last_counters is None or mono - self._last_counters >= self._counter_interval
-        readings = await self._read_gpus(counters=due)
+        lost_before = frozenset(self._lost)
+        readings = await self._read_gpus(lost_before, counters=due)
         if any(isinstance(r, GpuLostError) and g.uuid not in self._lost for g, r in readings):
             # The driver logs Xid 79 before NVML answers GPU-lost, and the line says more (the
             # Xid, its class): read the event sources again, so that a line logged while NVML
             # was read reports the loss, not NVML's bare error.
             self._read_events(result, unix_ms(self._clock))
         for gpu, reading in readings:
+            if gpu.uuid in self._lost and gpu.uuid not in lost_before:
+                # Lost while NVML was read (the kernel log or udev said so meanwhile): a reading
+                # that answered was begun before the loss, and would say the GPU is back.
+                continue
             self._take_gpu(gpu, reading, result, now_ms)
         # Counters (IB ports, PCIe AER and link in sysfs; the GPUs' PCIe replay counter in NVML,
         # above) are read at the counter interval.
@@ -348,10 +353,11 @@ class Sampler:
             )
 
     async def _read_gpus(
-        self, *, counters: bool = True
+        self, lost: frozenset[str], *, counters: bool = True
     ) -> list[tuple[GpuIdentity, GpuReading | SourceError]]:
         """Every GPU's reading (or why there is none), in one awaited hand-off to the NVML thread.
 
+        ``lost``: the GPUs known lost when the read begins (each is identified again first).
         ``counters``: read the slow counters too (see :meth:`NvmlSource.read`). When NVML hangs,
         the GPUs read before the stuck call; none while it stays stuck.
         """
@@ -359,7 +365,7 @@ class Sampler:
         if not gpus:
             return []
         reads = _GpuReads()
-        read_all = partial(self._read_all, reads, frozenset(self._lost), counters=counters)
+        read_all = partial(self._read_all, reads, lost, counters=counters)
         try:
             await self._nvml.guard.call("read GPUs", read_all)
         except NvmlHungError as exc:

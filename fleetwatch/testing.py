@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from fleetwatch import PROTOCOL_VERSION
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 
 class FakeClock:
@@ -48,17 +49,42 @@ class FakeClock:
 
 
 async def wait_until(
-    predicate: Callable[[], bool],
+    predicate: Callable[[], bool | Awaitable[bool]],
     timeout: float = 15.0,  # noqa: ASYNC109 - a deadline on a condition, not on one call
     what: str = "",
 ) -> None:
-    """Poll ``predicate`` on the running loop until it holds; raise AssertionError on timeout."""
+    """Poll ``predicate`` on the running loop until it holds; raise AssertionError on timeout.
+
+    ``predicate`` may be a coroutine function (a journal query, say): each answer is awaited.
+    """
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not await _holds(predicate):
         if time.monotonic() > deadline:
             msg = f"timed out after {timeout} s waiting for {what or predicate}"
             raise AssertionError(msg)
         await asyncio.sleep(0.05)
+
+
+async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
+    answer = predicate()
+    return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+
+
+async def wait_for_more(
+    count: Callable[[], int],
+    more: int,
+    timeout: float = 15.0,  # noqa: ASYNC109 - a deadline on a condition, not on one call
+    what: str = "",
+) -> None:
+    """Wait until ``count()`` has grown by ``more`` from its value now.
+
+    For checks that something does *not* happen: wait for a number of turns of what would do
+    it (rule ticks, polls, scrapes), never for a time, which a slow machine can outrun.
+    """
+    start = count()
+    await wait_until(
+        lambda: count() >= start + more, timeout, what or f"{more} more of {count} from {start}"
+    )
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 import asyncio
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,12 @@ class TestFaultToAction:
         skipped = [r for r in rows if r.action == "drain_node" and r.state == "skipped"]
         assert skipped
         assert "already drained" in skipped[0].detail
+
+
+async def drains_are(service: CollectorService, *states: list[str]) -> bool:
+    """Whether node-3's drains, as journaled (newest first), are one of ``states``."""
+    rows = await service.journal.do(lambda s: s.incidents.actions(node="node-3"))
+    return [r.state for r in rows if r.action == "drain_node"] in states
 
 
 def scrape(service: CollectorService) -> str:
@@ -262,10 +269,9 @@ class TestRestart:
         try:
             cluster.nodes["node-3"].xid(2, 79)
             await wait_until(
-                lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
-                what="incident",
+                partial(drains_are, service, ["planned"], ["running"]),
+                what="the drain journaled, retrying against a closed port",
             )
-            await asyncio.sleep(0.3)  # the drain is retrying against a closed port
         finally:
             await cluster.stop()
             await service.stop(grace=None)
@@ -278,6 +284,8 @@ class TestRestart:
             await wait_until(
                 lambda: ("drain_request", "node-3") in kinds(receiver), what="drain after restart"
             )
+            # The receiver answered before the collector journals the outcome it was told.
+            await wait_until(partial(drains_are, again, ["succeeded"]), what="drain outcome")
             rows = await again.journal.do(lambda s: s.incidents.actions(node="node-3"))
             drains = [r for r in rows if r.action == "drain_node"]
             assert [r.state for r in drains] == ["succeeded"]

@@ -1,3 +1,5 @@
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,7 @@ from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_S
 from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.kmsg_cursor import KmsgCursor
-from agent.sources.nvml import NvmlSource
+from agent.sources.nvml import GpuIdentity, GpuReading, NvmlSource
 from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sysfs import SysfsReader
 from agent.sources.udev import UdevEvent
@@ -90,6 +92,46 @@ class TestSampler:
         ]
         assert result.kmsg_seq is not None  # the line was read here: its record moves the cursor
         assert sampler.poll_events().events == []
+
+    async def test_a_reading_begun_before_the_loss_does_not_bring_the_gpu_back(self, node: SimNode):
+        """Xid 79 read from the kernel log while NVML reads the GPUs: the answer NVML gave
+        before the fall is stale. The GPU stays lost (no ``gpu_back``, no second loss)."""
+        begun, release = threading.Event(), threading.Event()
+
+        class HeldNvml(NvmlSource):
+            held = False
+
+            def read(self, gpu: GpuIdentity, *, counters: bool = True) -> GpuReading:
+                reading = super().read(gpu, counters=counters)
+                if gpu.index == 2 and not HeldNvml.held:  # answered, then held before returning
+                    HeldNvml.held = True
+                    begun.set()
+                    release.wait(timeout=30)
+                return reading
+
+        sampler = Sampler(
+            nvml=HeldNvml(node.nvml),
+            sysfs=SysfsReader(node.sysfs.root),
+            kmsg=node.kmsg,
+            udev=node.udev,
+            catalog=load_catalog(),
+            clock=node.clock,
+        )
+        sampler.discover()
+        devices = asyncio.ensure_future(sampler.poll_devices())
+        assert await asyncio.to_thread(begun.wait, 30)
+        node.xid(2, 79)
+        lost = sampler.poll_events().events
+        assert [(e.kind, e.xid) for e in lost] == [(EventKind.GPU_LOST, 79)]
+        release.set()
+        with capture_logs() as logs:
+            stale = await devices
+            later = await sampler.poll()
+        gpu = Target.gpu(node.gpus[2].uuid)
+        assert (gpu, "gpu_present") not in stale.samples  # the kernel log's 0 stands
+        assert later.events == []
+        assert later.samples[gpu, "gpu_present"] == 0
+        assert "gpu_back" not in [e["event"] for e in logs]
 
     async def test_gpu_lost_seen_by_nvml_first_is_reported_once(
         self, sampler: Sampler, node: SimNode
