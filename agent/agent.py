@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.exceptions import OutboxFullError, SourceError
+from agent.exceptions import NoDriverError, NvmlError, OutboxFullError, SourceError
 from agent.job_socket import serve_job_socket
+from agent.sources.nvml import ERROR_LIBRARY_NOT_FOUND
 from agent.wakeup import MIN_EVENT_GAP_S, Wakeup
 from fleetwatch import PROTOCOL_VERSION, __version__
 from fleetwatch.clock import unix_ms
@@ -142,6 +143,7 @@ class Agent:
     async def start(self) -> None:
         """Discover the hardware, retrying with backoff while NVML cannot start.
 
+        A node without NVML's library raises :class:`NoDriverError` at once: no wait brings it.
         Discovery makes blocking NVML calls (each under the guard's deadline): it runs on a
         thread of its own, so the loop (the systemd watchdog) goes on meanwhile.
         """
@@ -150,13 +152,13 @@ class Agent:
                 await asyncio.to_thread(self.sampler.discover)
                 hello = build_hello(self.node, self.boot_id, self.sampler.inventory, self.clock)
                 self._inventory = validate_hello(hello)
+            except NvmlError as exc:
+                if exc.code != ERROR_LIBRARY_NOT_FOUND:
+                    await self._retry_start(exc)
+                    continue
+                raise NoDriverError from exc
             except SourceError as exc:
-                delay = self._start_backoff.next_delay()
-                log.error("discovery_failed", error=str(exc), retry_in_s=round(delay, 1))
-                if self._notifier is not None:  # still starting, and the loop is alive
-                    why = f"discovery failed, retrying in {delay:.0f} s: {exc}"
-                    self._notifier.extend_timeout(delay + START_GRACE_S, why)
-                await self.clock.sleep(delay)
+                await self._retry_start(exc)
                 continue
             self.sampler.resume_kmsg_after(self.outbox.kmsg_seq())
             inv = self.sampler.inventory
@@ -169,6 +171,15 @@ class Agent:
                 driver=inv.driver_version,
             )
             return
+
+    async def _retry_start(self, exc: SourceError) -> None:
+        """Log a failed discovery and wait out its backoff (systemd is told it takes longer)."""
+        delay = self._start_backoff.next_delay()
+        log.error("discovery_failed", error=str(exc), retry_in_s=round(delay, 1))
+        if self._notifier is not None:  # still starting, and the loop is alive
+            why = f"discovery failed, retrying in {delay:.0f} s: {exc}"
+            self._notifier.extend_timeout(delay + START_GRACE_S, why)
+        await self.clock.sleep(delay)
 
     def _accept(self, event: PendingEvent) -> None:
         """Check an event the way the collector will, then number it into the outbox."""

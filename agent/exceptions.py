@@ -4,6 +4,7 @@ Exception tree::
 
     AgentError
     ├── ConfigError          (agent configuration is invalid; names the key)
+    ├── NoDriverError        (libnvidia-ml is not installed: no GPU to watch, exit 2)
     ├── OutboxFullError      (events alone fill the outbox's byte bound; the event is refused)
     └── SourceError          (a hardware source failed to read; carries the source name)
         └── NvmlError        (an NVML call failed; carries NVML's return code)
@@ -19,6 +20,20 @@ class AgentError(Exception):
 
 class ConfigError(AgentError):
     """The agent's configuration is invalid."""
+
+
+class NoDriverError(AgentError):
+    """NVML's library (libnvidia-ml) is not installed: this is no GPU node, or its driver is gone.
+
+    Not retried: a driver whose kernel module is still loading answers DRIVER_NOT_LOADED, which
+    the agent waits out; a missing library is a node to set up, not a moment to wait.
+    """
+
+    def __init__(self) -> None:
+        """Say what is missing and how to try the agent anyway."""
+        super().__init__(
+            "no NVIDIA driver found (libnvidia-ml); use --simulate to try it without a GPU"
+        )
 
 
 class OutboxFullError(AgentError):

@@ -17,7 +17,7 @@ from agent.budget import ByteBudget
 from agent.changes import LiveSamples
 from agent.collector_list import start_index
 from agent.commands import CommandRunner, NvidiaSmiReset
-from agent.exceptions import SourceError
+from agent.exceptions import NoDriverError, SourceError
 from agent.intervals import Intervals
 from agent.job_claims import SenderCheck
 from agent.job_socket import JobQueue
@@ -33,7 +33,7 @@ from agent.sampler import Sampler
 from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
 from agent.sources.kmsg_cursor import KmsgCursor
-from agent.sources.nvml import NvmlSource, load_pynvml
+from agent.sources.nvml import NvmlSource, load_pynvml, nvml_library_installed
 from agent.sources.nvml_events import NvmlEventWatcher
 from agent.sources.pci_sysfs import PciSysfsReader
 from agent.sources.sel_cursor import SelCursor
@@ -94,10 +94,14 @@ def read_boot_id(proc_root: Path) -> str:
 def real_hardware(cfg: AgentConfig) -> Hardware:
     """Open the node's real sources; kmsg and udev are optional and say once why they are off.
 
+    A node without NVML's library (no NVIDIA driver installed) raises :class:`NoDriverError`.
+
     The kernel log is read from the start of its buffer when a cursor from an earlier agent
     exists (a restart, or a reboot: the buffer then holds this boot's early lines), and from
     its end on a node that never ran the agent, so old history is not reported as new.
     """
+    if not nvml_library_installed():
+        raise NoDriverError
     boot_id = read_boot_id(cfg.proc_root)
     cursor = None
     if cfg.state_dir is not None:

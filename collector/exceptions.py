@@ -4,6 +4,7 @@ Exception tree::
 
     CollectorError
     ├── ConfigError      (collector configuration is invalid; names the key)
+    ├── PortInUseError   (the gRPC or HTTP port is taken: another collector?)
     ├── JournalError     (the journal cannot be opened, migrated or written)
     │   ├── RowRefusedError  (the database refused one row; the rest of its commit went in)
     │   ├── JournalUnreachableError  (the database server cannot be reached: not a config error)
@@ -23,7 +24,7 @@ class ConfigError(CollectorError):
 
 
 class PortInUseError(CollectorError):
-    """Another socket already listens on the collector's gRPC port (another collector?)."""
+    """Another socket already listens on the collector's gRPC or HTTP port (another collector?)."""
 
 
 class JournalError(CollectorError):

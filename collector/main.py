@@ -27,7 +27,7 @@ from collector.gc_pauses import start_freezer
 from collector.incidents.evaluator import Evaluator
 from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
 from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
-from collector.ingest.server import FleetServer
+from collector.ingest.server import FleetServer, refuse_a_port_in_use
 from collector.ingest.tls import server_credentials
 from collector.jobs.book import JobBook
 from collector.model.fleet import FleetModel
@@ -295,6 +295,7 @@ class CollectorService:
 
     async def start(self) -> None:
         """Open the journal, listen, and start watching liveness."""
+        refuse_a_port_in_use(self.cfg.listen)  # a taken port fails before any work is done
         self.silences.bind(asyncio.get_running_loop())
         self.drains.bind(asyncio.get_running_loop())
         self.preflight_desk.bind(asyncio.get_running_loop())

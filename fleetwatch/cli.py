@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import structlog
 
 from fleetwatch import __version__, cli_certs, cli_fleet, cli_preflight, cli_scan
 from fleetwatch.clock import SystemClock
-from fleetwatch.logs import LogFormat, configure_logging
+from fleetwatch.logs import LogFormat, configure_logging, default_log_format
 from fleetwatch.reload import Hangups
 
 if TYPE_CHECKING:
@@ -47,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format",
         choices=("json", "console"),
-        default="json",
-        help="json for journald/log shippers, console for a terminal",
+        help="json for journald/log shippers, console for a terminal "
+        "(default: console when stderr is a terminal, json otherwise)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -451,6 +452,18 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run a subcommand; errors in input end with a one-line message."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        # `fleetwatch jobs | head -1`: stop quietly, as Unix tools do (the status a shell shows
+        # for one that SIGPIPE ended); stdout goes to /dev/null so the exit's flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from agent.exceptions import AgentError  # noqa: PLC0415
     from collector.exceptions import CollectorError, JournalUnreachableError  # noqa: PLC0415
     from fleetwatch.cli_api import ApiCallError  # noqa: PLC0415
@@ -458,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rules.exceptions import RulesError  # noqa: PLC0415
 
     args = _parser().parse_args(argv)
+    args.log_format = args.log_format or default_log_format(sys.stderr)
     # The demo prints what the collector sees; its logs would only repeat it.
     level = (args.log_level or "info") if args.command in ("agent", "collector") else "error"
     configure_logging(level, args.log_format if args.command != "demo" else "console")
@@ -488,6 +502,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has closed it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
+if TYPE_CHECKING:
+    from typing import TextIO
+
 LogFormat = Literal["json", "console"]
+
+
+def default_log_format(stream: TextIO) -> LogFormat:
+    """Lines for a person on a terminal; JSON for journald, files and log shippers."""
+    try:
+        return "console" if stream.isatty() else "json"
+    except (AttributeError, ValueError):  # no such method, or the stream is closed
+        return "json"
 
 
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:

@@ -31,6 +31,7 @@ NOT_SUPPORTED: Final = 3
 THRESHOLD_SHUTDOWN: Final = 0  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
 THRESHOLD_SLOWDOWN: Final = 1  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
 DRIVER_NOT_LOADED: Final = 9
+LIBRARY_NOT_FOUND: Final = 12
 TIMEOUT: Final = 10
 GPU_IS_LOST: Final = 15
 UNKNOWN: Final = 999  # NVML_ERROR_UNKNOWN
@@ -177,6 +178,7 @@ class SimNvmlLibrary:
         self.NVMLError: type[Exception] = pynvml.NVMLError
         self.gpus = gpus  # the node's, shared: faults change them in place
         self.driver_loaded = driver_loaded
+        self.library_installed = True  # False: a node without libnvidia-ml (pynvml's code 12)
         self.driver_version = DRIVER_VERSION  # a node may run another (the driver_version fault)
         self.cuda_driver_version = CUDA_DRIVER_VERSION
         self._init_count = 0
@@ -256,6 +258,8 @@ class SimNvmlLibrary:
         """Initialise; fails like a node without the kernel module when the driver is absent."""
         with self._lock:
             self.calls += 1
+        if not self.library_installed:
+            raise self._error(LIBRARY_NOT_FOUND)
         if not self.driver_loaded:
             raise self._error(DRIVER_NOT_LOADED)
         self._init_count += 1

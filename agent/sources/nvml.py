@@ -19,6 +19,7 @@ NvmlGuard` and waits at most ``call_timeout_s`` for them: a call that hangs rais
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
@@ -39,6 +40,7 @@ T = TypeVar("T")
 SUCCESS: Final = 0
 ERROR_INVALID_ARGUMENT: Final = 2
 ERROR_NOT_SUPPORTED: Final = 3
+ERROR_LIBRARY_NOT_FOUND: Final = 12  # nvmlInit: libnvidia-ml.so.1 is not installed
 ERROR_FUNCTION_NOT_FOUND: Final = 13
 ERROR_GPU_IS_LOST: Final = 15
 _UNSUPPORTED: Final = frozenset({ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND})
@@ -60,6 +62,15 @@ def load_pynvml() -> NvmlLibrary:
     import pynvml  # noqa: PLC0415 - imported only where real NVML is wanted
 
     return pynvml
+
+
+def nvml_library_installed(name: str = "libnvidia-ml.so.1") -> bool:
+    """Whether NVML's library loads, as pynvml loads it (no call into it, so nothing can hang)."""
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

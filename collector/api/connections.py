@@ -214,13 +214,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         """
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, handler)
         self.limits = limits
         self.monotonic = monotonic
         self._refusals = refusals
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Connection] = {}
         self._files_logged = -math.inf
+        super().__init__(address, handler)  # last: a failed bind calls server_close()
 
     def counts(self) -> tuple[int, int]:
         """Connections open now: (still sending their request, being answered)."""

@@ -23,6 +23,7 @@ A change or drain read the event loop does not take up in time is ``503`` with `
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import socket
 import threading
@@ -39,6 +40,7 @@ from collector.api import preflight as preflight_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
+from collector.exceptions import CollectorError, ConfigError, PortInUseError
 from collector.export.exposition import OPENMETRICS, TEXT, gzip_body
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
@@ -199,6 +201,14 @@ def event_json(row: EventRow) -> dict[str, Any]:
     }
 
 
+def _listen_error(host: str, port: int, exc: OSError) -> CollectorError:
+    """One line for a bind that failed: the address, and what the kernel said."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return PortInUseError(f"http {where}: port {port} is in use (another collector?)")
+    return ConfigError(f"http {where}: cannot listen there: {exc.strerror or exc}")
+
+
 def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
     values = query.get(name)
     if not values:
@@ -273,9 +283,12 @@ class ApiServer:
             def do_DELETE(self) -> None:  # noqa: N802
                 api.serve(self, api.handle_change)
 
-        self._server = BoundedHTTPServer(
-            (host, port), Handler, limits=limits or ConnectionLimits(), refusals=guard.refusals
-        )
+        try:
+            self._server = BoundedHTTPServer(
+                (host, port), Handler, limits=limits or ConnectionLimits(), refusals=guard.refusals
+            )
+        except OSError as exc:
+            raise _listen_error(host, port, exc) from exc
         self._thread: threading.Thread | None = None
 
     @property
