@@ -98,23 +98,36 @@ def _split_terms(text: str, expr: str) -> list[str]:
     return terms
 
 
+# One bracket group as written: (low, high, zero-padded width) per range; built only once the
+# whole expression is known to stay within MAX_HOSTS names.
+_Group = list[tuple[int, int, int]]
+
+
 def _expand_terms(text: str) -> list[str]:
     out: dict[str, None] = {}
     total = 0
     for term in _split_terms(text, text):
-        parts = _parse_term(term)
-        count = math.prod(len(choices) for choices in parts)
-        total += count
-        if total > MAX_HOSTS:
-            msg = f"node list {_shown(text)} expands to more than {MAX_HOSTS} names"
-            raise HostlistError(msg)
+        parts = _parse_term(term, MAX_HOSTS - total, text)
+        total += math.prod(_count(part) for part in parts)
         out.update(dict.fromkeys(_product(parts)))
     return list(out)
 
 
-def _parse_term(term: str) -> list[list[str]]:
-    """``term`` as a sequence of choices: a literal is one choice, a bracket group several."""
-    parts: list[list[str]] = []
+def _too_many(expr: str) -> HostlistError:
+    return HostlistError(f"node list {_shown(expr)} expands to more than {MAX_HOSTS} names")
+
+
+def _count(part: str | _Group) -> int:
+    return 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
+
+
+def _parse_term(term: str, room: int, expr: str) -> list[str | _Group]:
+    """``term`` as literals and bracket groups; refused past ``room`` names.
+
+    Counted as it is read: nothing is built for a term that is too big.
+    """
+    parts: list[str | _Group] = []
+    names = 1
     pos = 0
     while pos < len(term):
         open_at = term.find("[", pos)
@@ -126,17 +139,24 @@ def _parse_term(term: str) -> list[list[str]]:
                     "appear outside brackets"
                 )
                 raise HostlistError(msg)
-            parts.append([literal])
+            parts.append(literal)
         if open_at < 0:
             break
         close_at = term.index("]", open_at)  # _split_terms saw every '[' closed
-        parts.append(_parse_group(term, term[open_at + 1 : close_at]))
+        group = _parse_group(term, term[open_at + 1 : close_at], room, expr)
+        names *= _count(group)
+        if names > room:
+            raise _too_many(expr)
+        parts.append(group)
         pos = close_at + 1
+    if names > room:  # a plain name with no room left
+        raise _too_many(expr)
     return parts
 
 
-def _parse_group(term: str, inner: str) -> list[str]:
-    choices: list[str] = []
+def _parse_group(term: str, inner: str, room: int, expr: str) -> _Group:
+    group: _Group = []
+    names = 0
     for piece in inner.split(","):
         match = _RANGE.fullmatch(piece.strip())
         if match is None:
@@ -151,19 +171,20 @@ def _parse_group(term: str, inner: str) -> list[str]:
         if high < low:
             msg = f"node name {_shown(term)}: range {piece} goes backwards"
             raise HostlistError(msg)
-        if high - low + 1 > MAX_HOSTS:
-            msg = f"node name {_shown(term)}: range {piece} is more than {MAX_HOSTS} names"
-            raise HostlistError(msg)
-        width = len(low_text)
-        choices.extend(str(number).zfill(width) for number in range(low, high + 1))
-    if len(choices) > MAX_HOSTS:
-        msg = f"node name {_shown(term)}: more than {MAX_HOSTS} names in one group"
-        raise HostlistError(msg)
-    return choices
+        names += high - low + 1
+        if names > room:
+            raise _too_many(expr)
+        group.append((low, high, len(low_text)))
+    return group
 
 
-def _product(parts: list[list[str]]) -> list[str]:
+def _product(parts: list[str | _Group]) -> list[str]:
     names = [""]
-    for choices in parts:
+    for part in parts:
+        choices = (
+            [part]
+            if isinstance(part, str)
+            else [str(n).zfill(width) for low, high, width in part for n in range(low, high + 1)]
+        )
         names = [prefix + choice for prefix in names for choice in choices]
     return names

@@ -1,5 +1,6 @@
 import shutil
 import subprocess
+import tracemalloc
 
 import pytest
 
@@ -98,6 +99,26 @@ def test_all_with_no_known_nodes_is_an_error():
 def test_hostile_expansions_are_refused_before_building(expr):
     with pytest.raises(HostlistError, match=f"more than {MAX_HOSTS} names"):
         expand(expr, KNOWN)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "n[" + ",".join(["0-60000"] * 300) + "]",  # 2.4 KB: each range fits, the group does not
+        "n[0-60000]-[" + ",".join(["0-1"] * 2) + "]",  # a product just past the cap
+    ],
+    ids=["ranges-in-one-group", "product"],
+)
+def test_names_are_counted_before_any_is_built(expr):
+    """A short expression that stands for millions of names costs no memory to refuse."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(HostlistError, match=f"more than {MAX_HOSTS} names"):
+            expand(expr, KNOWN)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000  # bytes; 19.7 M names built first took 1.35 GiB
 
 
 def test_a_huge_expression_is_refused():
