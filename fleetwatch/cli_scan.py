@@ -27,9 +27,18 @@ NVIDIA Xid and SXid lines, PCIe AER reports and how their recovery ended, CPU ma
 filesystem errors and read-only remounts. FILE is the output of `dmesg`, `dmesg -T`,
 `journalctl -k` (-o short, short-precise, short-iso), a syslog file, or - for standard input.
 Each kind of fault on each component is one row, with how many lines showed it and when.
+In a syslog file, a line is a kernel line when its program is "kernel": any user can write
+such lines (`logger -t kernel`), so a syslog file shows what was logged, not what the kernel
+said. A line no parser can read is counted and named on stderr; the scan goes on.
+Control characters in the log are shown escaped (\\x1b), never sent to the terminal.
 
 exit status: 0 no fault found, 1 faults found, 2 the file could not be read.
 """
+
+# C0 and C1 control characters (and DEL) as escapes: a log line must not drive the terminal.
+_ESCAPES: dict[int, str] = {
+    c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != ord("\t")
+} | {ord("\t"): " "}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,12 +91,20 @@ def scan(  # noqa: PLR0913 - the command's inputs and outputs
     except OSError as exc:
         print(f"fleetwatch scan: cannot read {file}: {exc.strerror or exc}", file=err)
         return EXIT_UNREADABLE
+    if scanner.first_unparsed is not None:
+        number, why = scanner.first_unparsed
+        print(
+            f"fleetwatch scan: {file}: {scanner.unparsed:,} line(s) could not be parsed and were "
+            f"skipped (first: line {number}: {why})".translate(_ESCAPES),
+            file=err,
+        )
     found = scanner.findings()
     if as_json:
         body = {
             "file": file,
             "lines": scanner.lines,
             "kernel_lines": scanner.kernel_lines,
+            "unparsed_lines": scanner.unparsed,
             "findings": [f.as_dict() for f in found],
         }
         print(json.dumps(body, indent=2), file=out)
@@ -111,7 +128,7 @@ def _table(found: list[Finding], lines: int, out: TextIO) -> None:
         row = [f.first or "-", f.last or "-", str(f.count)]
         row += [f.host or "-"] if hosts else []
         row += [what, f.component, detail]
-        rows.append(row)
+        rows.append([cell.translate(_ESCAPES) for cell in row])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]

@@ -123,6 +123,7 @@ _SXID: Final = re.compile(
 )
 _AER_OUTCOMES: Final = (
     (re.compile(r"can't recover \(no error_detected callback\)"), AerOutcome.NO_DRIVER),
+    (re.compile(r"device has no AER-aware driver"), AerOutcome.NO_DRIVER),  # kernels before 5.2
     (re.compile(r"(?:Root|Downstream) Port link has been reset"), AerOutcome.LINK_RESET),
     (re.compile(r"subordinate device reset failed"), AerOutcome.RESET_FAILED),
     (re.compile(r"[Dd]evice recovery failed"), AerOutcome.FAILED),

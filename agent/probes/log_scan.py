@@ -4,8 +4,11 @@ What on-call runs over a node's logs (``fleetwatch scan``). Each line's prefix i
 first, in whichever of the forms the tools write:
 
 * ``dmesg``: ``[ 1234.567890] text``; ``dmesg -T``: ``[Tue Nov 25 01:02:03 2026] text``;
-  ``dmesg -x``: ``kern  :err   : `` in front of either;
-* ``journalctl -k`` (``-o short``, the default): ``Nov 25 01:02:03 host kernel: text``;
+  ``dmesg -x``: ``kern  :err   : `` in front of either; ``dmesg -H``: ``[Nov25 01:02] text``
+  then ``[  +0.000012] text`` for the lines after it (those take the time of the last full
+  one); a kernel built with ``CONFIG_PRINTK_CALLER``: ``[   36.117975][  T291] text``;
+* ``journalctl -k`` (``-o short``, the default): ``Nov 25 01:02:03 host kernel: text``, the
+  month as the locale writes it (``фев 12``, ``jan. 29``);
   ``-o short-precise``: ``Nov 25 01:02:03.123456 host kernel: text``; ``-o short-iso`` and
   ``short-iso-precise``: ``2026-11-25T01:02:03+0000 host kernel: text``; ``-o short-monotonic``:
   ``[ 1234.567890] host kernel: text``;
@@ -40,7 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["Finding", "LogLine", "LogScanner", "split_prefix"]
 
 XID_FALLEN_OFF_BUS: Final = 79
-_MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+# A month as strftime's %b writes it in any locale: Nov, фев, janv., Mär (letters, maybe a dot).
+_MONTH: Final = r"[^\W\d_]{2,8}\.?"
 # journalctl -o short / short-precise, traditional syslog: "Nov 25 01:02:03[.123456] host ".
 _SHORT: Final = rf"{_MONTH} [ 0-3]\d \d\d:\d\d:\d\d(?:\.\d+)?"
 # journalctl -o short-iso[-precise], RFC 3339 syslog: "2026-11-25T01:02:03[.123456]+0000 host ".
@@ -49,11 +53,13 @@ _SYSLOG: Final = re.compile(
     rf"(?P<when>{_SHORT}|{_ISO}) (?P<host>\S+) (?P<ident>[^\s:\[]+)(?:\[\d+\])?: ?(?P<text>.*)"
 )
 _DMESG_LEVEL: Final = re.compile(r"[a-z]+\s*:[a-z]+\s*: ")  # dmesg -x
-# dmesg: "[ 1234.567890] "; dmesg -T: "[Tue Nov 25 01:02:03 2026] ".
+# dmesg: "[ 1234.567890] "; dmesg -T: "[Tue Nov 25 01:02:03 2026] "; dmesg -H: "[Nov25 01:02] "
+# and "[  +0.000012] "; then CONFIG_PRINTK_CALLER's "[  T291] " or "[   C3] ".
 _DMESG: Final = re.compile(
-    rf"\[(?P<when>\s*\d+\.\d+|\w{{3}} {_MONTH} [ 0-3]\d \d\d:\d\d:\d\d \d{{4}})\] ?(?P<text>.*)"
+    rf"\[(?P<when>\s*\+?\d{{1,12}}\.\d{{1,9}}|[^\W\d_]{{2,8}}\.? {_MONTH} [ 0-3]\d \d\d:\d\d:\d\d "
+    rf"\d{{4}}|{_MONTH} ?[ 0-3]?\d \d\d:\d\d)\](?:\[ *[TC]\d{{1,9}}\])? ?(?P<text>.*)"
 )
-_KMSG: Final = re.compile(r"\d+,\d+,(?P<usec>\d+),[^;]*;(?P<text>.*)")
+_KMSG: Final = re.compile(r"\d{1,9},\d{1,20},(?P<usec>\d{1,20}),[^;]*;(?P<text>.*)")
 # journalctl -o short-monotonic: "host kernel: " or "host program[pid]: " after the time (a
 # kernel line such as "EDAC MC1: ..." has neither form).
 _MONOTONIC_HOST: Final = re.compile(
@@ -154,6 +160,9 @@ class LogScanner:
         self._last_uncorrectable: dict[str, tuple[str, str]] = {}  # host -> (device, detail)
         self.lines = 0
         self.kernel_lines = 0
+        self.unparsed = 0  # lines a parser refused (a 5,000-digit number, say); the rest go on
+        self.first_unparsed: tuple[int, str] | None = None  # (line number, why)
+        self._full_when = ""  # dmesg -H: the last full time, for the "+0.000012" lines after it
 
     def feed_all(self, lines: Iterable[str]) -> None:
         """Feed every line of a file."""
@@ -161,12 +170,24 @@ class LogScanner:
             self.feed(line)
 
     def feed(self, raw: str) -> None:
-        """Read one saved line."""
+        """Read one saved line; one a parser refuses is counted in :attr:`unparsed`."""
         self.lines += 1
+        try:
+            self._feed(raw)
+        except (ValueError, OverflowError, RecursionError) as exc:
+            self.unparsed += 1
+            if self.first_unparsed is None:
+                self.first_unparsed = (self.lines, str(exc)[:200])
+
+    def _feed(self, raw: str) -> None:
         line = split_prefix(raw)
         if line is None:
             return
         self.kernel_lines += 1
+        if line.when.startswith("+"):
+            line = LogLine(self._full_when or line.when, line.host, line.text)
+        elif line.when:
+            self._full_when = line.when
         aer = parse_aer_line(line.text)
         if aer is not None:
             block = self._block

@@ -63,6 +63,12 @@ class TestPrefixes:
             ("6,1234,5678901,-;NVRM: text", "5.678901", ""),
             ("[ 1234.567890] gpu-01 kernel: NVRM: text", "1234.567890", "gpu-01"),
             ("NVRM: text", "", ""),  # dmesg -t: no prefix at all
+            ("[Feb12 00:48] NVRM: text", "Feb12 00:48", ""),  # dmesg -H, a line with the time
+            ("[  +0.000001] NVRM: text", "+0.000001", ""),  # dmesg -H, the lines after it
+            ("[   36.117975][  T291] NVRM: text", "36.117975", ""),  # CONFIG_PRINTK_CALLER
+            ("[    0.004000][    C3] NVRM: text", "0.004000", ""),
+            ("фев 12 00:48:02 gpu-01 kernel: NVRM: text", "фев 12 00:48:02", "gpu-01"),
+            ("jan. 29 20:50:17 gpu-01 kernel: NVRM: text", "jan. 29 20:50:17", "gpu-01"),
         ],
     )
     def test_each_form_leaves_the_kernel_text(self, raw: str, when: str, host: str):
@@ -155,6 +161,89 @@ class TestScanFiles:
         assert unrecovered[0].last == "Tue Nov 25 05:02:18 2026"
 
 
+# One AER report (pcieport and its device), as each tool or kernel writes the prefix.
+AER_REPORT = (
+    "pcieport 0000:15:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:18:00.0",
+    (
+        "nvidia 0000:18:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), "
+        "type=Transaction Layer, (Requester ID)"
+    ),
+    "nvidia 0000:18:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+    "nvidia 0000:18:00.0:    [14] CmpltTO                (First)",
+)
+
+
+class TestRealPrefixes:
+    """AER reports pasted from real nodes, under the prefixes their tools and kernels write."""
+
+    @pytest.mark.parametrize(
+        "prefixes",
+        [
+            ["[Feb12 00:48] ", "[  +0.000001] ", "[  +0.000002] ", "[  +0.000002] "],
+            ["[   36.117975][  T291] "] * 4,
+            ["фев 12 00:48:02 gpu-01 kernel: "] * 4,
+            ["jan. 29 20:50:17 gpu-01 kernel: "] * 4,
+        ],
+        ids=["dmesg-H", "printk-caller", "journalctl-ru", "journalctl-nl"],
+    )
+    def test_the_aer_report_is_found(self, prefixes: list[str]):
+        scanner = LogScanner(load_catalog())
+        scanner.feed_all(p + line for p, line in zip(prefixes, AER_REPORT, strict=True))
+        (finding,) = scanner.findings()
+        assert (finding.kind, finding.component) == ("pcie_aer", "0000:18:00.0")
+        assert "CmpltTO" in finding.detail
+
+    def test_dmesg_h_relative_lines_take_the_time_of_the_last_full_one(self):
+        scanner = LogScanner(load_catalog())
+        scanner.feed("[Feb12 00:48] nvidia 0000:18:00.0: AER: can't recover (no error_detected "
+                     "callback)")  # fmt: skip
+        scanner.feed("[  +0.250000] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off")
+        lost = [f for f in scanner.findings() if f.kind == "gpu_lost"]
+        assert [(f.first, f.last) for f in lost] == [("Feb12 00:48", "Feb12 00:48")]
+
+    def test_the_older_kernels_no_aer_aware_driver_wording_is_an_outcome(self):
+        scanner = LogScanner(load_catalog())
+        scanner.feed_all(f"[ 10.{i}] {line}" for i, line in enumerate(AER_REPORT))
+        scanner.feed("[ 10.5] nvidia 0000:18:00.0: device has no AER-aware driver")
+        unrecovered = [f for f in scanner.findings() if f.kind == "pcie_aer_unrecovered"]
+        assert [f.component for f in unrecovered] == ["0000:18:00.0"]
+        assert "no AER-aware driver" in unrecovered[0].detail
+
+
+class TestHostileLines:
+    def test_a_record_with_a_5000_digit_field_does_not_end_the_scan(self, tmp_path: Path):
+        """Such a record once stopped the scan (exit 2, "cannot read") and hid the Xid 79 after
+        it; it is read as text now, and everything after it is found."""
+        log = tmp_path / "dmesg.txt"
+        log.write_text(
+            f"6,1,{'9' * 5000},-;NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, text\n"
+            f"[ 1.0] NVRM: Xid (PCI:0000:18:00): {'7' * 5000}, pid=1, name=x, text\n"
+            "[ 2.0] NVRM: Xid (PCI:0000:bb:00): 79, pid='<unknown>', GPU has fallen off the bus.\n"
+        )
+        out, err = io.StringIO(), io.StringIO()
+        status = scan(
+            str(log), as_json=True, catalog_path=None, stdin=io.StringIO(), out=out, err=err
+        )
+        assert status == EXIT_FAULTS
+        body = json.loads(out.getvalue())
+        # the record's time is no number: its Xid is read, its prefix is not taken off
+        assert [(f["kind"], f["number"]) for f in body["findings"]] == [
+            ("xid", 13),
+            ("gpu_lost", 79),
+        ]
+        assert (body["unparsed_lines"], err.getvalue()) == (0, "")
+
+    def test_control_characters_reach_the_terminal_escaped(self, tmp_path: Path):
+        log = tmp_path / "dmesg.txt"
+        log.write_text("[ 2.0] NVRM: Xid (PCI:0000:bb:00): 1234, \x1b]0;owned\x07\x1b[2J\n")
+        out = io.StringIO()
+        scan(str(log), as_json=False, catalog_path=None, stdin=io.StringIO(), out=out, err=out)
+        shown = out.getvalue()
+        assert "\x1b" not in shown
+        assert "\x07" not in shown
+        assert "\\x1b]0;owned\\x07\\x1b[2J" in shown
+
+
 class TestStorm:
     def test_an_aer_storm_is_read_in_bounded_blocks_and_still_counted(self):
         """A million-line AER storm in a row is folded a block at a time, each report counted."""
@@ -213,3 +302,4 @@ class TestCommand:
     def test_help_says_what_the_exit_status_means(self):
         done = self.run("--help")
         assert "exit status: 0 no fault found, 1 faults found, 2" in done.stdout
+        assert "logger -t kernel" in done.stdout  # a syslog file's kernel lines may be forged
