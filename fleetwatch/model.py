@@ -252,3 +252,29 @@ def sample_value_from_pb(msg: pb.Sample) -> SampleValue:
     if which == "real_value":
         return msg.real_value
     return msg.text_value
+
+
+# What the kernel writes in an IB port's sysfs ``state`` and ``phys_state`` (after the number:
+# ``4: ACTIVE``); drivers/infiniband/core/sysfs.c. Anything else a node sends is ``unknown``:
+# each new string would be a new label value, a new series.
+IB_PORT_STATES: Final = frozenset({"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"})
+IB_PHYS_STATES: Final = frozenset(
+    {
+        "Sleep",
+        "Polling",
+        "Disabled",
+        "PortConfigurationTraining",
+        "LinkUp",
+        "LinkErrorRecovery",
+        "Phy Test",
+        "<unknown>",
+    }
+)
+UNKNOWN_STATE: Final = "unknown"
+
+
+def known_ib_state(value: object, known: frozenset[str]) -> str:
+    """``value`` if it is one of the kernel's ``known`` names, or "" (not read); else unknown."""
+    if isinstance(value, str) and (not value or value in known):
+        return value
+    return UNKNOWN_STATE

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from collector.model.slots import MODEL_FIELDS, NodeSlots, TargetSlot
 from collector.model.state import GpuState, NodeState, PortState
 from fleetwatch.model import (
+    IB_PHYS_STATES,
+    IB_PORT_STATES,
     EventKind,
     SampleValue,
     Target,
     TargetKey,
     TargetKind,
+    known_ib_state,
     target_from_key,
 )
 from fleetwatch.wire.grouped import keyed_sample, keyed_samples
@@ -393,9 +396,9 @@ def _apply_value(node: NodeState, target: Target, signal: str, value: SampleValu
         return _apply_gpu(gpu, target, signal, value)
     if port is not None:
         if signal == "ib_state":
-            port.state = str(value)
+            value = port.state = known_ib_state(value, IB_PORT_STATES)
         elif signal == "ib_phys_state":
-            port.phys_state = str(value)
+            value = port.phys_state = known_ib_state(value, IB_PHYS_STATES)
         elif signal == "ib_link_downed":
             port.link_downed = int(value)
         return _bounded_set(port.signals, signal, value)
