@@ -15,6 +15,7 @@ The HTTP is the standard library's ``http.client``, run in a worker thread throu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -22,7 +23,9 @@ import http.client
 import json
 import math
 import re
+import socket
 import ssl
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
@@ -182,6 +185,7 @@ class WebhookSender:
         "_max_attempts",
         "_secret",
         "_target",
+        "_timeout_s",
         "_user_agent",
     )
 
@@ -203,7 +207,7 @@ class WebhookSender:
             secret: the signing key shared with the receiver; ``None`` sends unsigned requests,
                 for receivers that do not verify (a warning is logged once).
             clock: time for the signature timestamps and the waits between attempts.
-            timeout_s: socket timeout for connecting and for each read.
+            timeout_s: the most one attempt may take: connecting, sending, the whole answer.
             max_attempts: requests per delivery, the first included.
             backoff_initial_s: the wait after the first failed attempt; it doubles each time.
             backoff_max_s: the longest wait, also the cap on a receiver's ``Retry-After``.
@@ -252,6 +256,7 @@ class WebhookSender:
         self._secret = secret
         self._clock = clock
         self._max_attempts = max_attempts
+        self._timeout_s = timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._user_agent = f"fleetwatch/{fleetwatch.__version__}"
@@ -369,8 +374,16 @@ class WebhookSender:
         return min(self._backoff_initial_s * 2.0**exponent, self._backoff_max_s)
 
     def _post(self, body: bytes, headers: dict[str, str]) -> _Outcome:
-        """Make one request; runs in a worker thread."""
+        """Make one request; runs in a worker thread.
+
+        The socket timeout bounds each read; the whole attempt is bounded too: a receiver that
+        trickles its answer a byte at a time has its connection shut at ``timeout_s``.
+        """
         connection = self._connect()
+        expired = threading.Event()
+        deadline = threading.Timer(self._timeout_s, _cut_off, (connection, expired))
+        deadline.daemon = True
+        deadline.start()
         try:
             connection.request("POST", self._target, body=body, headers=headers)
             response = connection.getresponse()
@@ -380,8 +393,12 @@ class WebhookSender:
         except ssl.SSLCertVerificationError as exc:
             return _Outcome(status=None, error=_describe(exc), retryable=False)
         except (OSError, http.client.HTTPException) as exc:
-            return _Outcome(status=None, error=_describe(exc), retryable=True)
+            error = _describe(exc)
+            if expired.is_set():
+                error = f"TimeoutError: no whole answer within {self._timeout_s:g} s ({error})"
+            return _Outcome(status=None, error=error, retryable=True)
         finally:
+            deadline.cancel()
             connection.close()
         if 200 <= status < 300:  # noqa: PLR2004 - the 2xx range
             return _Outcome(status=status, error=None, retryable=False)
@@ -389,6 +406,15 @@ class WebhookSender:
         error = f"HTTP {status} {response.reason}" + (f": {answer}" if answer else "")
         retryable = status >= 500 or status == 429  # noqa: PLR2004 - server errors, rate limits
         return _Outcome(status=status, error=error, retryable=retryable, retry_after_s=retry_after)
+
+
+def _cut_off(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The attempt's time is up: shut its socket, so the read blocked on it returns."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _require_positive(name: str, value: float) -> None:
