@@ -60,6 +60,10 @@ class BmcHungError(BmcError):
     """The read did not return within the deadline, or an earlier one still has not."""
 
 
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -149,17 +153,16 @@ class BmcPoller:
         node = Target.node()
         try:
             reading, sel = await self._off_loop.call(self._read)
-        except BmcError as exc:
-            self.errors += 1
-            if isinstance(exc, BmcHungError):
-                self.hung_reads += 1
-            if self.errors == 1 or self.errors % 100 == 0:
-                log.warning("bmc_read_failed", bmc=self.source.address, error=str(exc))
+            readings = PollResult()
+            self._reading(reading, readings, now_ms)
+        except Exception as exc:  # noqa: BLE001 - a BMC's answer, whatever it is, ends here
+            self._failed(exc)
             result.samples[node, "bmc_up"] = 0
         else:
             self.reads += 1
             result.samples[node, "bmc_up"] = 1
-            self._reading(reading, result, now_ms)
+            result.samples.update(readings.samples)
+            result.events.extend(readings.events)
             if isinstance(sel, BmcError):
                 self.errors += 1
                 log.warning("bmc_sel_read_failed", bmc=self.source.address, error=str(sel))
@@ -168,6 +171,19 @@ class BmcPoller:
         result.samples[node, "agent_source_errors_bmc"] = self.errors
         result.samples[node, "agent_bmc_hung"] = int(self.hung)
         return result
+
+    def _failed(self, exc: Exception) -> None:
+        """Count a read that failed, and log the first and every hundredth.
+
+        A parser's own error (an answer no BMC should send: a number too big, JSON nested too
+        deep) is such a failure too, never the end of the agent.
+        """
+        self.errors += 1
+        if isinstance(exc, BmcHungError):
+            self.hung_reads += 1
+        why = str(exc) if isinstance(exc, BmcError) else f"unreadable answer: {_described(exc)}"
+        if self.errors == 1 or self.errors % 100 == 0:
+            log.warning("bmc_read_failed", bmc=self.source.address, error=why)
 
     @property
     def sel_pending(self) -> int | None:
@@ -190,6 +206,8 @@ class BmcPoller:
             sel: SelRead | BmcError = self.source.read_sel(self._sel_after)
         except BmcError as exc:
             sel = exc
+        except Exception as exc:  # noqa: BLE001 - a hostile SEL costs the SEL only
+            sel = BmcError(f"SEL: unreadable answer: {_described(exc)}")
         return reading, sel
 
     def _reading(self, reading: BmcReading, result: PollResult, now_ms: int) -> None:

@@ -18,6 +18,7 @@ against OpenIPMI's ``ipmi_sim``).
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from typing import TYPE_CHECKING, Final
@@ -139,10 +140,12 @@ def split_sensor(text: str) -> tuple[str, str]:
 
 
 def _float(text: str) -> float | None:
+    """A finite reading; None for ``na``, ``inf``, ``nan`` and what is no number."""
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         return None
+    return number if math.isfinite(number) else None
 
 
 def _columns(line: str) -> list[str]:
@@ -251,8 +254,10 @@ def parse_sel_list(text: str) -> list[SelEntry]:
         if len(cols) < 5:  # noqa: PLR2004 - id, date, time, sensor, event at least
             continue
         try:
-            key = int(cols[0], 16)
+            key = int(cols[0], 16) if len(cols[0]) <= 16 else -1  # noqa: PLR2004 - 64 bits
         except ValueError:
+            continue
+        if key < 0:
             continue
         sensor, event = cols[3], cols[4]
         direction = cols[5] if len(cols) > 5 else ""  # noqa: PLR2004

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import math
 import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agent.bmc")
 
 MAX_BODY: Final = 8 << 20  # a Redfish document is kilobytes; a BMC sending more is broken
+MAX_SEL_ID_CHARS: Final = 20  # a 64-bit number in decimal; a longer Id is no entry of a log
 MAX_PAGES: Final = 50  # a collection's pages followed (Members@odata.nextLink) per read
 ROOT: Final = "/redfish/v1/"
 Json = dict[str, Any]
@@ -123,7 +125,7 @@ class HttpsTransport:
                 self.close()
                 msg = f"GET {path}: {str(exc) or type(exc).__name__}"
                 raise BmcError(msg) from exc
-            return _decode(path, response.status, body)
+            return decode_answer(path, response.status, body)
         raise AssertionError  # pragma: no cover - the loop returns or raises
 
     def close(self) -> None:
@@ -140,7 +142,12 @@ class HttpsTransport:
         return self._conn
 
 
-def _decode(path: str, status: int, body: bytes) -> Json:
+def decode_answer(path: str, status: int, body: bytes) -> Json:
+    """The JSON object of one answer.
+
+    BmcError for an HTTP error, a body too long or nested too deep, NaN or Infinity, or
+    anything but an object.
+    """
     if status == http.HTTPStatus.UNAUTHORIZED:
         msg = f"GET {path}: 401: the BMC refused the credentials"
         raise BmcError(msg)
@@ -151,9 +158,12 @@ def _decode(path: str, status: int, body: bytes) -> Json:
         msg = f"GET {path}: answer longer than {MAX_BODY} bytes"
         raise BmcError(msg)
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_no_constant)
     except ValueError as exc:
-        msg = f"GET {path}: not JSON: {exc}"
+        msg = f"GET {path}: not JSON: {str(exc)[:200]}"
+        raise BmcError(msg) from exc
+    except RecursionError as exc:
+        msg = f"GET {path}: JSON nested too deep"
         raise BmcError(msg) from exc
     if not isinstance(doc, dict):
         msg = f"GET {path}: not a JSON object"
@@ -169,10 +179,21 @@ def _link(doc: Json, key: str) -> str | None:
     return None
 
 
+def _no_constant(name: str) -> object:
+    """``NaN``, ``Infinity`` and ``-Infinity``, which Python's json takes and JSON has not."""
+    msg = f"{name} is not a JSON number"
+    raise ValueError(msg)
+
+
 def _number(value: object) -> float | None:
+    """A finite number, or None (a string, a boolean, an integer too large for a float)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _status(item: Json) -> tuple[Health, bool]:
@@ -402,9 +423,11 @@ def parse_sel_entry(item: Json) -> SelEntry | None:
     Its sensor is the ``SensorType`` (with the ``SensorNumber`` where given), not its ``Name``,
     which BMCs fill with the same words for every entry ("Log Entry", "SEL Entry").
     """
-    raw_id = item.get("Id")
+    raw_id = str(item.get("Id"))
+    if len(raw_id) > MAX_SEL_ID_CHARS:
+        return None
     try:
-        key = int(str(raw_id), 0)
+        key = int(raw_id, 0)
     except ValueError:
         return None
     severity = _SEVERITY.get(str(item.get("Severity") or "OK"), Severity.WARNING)
