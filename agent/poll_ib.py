@@ -16,6 +16,7 @@ from agent.exceptions import SourceError
 from agent.failure_episodes import FailureEpisodes
 from agent.probes.counters import (
     IB_COUNTER_SPECS,
+    IB_NARROW_COUNTER_SPECS,
     MLX5_HW_COUNTER_SPECS,
     CounterTracker,
     DeltaKind,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from agent.findings import PollResult
-    from agent.sources.sysfs import IbPortInfo, SysfsReader
+    from agent.sources.sysfs import IbPortInfo, IbPortStatus, SysfsReader
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent.ib")
@@ -78,9 +79,9 @@ class _Names:
     ceiling: int = 0  # the value a saturating counter stops at
 
 
-def _signal_names(prefix: str, name: str) -> _Names:
+def _signal_names(prefix: str, name: str, *, narrow: bool = False) -> _Names:
     specs, wanted = (
-        (IB_COUNTER_SPECS, RATE_COUNTERS)
+        (IB_NARROW_COUNTER_SPECS if narrow else IB_COUNTER_SPECS, RATE_COUNTERS)
         if prefix == "ib_"
         else (MLX5_HW_COUNTER_SPECS, RATE_HW_COUNTERS)
     )
@@ -103,14 +104,15 @@ class IbPoller:
         self._clock = clock
         self._prev_state: dict[tuple[str, int], str] = {}
         self._base = CounterTracker(IB_COUNTER_SPECS)
+        self._narrow = CounterTracker(IB_NARROW_COUNTER_SPECS)  # ports without extended counters
         self._hw = CounterTracker(MLX5_HW_COUNTER_SPECS)
-        self._names: dict[tuple[str, str], _Names] = {}
+        self._names: dict[tuple[str, str, bool], _Names] = {}
         self._failures = FailureEpisodes(log, "ib_read_failed")
 
     @property
     def counter_resets(self) -> int:
         """How many times a counter went backwards (HCA reset, driver reload)."""
-        return self._base.resets + self._hw.resets
+        return self._base.resets + self._narrow.resets + self._hw.resets
 
     def poll(
         self,
@@ -127,12 +129,14 @@ class IbPoller:
             key = (port.device, port.port)
             try:
                 downed = self._counters(port, result, mono, errors) if counters else None
-                self._state(port, result, now_ms, downed)
+                problem = self._state(port, result, now_ms, downed)
             except SourceError as exc:
-                errors["sysfs"] += 1
-                self._failures.failed(key, str(exc), device=port.device, port=port.port)
-            else:
+                problem = str(exc)
+            if problem is None:
                 self._failures.succeeded(key, device=port.device, port=port.port)
+            else:
+                errors["sysfs"] += 1
+                self._failures.failed(key, problem, device=port.device, port=port.port)
 
     def _state(
         self,
@@ -140,8 +144,11 @@ class IbPoller:
         result: PollResult,
         now_ms: int,
         link_downed: int | None,
-    ) -> None:
-        """State and phys_state; ``link_downed`` too unless the counters already gave it."""
+    ) -> str | None:
+        """State and phys_state; ``link_downed`` too unless the counters already gave it.
+
+        Each file counts on its own: what failed is unknown, said in the message returned.
+        """
         status = self._sysfs.ib_port_status(
             port.device,
             port.port,
@@ -149,20 +156,36 @@ class IbPoller:
         )
         downed = status.link_downed if link_downed is None else link_downed
         target = Target.ib_port(port.device, port.port)
-        result.samples[target, "ib_state"] = status.state
-        result.samples[target, "ib_phys_state"] = status.phys_state
-        result.samples[target, "ib_link_downed"] = downed
+        if status.phys_state:
+            result.samples[target, "ib_phys_state"] = status.phys_state
+        if downed >= 0:  # -1: unknown (no PMA to count it, or its file unreadable)
+            result.samples[target, "ib_link_downed"] = downed
+        if status.state:
+            self._edge(port, status, downed, result, now_ms)
+        if not status.unreadable:
+            return None
+        files = ", ".join(status.unreadable)  # what was read is kept, the rest is unknown
+        return f"sysfs: {port.device} port {port.port}: cannot read {files}"
+
+    def _edge(
+        self, port: IbPortInfo, status: IbPortStatus, downed: int, result: PollResult, now_ms: int
+    ) -> None:
+        """The state sample, and an event when the port went up or down."""
+        state, phys_state = status.state, status.phys_state
+        target = Target.ib_port(port.device, port.port)
+        result.samples[target, "ib_state"] = state
         key = (port.device, port.port)
         prev = self._prev_state.get(key)
-        self._prev_state[key] = status.state
-        was_up, is_up = prev == IB_ACTIVE, status.state == IB_ACTIVE
+        self._prev_state[key] = state
+        was_up, is_up = prev == IB_ACTIVE, state == IB_ACTIVE
         if (prev is None and is_up) or (prev is not None and was_up == is_up):
             return
+        downed_text = str(downed) if downed >= 0 else "unknown"
         result.event(
             EventKind.IB_PORT_UP if is_up else EventKind.IB_PORT_DOWN,
             target,
             now_ms,
-            f"state {status.state}, phys_state {status.phys_state}, link_downed {downed}",
+            f"state {state}, phys_state {phys_state or 'unknown'}, link_downed {downed_text}",
         )
 
     def _counters(
@@ -178,12 +201,20 @@ class IbPoller:
             errors["sysfs"] += read.read_errors
         target = Target.ib_port(port.device, port.port)
         scope = (port.device, port.port)
+        narrow = not read.extended
         for prefix, values, tracker in (
-            ("ib_", read.counters, self._base),
+            ("ib_", read.counters, self._narrow if narrow else self._base),
             ("ib_hw_", read.hw_counters, self._hw),
         ):
             self._counter_set(
-                result, target, scope, prefix, values=values, tracker=tracker, at=mono
+                result,
+                target,
+                scope,
+                prefix,
+                values=values,
+                tracker=tracker,
+                at=mono,
+                narrow=narrow and prefix == "ib_",
             )
         return read.counters.get("link_downed")
 
@@ -197,13 +228,16 @@ class IbPoller:
         values: Mapping[str, int],
         tracker: CounterTracker,
         at: float,
+        narrow: bool = False,
     ) -> None:
         samples = result.samples
         tracked: dict[str, int] = {}
         for name, value in values.items():
-            names = self._names.get((prefix, name))
+            names = self._names.get((prefix, name, narrow))
             if names is None:
-                names = self._names[prefix, name] = _signal_names(prefix, name)
+                names = self._names[prefix, name, narrow] = _signal_names(
+                    prefix, name, narrow=narrow
+                )
             samples[target, names.value] = value
             if names.saturated is not None:
                 samples[target, names.saturated] = int(value >= names.ceiling)
@@ -212,6 +246,6 @@ class IbPoller:
         for name, delta in tracker.update(scope, tracked, at).items():
             if delta.kind == DeltaKind.RESET:
                 log.info("ib_counter_reset", scope=scope, counter=name)
-            rate = self._names[prefix, name].rate
+            rate = self._names[prefix, name, narrow].rate
             if rate is not None and delta.rate is not None:
                 samples[target, rate] = round(delta.rate, 3)

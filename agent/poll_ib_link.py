@@ -246,14 +246,24 @@ class IbLinkPoller:
         self._gid_missing[key] = missing
 
     def _status(
-        self, pci: PciSysfsReader, bdf: str
+        self, pci: PciSysfsReader, bdf: str, errors: Counter[str]
     ) -> tuple[PciFunctionStatus, PciFunctionStatus | None]:
-        if bdf not in self._upstream:
-            self._upstream[bdf] = pci.upstream_port(bdf)
-        upstream = self._upstream[bdf]
-        return pci.function_status(bdf), (
-            pci.function_status(upstream) if upstream is not None else None
-        )
+        """The card's own link, and the port above it where that can be read.
+
+        The port above only caps what the card could train to: when it cannot be read (a
+        missing parent, a file gone), the card's own readings still count.
+        """
+        status = pci.function_status(bdf)
+        try:
+            if bdf not in self._upstream:
+                self._upstream[bdf] = pci.upstream_port(bdf)
+            upstream = self._upstream[bdf]
+            above = pci.function_status(upstream) if upstream is not None else None
+        except SourceError as exc:
+            errors["sysfs"] += 1
+            self._nic_failures.failed(f"{bdf} upstream", str(exc), device=bdf)
+            return status, None
+        return status, above
 
     def _nic_pcie(
         self,
@@ -268,7 +278,7 @@ class IbLinkPoller:
             if bdf is None:
                 continue
             try:
-                status, above = self._status(pci, bdf)
+                status, above = self._status(pci, bdf, errors)
             except SourceError as exc:
                 errors["sysfs"] += 1
                 self._nic_failures.failed(device, str(exc), device=device)
@@ -303,7 +313,7 @@ class IbLinkPoller:
         degraded = 0
         for bdf in self._nvswitches:
             try:
-                status, above = self._status(pci, bdf)
+                status, above = self._status(pci, bdf, errors)
             except SourceError as exc:
                 errors["sysfs"] += 1
                 self._nvswitch_failures.failed(bdf, str(exc), bdf=bdf)

@@ -38,6 +38,7 @@ __all__ = [
     "IB_COUNTER_WIDTH_BITS",
     "IB_DATA_COUNTERS",
     "IB_DATA_OCTETS_PER_UNIT",
+    "IB_NARROW_COUNTER_SPECS",
     "MLX5_HW_COUNTER_SPECS",
     "CounterDelta",
     "CounterSample",
@@ -119,6 +120,25 @@ IB_COUNTER_SPECS: Mapping[str, CounterSpec] = MappingProxyType(
                 IB_COUNTER_WIDTH_BITS[raw], saturates=False, unit=IB_DATA_OCTETS_PER_UNIT
             )
             for raw, out in IB_DATA_COUNTERS.items()
+        },
+    },
+)
+
+# An HCA without PortCountersExtended gives the data and packet counters from PortCounters: 32
+# bits, stopping at their top (a 200 Gb/s port fills port_xmit_data's 2**32 words in 0.7 s).
+IB_NARROW_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+)
+IB_NARROW_COUNTER_SPECS: Mapping[str, CounterSpec] = MappingProxyType(
+    {
+        **IB_COUNTER_SPECS,
+        **{name: CounterSpec(32, saturates=True) for name in IB_NARROW_COUNTERS},
+        **{
+            out: CounterSpec(32, saturates=True, unit=IB_DATA_OCTETS_PER_UNIT)
+            for out in IB_DATA_COUNTERS.values()
         },
     },
 )

@@ -40,6 +40,7 @@ __all__ = [
     "IbPortInfo",
     "IbPortStatus",
     "SysfsReader",
+    "no_pma",
     "parse_counter",
     "strip_enum",
 ]
@@ -73,11 +74,17 @@ class IbPortInfo:
 
 @dataclass(frozen=True, slots=True)
 class IbPortStatus:
-    """One poll of one port."""
+    """One poll of one port; each file is read on its own.
+
+    What could not be read is unknown: ``""`` for a state, -1 for ``link_downed`` (also when
+    not asked for, or when the device has no PMA to count it). ``unreadable`` names the files
+    that failed (a device without a PMA is not among them).
+    """
 
     state: str  # NOP, DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER
     phys_state: str  # Sleep, Polling, Disabled, PortConfigurationTraining, LinkUp, ...
     link_downed: int
+    unreadable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +107,29 @@ class IbPortCounters:
         """How many counter files could not be read or parsed."""
         return len(self.unreadable)
 
+    @property
+    def extended(self) -> bool:
+        """Whether the HCA has PortCountersExtended (its extended-only files are there).
+
+        Without them the data and packet counters are the 32-bit ones, which stop at their top.
+        """
+        return any(name in self.counters for name in IB_EXTENDED_ONLY_COUNTERS)
+
 
 def parse_counter(text: str | bytes) -> int | None:
     """Parse a sysfs counter (an unsigned decimal); None for anything else, empty included."""
     return parse_uint(text)
+
+
+def no_pma(text: str | bytes) -> bool:
+    """Whether a counter file says the device has no such counter.
+
+    The kernel writes ``N/A (no PMA)`` for devices without a performance management agent
+    (iWARP ones, say).
+    """
+    if isinstance(text, bytes):
+        return text.strip().startswith(b"N/A")
+    return text.strip().startswith("N/A")
 
 
 def strip_enum(text: str) -> str:
@@ -171,11 +197,19 @@ class SysfsReader:
                     IbPortInfo(
                         device=dev.name,
                         port=int(name),
-                        rate=self._read(port_dir / "rate")[:MAX_TEXT],
-                        link_layer=self._read(port_dir / "link_layer")[:MAX_TEXT],
+                        rate=self._read_or_unknown(port_dir / "rate")[:MAX_TEXT],
+                        link_layer=self._read_or_unknown(port_dir / "link_layer")[:MAX_TEXT],
                     ),
                 )
         return found
+
+    def _read_or_unknown(self, path: Path) -> str:
+        """A port's description file, or "" when it cannot be read: the port is still listed."""
+        try:
+            return self._read(path)
+        except SourceError as exc:
+            log.warning("ib_port_file_unreadable", error=str(exc)[:200])
+            return ""
 
     def ib_port_status(
         self,
@@ -189,19 +223,30 @@ class SysfsReader:
         ``link_downed`` is -1 when not read (the caller reads all counters anyway).
         """
         base = f"{self._ib}/{device}/ports/{port}"
+        if not os.path.isdir(base):  # noqa: PTH112 - the port went away: nothing is known
+            msg = f"cannot read {base}: no such port"
+            raise SourceError("sysfs", msg)
+        unreadable: list[str] = []
+        texts: dict[str, str] = {}
+        for name in ("state", "phys_state", *(("counters/link_downed",) if link_downed else ())):
+            try:
+                texts[name] = self._read(f"{base}/{name}")
+            except SourceError:
+                unreadable.append(name)
         downed = -1
-        if link_downed:
-            downed_text = self._read(f"{base}/counters/link_downed")
+        downed_text = texts.get("counters/link_downed")
+        if downed_text is not None and not no_pma(downed_text):
             parsed = parse_uint(downed_text)
             if parsed is None:
-                msg = f"{base}/counters/link_downed holds {downed_text[:40]!r}, not a number"
-                raise SourceError("sysfs", msg)
-            downed = parsed
+                unreadable.append("counters/link_downed")
+            else:
+                downed = parsed
         # Cut to what a sample may carry: a file of junk must not make the Report invalid.
         return IbPortStatus(
-            state=strip_enum(self._read(f"{base}/state"))[:MAX_TEXT],
-            phys_state=strip_enum(self._read(f"{base}/phys_state"))[:MAX_TEXT],
+            state=strip_enum(texts.get("state", ""))[:MAX_TEXT],
+            phys_state=strip_enum(texts.get("phys_state", ""))[:MAX_TEXT],
             link_downed=downed,
+            unreadable=tuple(unreadable),
         )
 
     def ib_port_rate(self, device: str, port: int) -> str:
@@ -272,10 +317,10 @@ def _read_counters(
     bad = batch.failed
     for name, raw in batch.data.items():
         value = parse_uint(raw)
-        if value is None:
-            bad.append(name)
-        else:
+        if value is not None:
             values[name] = value
+        elif not no_pma(raw):  # a device without a PMA has no such counter: no error
+            bad.append(name)
     if batch.missing:
         bad += [name for name in batch.missing if name in expected]
         kept.close()
