@@ -91,17 +91,22 @@ def read_boot_id(proc_root: Path) -> str:
         raise SourceError("proc", msg) from exc
 
 
+def require_nvidia_driver() -> None:
+    """Raise :class:`NoDriverError` on a node without NVML's library (no driver installed).
+
+    Before anything is opened, so the agent's one line is all a new user sees.
+    """
+    if not nvml_library_installed():
+        raise NoDriverError
+
+
 def real_hardware(cfg: AgentConfig) -> Hardware:
     """Open the node's real sources; kmsg and udev are optional and say once why they are off.
-
-    A node without NVML's library (no NVIDIA driver installed) raises :class:`NoDriverError`.
 
     The kernel log is read from the start of its buffer when a cursor from an earlier agent
     exists (a restart, or a reboot: the buffer then holds this boot's early lines), and from
     its end on a node that never ran the agent, so old history is not reported as new.
     """
-    if not nvml_library_installed():
-        raise NoDriverError
     boot_id = read_boot_id(cfg.proc_root)
     cursor = None
     if cfg.state_dir is not None:

@@ -256,7 +256,12 @@ def _agent_status(agent: Agent) -> str | None:
 
 def _run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config  # noqa: PLC0415 - keep start-up lean per command
-    from agent.main import build_agent, fd_budget_for_process, real_hardware  # noqa: PLC0415
+    from agent.main import (  # noqa: PLC0415
+        build_agent,
+        fd_budget_for_process,
+        real_hardware,
+        require_nvidia_driver,
+    )
     from agent.reload import AgentReloader  # noqa: PLC0415
 
     hangups = Hangups()
@@ -294,6 +299,7 @@ def _run_agent(args: argparse.Namespace) -> int:
 
             hardware = sim_hardware(SimNode(cfg.node, Path(tmp) / "sys", clock))
         else:
+            require_nvidia_driver()
             hardware = real_hardware(cfg)
         notifier = _sd_notifier()
         agent = build_agent(
