@@ -41,6 +41,7 @@ from agent.preflight.runners import (
     Rail,
 )
 from fleetwatch.preflight.vocabulary import Check, Measurement
+from fleetwatch.preflight.vocabulary import rail_component as rail_name
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import WireError
 from fleetwatch.wire.validate_preflight import measurement_to_pb, validate_task
@@ -95,8 +96,7 @@ def group_from_pb(run_id: str, group: pb.PreflightGroup, timeout_s: float) -> Gr
 
 def rail_component(test: pb.PreflightIbTest, node: str) -> str:
     """``rail:<hca>/<port>:<server node>-<client node>``, as both ends name it."""
-    server, client = (node, test.peer) if test.server else (test.peer, node)
-    return f"rail:{test.device}/{test.port}:{server}-{client}"
+    return rail_name(test.device, test.port, node, test.peer, server=test.server)
 
 
 class PreflightExecutor:

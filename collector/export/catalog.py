@@ -1207,7 +1207,9 @@ _PREFLIGHT = _specs(
             (
                 "Pre-flight results, or measurements in them, refused, by reason: "
                 "invalid_preflight_result, unknown_task, unknown_check, bad_component, "
-                "bad_value, bad_text."
+                "bad_value, bad_text; and what did not fit the node's plan: not_asked (a check "
+                "not asked of it), not_planned (a GPU, port, rail or group not planned for it), "
+                "duplicate (a second value of one component)."
             ),
         ),
     ],

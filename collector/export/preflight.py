@@ -7,6 +7,7 @@ verdict, the runs in progress, the newest run's verdict and time, and results re
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
@@ -63,7 +64,9 @@ class PreflightCollector(Collector):
             f["fleetwatch_preflight_latest_timestamp_seconds"].add_metric(
                 [], latest.finished_ms / 1000
             )
+        refused = Counter(service.results_refused)  # not asked, not planned, duplicates
         if self._stats is not None:
-            for reason, count in sorted(dict(self._stats.preflight_refused).items()):
-                f["fleetwatch_preflight_results_refused_total"].add_metric([reason], count)
+            refused.update(self._stats.preflight_refused)  # what the wire screen refused
+        for reason, count in sorted(refused.items()):
+            f["fleetwatch_preflight_results_refused_total"].add_metric([reason], count)
         yield from f.values()

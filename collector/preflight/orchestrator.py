@@ -24,12 +24,14 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
 from collector.ingest.session import StreamNotReadyError
+from collector.preflight.answers import Misfit, screen_answer
 from collector.preflight.judge import (
     Judged,
     NodeKind,
@@ -122,6 +124,8 @@ class LiveRun:
     task: asyncio.Task[RunRow] | None = None
     bisect_rounds: int = 0
     narrowed: tuple[str, ...] | None = None  # bisection's last failing half; () gave up
+    # node -> the results it sent that its plan did not ask for (refused; the node is suspect)
+    misfits: dict[str, list[tuple[Measurement, str]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Progress for ``GET /api/v1/preflight``."""
@@ -172,6 +176,7 @@ class PreflightService:
         self.latest: RunRow | None = None  # the newest finished run (metrics)
         self.latest_results: list[ResultRow] = []
         self.runs_total: dict[str, int] = {}  # by verdict
+        self.results_refused: Counter[str] = Counter()  # results not fitting their plan, by why
         # node -> (verdict, finished ms) of the newest finished run that qualified it
         self.node_latest: dict[str, tuple[str, int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -275,9 +280,10 @@ class PreflightService:
             "preflight_started", run=plan.run_id, level=plan.level.value, nodes=len(plan.nodes)
         )
         try:
+            by_name = {f.name: f for f in facts}
             for index, rnd in enumerate(plan.rounds):
                 live.round_index = index
-                got = await self._round(rnd)
+                got = await self._round(rnd, live, by_name)
                 for node, ms in got.items():
                     live.results.setdefault(node, []).extend(ms)
             if plan.level is Level.FULL:
@@ -321,7 +327,7 @@ class PreflightService:
                 times=self.times,
             )
             live.bisect_rounds += 1
-            got = await self._round(rnd)
+            got = await self._round(rnd, live, by_name)
             for node, ms in got.items():
                 live.results.setdefault(node, []).extend(ms)
             failing = []
@@ -340,7 +346,9 @@ class PreflightService:
         whole = len(candidates) == len(plan.nodes)
         live.narrowed = () if whole else tuple(f.name for f in candidates)
 
-    async def _round(self, rnd: Round) -> dict[str, list[Measurement]]:
+    async def _round(
+        self, rnd: Round, live: LiveRun, facts: Mapping[str, NodeFacts]
+    ) -> dict[str, list[Measurement]]:
         groups_ok: dict[str, str] = {}  # node -> why its group cannot start
         for node, task in rnd.tasks.items():
             for group in task.groups:
@@ -354,7 +362,9 @@ class PreflightService:
         answers = await asyncio.gather(
             *(self._ask(n, rnd.tasks[n], rnd.timeout_s, groups_ok.get(n)) for n in names)
         )
-        out = dict(zip(names, answers, strict=True))
+        out: dict[str, list[Measurement]] = {}
+        for node, answer in zip(names, answers, strict=True):
+            out[node] = self._fit(node, rnd.tasks[node], facts.get(node), answer, live)
         # A multi-node collective's or ladder rung's figure is the group's: kept once, from its
         # first node (a member that could not run keeps its error).
         for node, task in rnd.tasks.items():
@@ -388,11 +398,35 @@ class PreflightService:
         if screened.refused:
             why = f"node {node} refused: {screened.refused}"
             return [could_not_run(c, why) for c in checks]
-        got = list(screened.measurements)
-        asked = set(checks)
-        got = [m for m in got if m.check in asked or m.check == Check.GPU_UTILISATION]
+        return list(screened.measurements)
+
+    def _fit(
+        self,
+        node: str,
+        task: pb.PreflightTask,
+        facts: NodeFacts | None,
+        answer: list[Measurement],
+        live: LiveRun,
+    ) -> list[Measurement]:
+        """What of ``node``'s answer its plan asked for; the rest is refused and kept aside."""
+        facts = facts or NodeFacts(node, node, 0)
+        screened = screen_answer(node, task, facts, answer)
+        if screened.refused:
+            self.results_refused.update(screened.reasons())
+            live.misfits.setdefault(node, []).extend(screened.refused)
+            first, why = screened.refused[0]
+            log.warning(
+                "preflight_results_refused",
+                run=task.run_id,
+                node=node,
+                refused=len(screened.refused),
+                check=first.check.value,
+                component=first.component[:80],
+                why=why,
+            )
+        got = screened.kept
         seen = {m.check for m in got}
-        for check in checks:
+        for check in (Check(c) for c in task.checks):
             if check in _REQUIRED and check not in seen:
                 got.append(could_not_run(check, f"node {node} gave no {check} result"))
         return got
@@ -419,7 +453,7 @@ class PreflightService:
         results = live.results
         add_ladder_efficiency(results)
         judged = judge_run(results, self.kinds(facts), self.book)
-        suspects = localise(judged, plan.nodes) + _bisected(live)
+        suspects = localise(judged, plan.nodes) + _bisected(live) + _misfits(live)
         per_node = node_verdicts(judged, plan.nodes)
         for s in suspects:
             if s.node in per_node:
@@ -466,6 +500,16 @@ class PreflightService:
                 continue
             check = first_failed_check(node, judged, suspects)
             await holds.hold(node, check, row.id, row.started_ms)
+
+
+def _misfits(live: LiveRun) -> list[Suspect]:
+    """Each node whose answer did not fit its plan: suspect itself, and failed (held out)."""
+    out = []
+    for node, refused in sorted(live.misfits.items()):
+        misfit = Misfit(node, tuple(refused))
+        check = refused[0][0].check.value
+        out.append(Suspect("node", node, "node", check, Verdict.FAIL, misfit.reason[:1000]))
+    return out
 
 
 def _bisected(live: LiveRun) -> list[Suspect]:

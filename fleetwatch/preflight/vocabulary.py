@@ -152,3 +152,12 @@ def parse_rate_gbps(text: str) -> float | None:
     """An IB port's sysfs ``rate`` (``400 Gb/sec (4X NDR)``) in Gb/s; None when it names none."""
     match = _RATE.match(text)
     return float(match.group(1)) if match else None
+
+
+def rail_component(device: str, port: int, node: str, peer: str, *, server: bool) -> str:
+    """``rail:<hca>/<port>:<server node>-<client node>``: one ``ib_write_bw`` test.
+
+    Both ends name it so: ``node`` is the end naming it, the server when ``server``.
+    """
+    first, second = (node, peer) if server else (peer, node)
+    return f"rail:{device}/{port}:{first}-{second}"

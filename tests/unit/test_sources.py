@@ -89,13 +89,15 @@ class TestSysfsReader:
         """A node without IB has no ports, not an error."""
         assert SysfsReader(tmp_path).ib_ports() == []
 
-    def test_unreadable_or_garbage_counter_is_a_source_error(self, node: SimNode):
-        """A missing file or a non-numeric counter names the path."""
+    def test_a_garbage_counter_is_unknown_and_a_missing_port_a_source_error(self, node: SimNode):
+        """A non-numeric link_downed is unknown (-1) and named, the state is still read; a port
+        that does not exist names the path."""
         reader = SysfsReader(node.sysfs.root)
         counter = node.sysfs.root / "class/infiniband/mlx5_0/ports/1/counters/link_downed"
         counter.write_text("banana\n")
-        with pytest.raises(SourceError, match="link_downed holds 'banana'"):
-            reader.ib_port_status("mlx5_0", 1)
+        status = reader.ib_port_status("mlx5_0", 1)
+        assert (status.state, status.link_downed) == ("ACTIVE", -1)
+        assert status.unreadable == ("counters/link_downed",)
         with pytest.raises(SourceError, match="cannot read"):
             reader.ib_port_status("mlx5_9", 1)
 
