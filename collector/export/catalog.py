@@ -520,7 +520,8 @@ _GPUS = _specs(
             (*GPU, "xid", "class"),
             (
                 "Xid errors journaled for the GPU since this collector started, by Xid and its "
-                "catalog class."
+                "catalog class; past 16 distinct Xids on one GPU the rest count as "
+                'xid="other" (class "other").'
             ),
         ),
         ("fleetwatch_gpu_temperature_celsius", "gauge", "celsius", GPU, "GPU core temperature."),

@@ -17,6 +17,7 @@ from agent.poll_ib import RATE_HW_COUNTERS
 from collector.api.auth import REASONS
 from collector.export.catalog import BY_NAME, NODE_STATES, families
 from collector.model.node_states import NodeFlags, node_state
+from collector.model.state import OTHER_XIDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -228,9 +229,8 @@ class _Families:
         if gpu.pcie_replay_count is not None:
             f["fleetwatch_gpu_pcie_replays_total"].add_metric(labels, gpu.pcie_replay_count)
         for xid, count in sorted(gpu.xid_counts.items()):
-            f["fleetwatch_gpu_xid_errors_total"].add_metric(
-                [*labels, str(xid), self.xid_class(xid)], count
-            )
+            shown = ("other", "other") if xid == OTHER_XIDS else (str(xid), self.xid_class(xid))
+            f["fleetwatch_gpu_xid_errors_total"].add_metric([*labels, *shown], count)
         self._add_gpu_health(labels, gpu)
 
     def _add_gpu_health(self, labels: list[str], gpu: GpuState) -> None:

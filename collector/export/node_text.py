@@ -466,8 +466,8 @@ def _gpu(lbl: str, gpu: GpuState, xid_class: Callable[[int], str]) -> tuple[tupl
         (
             _XIDS,
             (
-                f'fleetwatch_gpu_xid_errors_total{{{lbl},xid="{xid}",'
-                f'class="{escape(xid_class(xid))}"}} {float(count)!r}\n'
+                f'fleetwatch_gpu_xid_errors_total{{{lbl},xid="{xid or "other"}",'
+                f'class="{escape(xid_class(xid)) if xid else "other"}"}} {float(count)!r}\n'
             ),
         )
         for xid, count in sorted(gpu.xid_counts.items())

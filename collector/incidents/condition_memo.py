@@ -113,7 +113,15 @@ def window_values(windows: tuple[Window, ...], context: TargetContext) -> list[o
         elif function == "increase":  # rate() is increase() over the window's seconds
             values.append(float(context.increase(name, seconds)))
         else:
-            values.append(tuple(tuple(sorted(entry.items())) for entry in context.xids(seconds)))
+            # The evaluator's context keys the Xids in a window by two numbers; a list of a
+            # thousand entries (a flood) as part of every key cost memory and time per event.
+            keyed = getattr(context, "xids_key", None)
+            if keyed is not None:
+                values.append(keyed(seconds))
+            else:
+                values.append(
+                    tuple(tuple(sorted(entry.items())) for entry in context.xids(seconds))
+                )
     return values
 
 

@@ -32,7 +32,7 @@ from rules.engine import Engine, Incident, Phase, Transition
 from rules.model import Rule, RuleSet, Scope, Severity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Iterator
+    from collections.abc import Callable, Generator, Hashable, Iterator
 
     from cel_expr_python import cel
 
@@ -67,6 +67,10 @@ FAILURE_KINDS: Final = {
 }
 
 
+# Xids whose xids() entries are kept made: more than any catalog lists (a node may send any).
+MAX_XID_ENTRIES: Final = 4096
+
+
 @dataclass(slots=True)
 class Verdict:
     """Why an incident's actions will not run (None: they will)."""
@@ -96,19 +100,17 @@ class _Context:
         return self.evaluator.history.events(self.key, kind, self.now - window_s)
 
     def xids(self, window_s: float) -> list[dict[str, Any]]:
-        catalog = self.evaluator.catalog
-        out = []
-        for xid in self.evaluator.history.xids(self.key, self.now - window_s):
-            entry = catalog.get(xid)
-            out.append(
-                {
-                    "xid": xid,
-                    "class": entry.xid_class if entry else "unknown",
-                    "action": entry.action if entry else "UNKNOWN",
-                    "fatal": entry.fatal if entry else False,
-                },
-            )
-        return out
+        entries = self.evaluator.xid_entries
+        return [entries(xid) for xid in self.evaluator.history.xids(self.key, self.now - window_s)]
+
+    def xids_key(self, window_s: float) -> Hashable:
+        """What a remembered answer over ``xids(window_s)`` is keyed by.
+
+        This target's window as it stands (the same two numbers of another target say nothing
+        of its Xids), and the catalog that names them.
+        """
+        version = self.evaluator.history.xids_version(self.key, self.now - window_s)
+        return id(self.evaluator.catalog), self.key, *version
 
     def increase(self, signal: str, window_s: float) -> float:
         return self.evaluator.history.increase(self.key, signal, self.now - window_s, self.now)
@@ -316,6 +318,8 @@ class Evaluator:
         self.rules = rules
         self.fleet = fleet
         self.catalog = catalog
+        self._entries_of: XidCatalog | None = None  # the catalog _entries were made from
+        self._entries: dict[int, dict[str, Any]] = {}
         self.clock = clock
         self.env = env or RuleEnvironment()
         self.engine = Engine(rules)
@@ -549,6 +553,24 @@ class Evaluator:
 
     # ---- evaluation -----------------------------------------------------------------------
 
+    def xid_entries(self, xid: int) -> dict[str, Any]:
+        """What ``xids()`` lists for one ``xid``: its catalog entry, made once per catalog."""
+        if self._entries_of is not self.catalog:
+            self._entries_of, self._entries = self.catalog, {}
+        found = self._entries.get(xid)
+        if found is not None:
+            return found
+        entry = self.catalog.get(xid)
+        made = {
+            "xid": xid,
+            "class": entry.xid_class if entry else "unknown",
+            "action": entry.action if entry else "UNKNOWN",
+            "fatal": entry.fatal if entry else False,
+        }
+        if len(self._entries) < MAX_XID_ENTRIES:
+            self._entries[xid] = made
+        return made
+
     def tick(self, *, urgent: bool = False) -> list[Outcome]:
         """Evaluate what needs it; return the transitions with their verdicts (:meth:`steps`)."""
         return [outcome for part in self.steps(urgent=urgent) for outcome in part]
@@ -578,7 +600,11 @@ class Evaluator:
         meanwhile waited for all of it (bench/collector_ingest.py).
         """
         urgent = urgent or events
-        if events and self._fleet_nodes is not None:
+        if events:
+            if self._fleet_nodes is None:  # during the first tick's tally: count the fleet
+                self._fleet_nodes, self.shares = yield from self._tally_fleet()
+            # Not an urgent tick's sweep when there were no counts yet: that evaluated every
+            # node back since as well, and an Xid in a restart's first tick waited for all.
             sweep = self._events_now()
         else:
             if not urgent or self._fleet_nodes is None:

@@ -10,6 +10,7 @@ not lose them, and the sink runs only actions whose idempotency key it has not j
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
@@ -101,6 +102,15 @@ class ActionSink(Protocol):
         ``holds`` says whether an incident's condition holds now (None: cannot tell).
         """
         ...
+
+
+def _close_unstarted(step: Coroutine[object, object, None]) -> None:
+    """Close a step whose task was cancelled before the step began (the service stopping).
+
+    Nothing of it ran; closing it says so, where a coroutine never awaited would warn.
+    """
+    if inspect.getcoroutinestate(step) == inspect.CORO_CREATED:
+        step.close()
 
 
 class IncidentService:
@@ -289,6 +299,7 @@ class IncidentService:
                     del self._acting[incident_id]
 
         task = asyncio.create_task(run(), name=f"act-{incident_id}")
+        task.add_done_callback(lambda _: _close_unstarted(step))
         self._acting[incident_id] = task
 
     async def _run(self) -> None:

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from collector.model.slots import MODEL_FIELDS, NodeSlots, TargetSlot
-from collector.model.state import GpuState, NodeState, PortState
+from collector.model.state import MAX_XIDS_PER_GPU, OTHER_XIDS, GpuState, NodeState, PortState
 from fleetwatch.model import (
     IB_PHYS_STATES,
     IB_PORT_STATES,
@@ -344,7 +344,9 @@ class FleetModel:
             self._urgent_change(name)
             gpu = node.gpus.get(target.gpu_uuid)
             if gpu is not None and kind in (EventKind.XID, EventKind.GPU_LOST) and xid:
-                gpu.xid_counts[xid] += count
+                counts = gpu.xid_counts
+                known = xid in counts or len(counts) - (OTHER_XIDS in counts) < MAX_XIDS_PER_GPU
+                counts[xid if known else OTHER_XIDS] += count
                 gpu.last_xid = xid
             if gpu is not None and kind in (EventKind.GPU_LOST, EventKind.PCI_REMOVED):
                 gpu.present = False

@@ -37,6 +37,7 @@ class History:
         self.event_window_s = event_window_s
         self.sample_windows = dict(sample_windows)
         self._events: dict[str, deque[PastEvent]] = {}
+        self._added: dict[str, int] = {}  # events ever added per target: says when a window grew
         # Each series is its points packed as doubles (time, value) in one bytearray: most are
         # counters that never move (one point, kept for as long as nothing changes), a few
         # hundred per node. That is small (an empty deque alone costs about 760 bytes) and,
@@ -60,6 +61,7 @@ class History:
         """Remember an event of ``target`` (and drop what has aged out)."""
         events = self._events.setdefault(target, deque(maxlen=MAX_EVENTS_PER_TARGET))
         events.append(event)
+        self._added[target] = self._added.get(target, 0) + 1
         self._moves(target, event.at + self.event_window_s)
         horizon = event.at - self.event_window_s
         while events and events[0].at < horizon:
@@ -114,6 +116,16 @@ class History:
     def xids(self, target: str, since: float) -> list[int]:
         """The Xids of ``target``'s ``xid`` events at or after ``since``, oldest first."""
         return [e.xid for e in self._events.get(target, ()) if e.at >= since and e.kind == "xid"]
+
+    def xids_version(self, target: str, since: float) -> tuple[int, int]:
+        """What :meth:`xids` would answer, in two numbers: the same pair, the same Xids.
+
+        Events are only added (the pair's first number moves) or age out oldest first (its
+        second, how many are in the window, falls): a rule's remembered answer is keyed by this,
+        not by the list, which a flood of Xids makes a thousand entries long.
+        """
+        count = sum(1 for e in self._events.get(target, ()) if e.at >= since and e.kind == "xid")
+        return self._added.get(target, 0), count
 
     def increase(self, target: str, signal: str, since: float, now: float) -> float:
         """How much a counter grew between ``since`` and ``now`` (a drop counts as a reset).

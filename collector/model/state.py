@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from fleetwatch.model import SampleValue
+
+
+# Distinct Xids counted per GPU (each is a series of fleetwatch_gpu_xid_errors_total): a real
+# GPU shows a handful; a node sending thousands of made-up ones must not make thousands of series.
+MAX_XIDS_PER_GPU: Final = 16
+OTHER_XIDS: Final = 0  # the key the rest count under (no Xid is 0); exported as xid="other"
 
 
 @dataclass(slots=True)
@@ -26,6 +32,7 @@ class GpuState:
     present: bool = True
     nvlink_up: dict[int, bool] = field(default_factory=dict)
     pcie_replay_count: int | None = None
+    # Xid -> occurrences; past MAX_XIDS_PER_GPU distinct Xids the rest count under OTHER_XIDS
     xid_counts: Counter[int] = field(default_factory=Counter)
     last_xid: int = 0
     signals: dict[str, SampleValue] = field(default_factory=dict)
