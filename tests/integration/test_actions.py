@@ -11,7 +11,7 @@ from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.safety import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from tests.integration.fleet_harness import actions, api, kinds, start
 
 pytestmark = pytest.mark.integration
@@ -28,6 +28,19 @@ rules:
 """
 
 
+async def later_ticks(service: CollectorService, count: int = 3) -> None:
+    """Let ``count`` more rule ticks run and the actions they started finish: whatever those
+    ticks would have done (again) is done and journaled by then."""
+    await wait_for_more(lambda: service.incidents.ticks, count, what=f"{count} more rule ticks")
+    await service.incidents.idle()
+
+
+async def journaled(service: CollectorService, node: str, *wanted: tuple[str, str]) -> bool:
+    """Whether ``node`` has an action journaled, and each (action, state) of ``wanted``."""
+    rows = await service.journal.do(lambda s: s.incidents.actions(node=node))
+    return bool(rows) and set(wanted) <= {(r.action, r.state) for r in rows}
+
+
 class TestFaultToAction:
     async def test_xid_79_drains_and_notifies_once(self, running, receiver):
         """A GPU falling off the bus fires gpu_lost: one signed drain request and notifications,
@@ -35,7 +48,10 @@ class TestFaultToAction:
         service, cluster = running
         cluster.nodes["node-2"].xid(3, 79)
         await wait_until(lambda: len(receiver.deliveries()) >= 2, what="webhooks")
-        await asyncio.sleep(0.5)  # later ticks must not act again
+        # The receiver answered before the collector journals the outcomes it was told.
+        outcomes = (("drain_node", "succeeded"), ("notify", "succeeded"))
+        await wait_until(partial(journaled, service, "node-2", *outcomes), what="outcomes")
+        await later_ticks(service)  # later ticks must not act again
         assert ("drain_request", "node-2") in kinds(receiver)
         drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
         assert len(drains) == 1
@@ -69,7 +85,10 @@ class TestFaultToAction:
             ),
             what="second incident",
         )
-        await asyncio.sleep(0.3)
+        await wait_until(
+            partial(journaled, service, "node-1", ("drain_node", "skipped")), what="drain skipped"
+        )
+        await later_ticks(service)  # a second drain request would be sent by then
         drains = [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
         assert len(drains) == 1
         rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
@@ -106,7 +125,12 @@ class TestSafety:
             storm = nodes[:4]
             for name in storm:
                 cluster.nodes[name].ib_port_down(0)
-            await wait_until(lambda: len(service.dispatcher.waiting) == 2, what="waiting drains")
+            await wait_until(
+                lambda: (
+                    len(service.dispatcher.waiting) == 2 and len(service.dispatcher.drained) == 2
+                ),
+                what="two drains done and two waiting",  # not while the first two still run
+            )
             await wait_until(
                 lambda: ("notification", "fleet") in kinds(receiver), what="fleet incident"
             )
@@ -138,6 +162,10 @@ class TestSafety:
             (dropped,) = waiting - {ran}
             cluster.nodes[dropped].ib_port_up(0)  # its fault cleared while it waited
             await wait_until(lambda: not service.dispatcher.waiting, what="waiting dropped")
+            # A node counts as drained once the webhook answered, before the outcome is journaled.
+            await wait_until(
+                partial(journaled, service, ran, ("drain_node", "succeeded")), what="drain outcome"
+            )
             rows = await service.journal.do(lambda s: s.incidents.actions(limit=1000))
             states = {(r.node, r.action, r.state) for r in rows}
             assert (ran, "drain_node", "succeeded") in states
@@ -167,6 +195,7 @@ class TestSafety:
                 ),
                 what="one drain done and one waiting",  # not while the first is still running
             )
+            await service.incidents.idle()  # and its outcome journaled, for the next collector
             before = (dict(service.dispatcher.drained), set(service.dispatcher.waiting))
         finally:
             await cluster.stop()
@@ -192,7 +221,8 @@ class TestSafety:
                 lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
                 what="incident",
             )
-            await asyncio.sleep(0.3)
+            await wait_until(partial(journaled, service, "node-3"), what="actions journaled")
+            await later_ticks(service)  # what would run has run by then
             rows = await service.journal.do(lambda s: s.incidents.actions(node="node-3"))
             assert rows
             assert {r.state for r in rows} == {"dry_run"}
@@ -221,7 +251,8 @@ class TestSilencesApi:
             lambda: any(i.phase == "firing" for i in service.evaluator.engine.open_incidents()),
             what="incident",
         )
-        await asyncio.sleep(0.3)
+        await wait_until(partial(journaled, service, "node-4"), what="actions journaled")
+        await later_ticks(service)  # what would run has run by then
         assert receiver.deliveries() == []
         _, actions_seen = await asyncio.to_thread(
             api, service, "GET", "/api/v1/actions?node=node-4"

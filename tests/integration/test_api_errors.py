@@ -106,6 +106,12 @@ def raw_then_hang_up(port: int, data: bytes) -> Answer:
         return read_answer(sock)
 
 
+def through_the_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Hand ``loop`` a coroutine from this thread, as the API's bridge does, and wait for it to
+    run: what threads handed the loop before it has been taken up by then (blocking)."""
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=TIMEOUT_S)
+
+
 class TestBusyLoop:
     async def test_a_busy_loop_is_503_with_retry_after_and_changes_nothing(
         self, collector: CollectorService, capfd: pytest.CaptureFixture[str]
@@ -115,6 +121,7 @@ class TestBusyLoop:
         10 s; the silence is not added later behind the client's back when the loop frees.
         Today the client gives up first (5 s) and the log gets BrokenPipe tracebacks."""
         port = collector.http_port
+        waits = collector.drains.wait_s, collector.silences.wait_s
         collector.drains.wait_s = collector.silences.wait_s = 0.3
         pool = ThreadPoolExecutor(2)
         try:
@@ -123,9 +130,14 @@ class TestBusyLoop:
                 silence = pool.submit(request, port, "POST", "/api/v1/silences", SILENCE, JSON)
                 # The loop is held until both are answered: nothing here awaits.
                 answers = drains.result(timeout=30), silence.result(timeout=30)
-                await asyncio.sleep(0.1)  # the loop runs what was handed to it meanwhile
+                # The loop takes up what was handed to it meanwhile (and must drop it); a
+                # journal write that started would be committed before this one returns.
+                await asyncio.to_thread(through_the_loop, asyncio.get_running_loop())
+                await collector.journal.do(lambda _s: None)
         finally:
             pool.shutdown()
+        # The loop is free again: the request below waits as long as it normally would.
+        collector.drains.wait_s, collector.silences.wait_s = waits
         for answer in answers:
             assert answer.status == 503
             assert answer.headers["retry-after"] == "5"
@@ -140,11 +152,15 @@ class TestBusyLoop:
         assert answer.status == 200
 
 
-def send_then_reset(port: int, data: bytes) -> None:
-    """Send ``data``, give the server a moment to read it, then hang up with a reset."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+def send_then_reset(service: CollectorService, data: bytes) -> None:
+    """Send ``data``, wait until the server has read it and is answering it (blocking, the event
+    loop too when called on it), then hang up with a reset."""
+    sock = socket.create_connection(("127.0.0.1", service.http_port), timeout=TIMEOUT_S)
     sock.sendall(data)
-    time.sleep(0.2)
+    deadline = time.monotonic() + TIMEOUT_S
+    while service.http.connections() != (0, 1):
+        assert time.monotonic() < deadline, service.http.connections()
+        time.sleep(0.01)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
 
@@ -156,11 +172,10 @@ class TestClientGone:
         """A client that resets its connection while its drain list waits on the held loop:
         the answer cannot be written, and that is one info line, http_client_gone, with no
         traceback. Today it is a logged exception and a traceback on stderr."""
-        port = collector.http_port
         head = b"GET /api/v1/drains HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
         with capture_logs() as logs:
             # The loop is held while the client sends and hangs up.
-            send_then_reset(port, head)
+            send_then_reset(collector, head)
             deadline = time.monotonic() + TIMEOUT_S
             while not [e for e in logs if e["event"] == "http_client_gone"]:
                 assert time.monotonic() < deadline, logs

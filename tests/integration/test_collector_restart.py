@@ -80,7 +80,7 @@ async def test_no_event_lost_or_duplicated_across_a_collector_crash(tmp_path: Pa
             node = cluster.nodes[NODES[len(injected) % len(NODES)]]
             node.xid(len(injected) % 8, 13, marker)
             injected.append(marker)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # paced, so that events stream across the kill
 
     try:
         await wait_until(lambda: all(a.link.connected for a in cluster.agents.values()), 30)

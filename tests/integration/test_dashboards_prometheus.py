@@ -9,6 +9,7 @@ variables filled in. It must parse and return data, and every metric it names mu
 Prometheus, so that `or vector(0)` cannot hide a metric nobody exports.
 """
 
+import datetime as dt
 import json
 import shutil
 import subprocess
@@ -111,6 +112,23 @@ def ask(port: int, query: Query, start: float, end: float) -> dict[str, Any]:
     return get(port, "/api/v1/query_range", query=expr, start=str(start), end=str(end), step="1")
 
 
+def unix(rfc3339: str) -> float:
+    """Prometheus' time stamp (RFC 3339) in Unix seconds."""
+    return dt.datetime.fromisoformat(rfc3339).timestamp()
+
+
+def caught_up(port: int, since: float) -> float | None:
+    """When every target was last scraped and every rule group last evaluated, if each was done
+    at least twice since ``since`` (Unix seconds; both run every second), and every target is
+    up; else None."""
+    targets = get(port, "/api/v1/targets")["data"]["activeTargets"]
+    groups = get(port, "/api/v1/rules")["data"]["groups"]
+    if not targets or not groups or any(t["health"] != "up" for t in targets):
+        return None
+    last = [unix(t["lastScrape"]) for t in targets] + [unix(g["lastEvaluation"]) for g in groups]
+    return min(last) if min(last) > since + 1.0 else None
+
+
 class Daemons:
     """Prometheus and the demo, started on loopback; stopped whatever happens."""
 
@@ -166,12 +184,13 @@ class Daemons:
             log.close()
 
 
-def wait_for(what: str, check: Any, daemons: Daemons, timeout: float) -> None:
+def wait_for(what: str, check: Any, daemons: Daemons, timeout: float) -> Any:
+    """Poll ``check`` until it answers something true, and return that."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if check():
-                return
+            if answer := check():
+                return answer
         except OSError:
             pass  # Prometheus not listening yet
         assert daemons.demo.poll() is None, f"the demo ended before {what}"
@@ -197,10 +216,24 @@ def test_every_dashboard_query_answers_with_data(tmp_path):
             daemons,
             DEMO_SECONDS,
         )
-        time.sleep(2)  # a few more scrapes and rule evaluations after the last fault
-        end = time.time() - 1  # scraped and evaluated by now
-        assert daemons.demo.poll() is None, "the demo ended before the queries' time"
+        seen = time.time()
         port = daemons.prom_port
+        # A few more scrapes and rule evaluations after the last fault: the queries ask about
+        # the time by which everything was scraped and evaluated.
+        end = wait_for(
+            "more scrapes and rule evaluations",
+            lambda: caught_up(port, seen),
+            daemons,
+            DEMO_SECONDS,
+        )
+        # What Prometheus holds now (rules, alerts), while the demo still runs: its series go
+        # stale once it ends.
+        rules = [r for g in get(port, "/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+        alerts = {
+            (a["labels"]["alertname"], a["labels"].get("node"), a["labels"].get("gpu"))
+            for a in get(port, "/api/v1/alerts")["data"]["alerts"]
+        }
+        assert daemons.demo.poll() is None, "the demo ended before the queries' time"
         names = set(get(port, "/api/v1/label/__name__/values", end=str(end))["data"])
         failures = []
         queries = [
@@ -219,7 +252,6 @@ def test_every_dashboard_query_answers_with_data(tmp_path):
                 problem = f"metrics not in Prometheus: {sorted(missing)}"
             if problem:
                 failures.append(f"{query.dashboard} {query.where}: {query.expr!r}: {problem}")
-        rules = [r for g in get(port, "/api/v1/rules")["data"]["groups"] for r in g["rules"]]
         failures.extend(
             f"rule {rule['name']}: {rule['lastError']}" for rule in rules if rule["health"] == "err"
         )
@@ -228,10 +260,6 @@ def test_every_dashboard_query_answers_with_data(tmp_path):
             for rule in rules
             if rule["type"] == "recording" and rule["name"] not in names
         )
-        alerts = {
-            (a["labels"]["alertname"], a["labels"].get("node"), a["labels"].get("gpu"))
-            for a in get(port, "/api/v1/alerts")["data"]["alerts"]
-        }
     finally:
         daemons.stop()
     assert len(queries) > 100

@@ -94,7 +94,12 @@ async def test_two_fleet_processes_stream_to_the_collector(
         )
         with pytest.raises(FleetProcessError, match="no such GPU"):
             await fleet.inject(Fault(0.0, "node-01", FaultKind.XID, {"gpu": 12, "xid": 31}))
-        assert (await fleet.status())["unacked"] == 0
+
+        async def all_acked() -> bool:
+            return (await fleet.status())["unacked"] == 0
+
+        # An event journaled (the Xid, or one the jobs raised) is acked a moment later.
+        await wait_until(all_acked, what="every event acked")
     finally:
         await fleet.stop()
         await service.stop(grace=None)

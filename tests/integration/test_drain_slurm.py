@@ -103,7 +103,8 @@ HOSTILE_STATE = "DOWN; scontrol update NodeName=ALL State=DOWN $(reboot) `id` \"
 async def test_telemetry_text_never_reaches_slurm(slurm, collector_config, tmp_path: Path):
     """An IB port whose state file says something hostile (a broken driver, a tampered node)
     fires a drain, and Slurm's reason holds only fleetwatch's words and checked names: the rule,
-    the port, the incident. The hostile text stays in the incident's evidence (data)."""
+    the port, the incident. The hostile text stays in the journaled event (data); the model, and
+    so the incident's evidence, keeps only the kernel's state names."""
     service = await slurm_collector(slurm, collector_config, tmp_path, HOSTILE_PORT_RULES)
     cluster = SimCluster(
         ["node-04"],
@@ -126,8 +127,14 @@ async def test_telemetry_text_never_reaches_slurm(slurm, collector_config, tmp_p
             counters={},
         )
         await wait_until(lambda: slurm.node("node-04").drained, timeout=20, what="drain in Slurm")
+        await wait_until(
+            lambda: bool(service.reader.events(node="node-04", kind="ib_port_down")),
+            what="the port's event journaled",
+        )
+        (event,) = service.reader.events(node="node-04", kind="ib_port_down")
+        assert "$(reboot)" in event.detail  # the telemetry did carry it ...
         (row,) = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
-        assert "$(reboot)" in row.evidence  # the telemetry did carry it ...
+        assert row.evidence == f"IB {port.device}/{port.port} unknown/Polling"
         target = f"{port.device}/{port.port}"
         assert slurm.node("node-04").reason == (  # ... and Slurm never saw it
             f"fleetwatch: ib_port_not_active: IB {target} (incident {row.id})"

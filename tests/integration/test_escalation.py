@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from collector.main import CollectorService
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from tests.integration.fleet_harness import actions, kinds, start
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,13 @@ def scrape(service: CollectorService) -> str:
         return str(resp.read().decode())
 
 
+def counter_known(service: CollectorService, node: str, gpu: int) -> bool:
+    """Whether the collector holds a value of the GPU's DBE counter, which a rise is measured
+    from: a node counts as connected at its Hello, before its first report."""
+    gpus = service.fleet.snapshot()[node].gpus.values()
+    return any(g.index == gpu and g.number("ecc_dbe_aggregate_total") is not None for g in gpus)
+
+
 async def test_a_second_dbe_while_the_first_fires_drains(collector_config, receiver, tmp_path):
     """Two double-bit ECC errors on one GPU within minutes: the first resets and notifies; the
     second opens no incident (the first still fires) but counts as a recurrence, which reaches
@@ -55,6 +62,7 @@ async def test_a_second_dbe_while_the_first_fires_drains(collector_config, recei
     )
     try:
         node = cluster.nodes["node-1"]
+        await wait_until(lambda: counter_known(service, "node-1", 2), what="node-1's first report")
         node.ecc_errors(2, dbe=1)
 
         def firing() -> list[str]:
@@ -75,8 +83,17 @@ async def test_a_second_dbe_while_the_first_fires_drains(collector_config, recei
         node.ecc_errors(2, dbe=1)
         await wait_until(lambda: "node-1" in service.dispatcher.drained, what="the drain")
         assert firing() == [incident_id]  # the same incident: no new one opened
-        rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
-        done = {(r.action, r.state) for r in rows if r.incident_id == incident_id}
+
+        async def outcomes() -> set[tuple[str, str]]:
+            rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
+            return {(r.action, r.state) for r in rows if r.incident_id == incident_id}
+
+        async def drain_journaled() -> bool:
+            return ("escalated_drain_node", "succeeded") in await outcomes()
+
+        # The node counts as drained once the webhook answered, before the outcome is journaled.
+        await wait_until(drain_journaled, what="the drain's outcome journaled")
+        done = await outcomes()
         assert ("escalated_drain_node", "succeeded") in done
         assert ("reset_gpu", "succeeded") in done
         assert [d for d in receiver.deliveries() if d.body["kind"] == "drain_request"]
@@ -126,7 +143,9 @@ async def test_a_waiting_drain_whose_fault_cleared_is_dropped(collector_config, 
         assert await service.dispatcher.release(drained, "repaired")  # room for one again
         await service.incidents.tick()
         await service.incidents.idle()
-        await asyncio.sleep(0.3)
+        # Later ticks, and what they start, would drain it if anything did.
+        await wait_for_more(lambda: service.incidents.ticks, 3, what="three more rule ticks")
+        await service.incidents.idle()
         assert waiting_node not in service.dispatcher.drained
         assert ("drain_request", waiting_node) not in kinds(receiver)
     finally:

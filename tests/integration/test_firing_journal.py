@@ -8,7 +8,6 @@ beside them) is now decided before the incident is journaled and goes in its tra
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -85,6 +84,7 @@ async def test_a_firing_and_its_first_actions_commit_together(
     await service.incidents.tick(urgent=True)
     await wait_until(lambda: len(receiver.deliveries()) >= 2, 10, "the drain and the notification")
     service.journal.store.db.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+    await service.incidents.idle()  # the outcomes are journaled once the receiver has answered
 
     with_incident = [
         t for t in transactions(statements) if any("INSERT INTO incidents" in s for s in t)
@@ -114,7 +114,7 @@ async def test_two_firings_in_one_tick_drain_their_node_once(
     lose_gpu(service, 1)
     await service.incidents.tick(urgent=True)
     await wait_until(lambda: len(receiver.deliveries()) >= 3, 10, "a drain, two notifications")
-    await asyncio.sleep(0.3)  # a second drain request would have come by now
+    await service.incidents.idle()  # every action the tick started is done: a second drain too
     kinds = sorted(d.body["kind"] for d in receiver.deliveries())
     assert kinds == ["drain_request", "notification", "notification"]
     rows = await service.journal.do(lambda s: s.incidents.actions(node=NODE))
@@ -183,6 +183,7 @@ async def test_a_plan_that_breaks_loses_neither_the_firing_nor_its_actions(
     lose_gpu(service, 0)
     await service.incidents.tick(urgent=True)
     await wait_until(lambda: len(receiver.deliveries()) >= 2, 10, "the drain and the notification")
+    await service.incidents.idle()  # the outcomes are journaled once the receiver has answered
     incidents = await service.journal.do(lambda s: s.incidents.incidents(open_only=True))
     assert [(i.rule, i.phase) for i in incidents] == [("gpu_lost", "firing")]
     rows = await service.journal.do(lambda s: s.incidents.actions(node=NODE))
