@@ -53,7 +53,9 @@ async def test_an_xid_flood_from_one_node_is_journaled_in_bounded_memory(
         gc.collect()
         before = psutil.Process().memory_info().rss
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-            call = channel.stream_stream(settings.STREAM_METHOD)()
+            call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(
+                settings.STREAM_METHOD
+            )()
             hello = made_up_hello("flood-1", gpus=2)
             await call.write(pb.AgentMessage(hello=hello).SerializeToString())
             await call.read()  # Welcome
