@@ -53,10 +53,15 @@ async def test_read_only_filesystem_and_fatal_sxid_drain_a_machine_check_notifie
             ),
             what="the two drains",
         )
-        assert ("drain_request", "node-2") not in kinds(receiver)
-        assert {("filesystem_read_only", "node-1"), ("nvswitch_fatal_error", "node-3")} <= (
-            notified(receiver)
+        # A rule's notification goes out beside its drain, not after it: wait for it too.
+        await wait_until(
+            lambda: (
+                {("filesystem_read_only", "node-1"), ("nvswitch_fatal_error", "node-3")}
+                <= notified(receiver)
+            ),
+            what="the two drains' notifications",
         )
+        assert ("drain_request", "node-2") not in kinds(receiver)
         status, body = api(service, "GET", "/api/v1/events?node=node-1&kind=fs_read_only")
         assert status == 200
         (event,) = body["events"]
