@@ -246,6 +246,9 @@ class CollectorLink:
         # A collector that takes the stream but never answers (say, a stuck journal) must not
         # hold the agent forever: keepalive sees a healthy transport, so time out ourselves.
         first = await asyncio.wait_for(self._handshake(call, hello), self._welcome_timeout)
+        # Python 3.11's wait_for returns the answer and drops a cancellation that came with it:
+        # the link streamed on, and an agent stopping (or a simulated crash) waited on it.
+        _raise_if_cancelled()
         if not isinstance(first, pb.CollectorMessage) or first.WhichOneof("body") != "welcome":
             msg = "collector did not answer the Hello with a Welcome"
             raise ProtocolError(msg)

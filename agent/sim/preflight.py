@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from agent.preflight.runners import Group, Rail
+    from agent.sim.devices import SimGpu
     from agent.sim.hardware import SimNode
 
 # What each real tool takes on an 8xH100 node (seconds), as modelled for the harness's sums:
@@ -173,6 +174,20 @@ class SimFabric:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.001)
+
+    def keep_busy(self, busy: Sequence[tuple[SimGpu, int]], *, hold: bool) -> None:
+        """A ladder rung's GPUs at their busy percent, held while the agent reads them, then idle.
+
+        Held for :attr:`util_hold_s` of real time when ``hold`` (the rung ran). A harness that
+        sees the agent's utilisation reads may hold until they came instead: the executor reads
+        on a real-time period, which a loaded machine stretches.
+        """
+        for gpu, percent in busy:
+            gpu.util_gpu = percent
+        if hold and self.util_hold_s > 0:
+            time.sleep(self.util_hold_s)  # busy while the executor reads utilisation
+        for gpu, _ in busy:
+            gpu.util_gpu = 0
 
     def crash(self, node: str, what: str) -> str:
         """The message of a tool made to fail on ``node`` ("" when it runs)."""
@@ -406,9 +421,8 @@ class SimLadderStep(_NodeRunner):
     """A small data-parallel training job's steps across the group.
 
     While it runs each GPU of the node reports the share of the step it was busy as its
-    utilisation, for :attr:`SimFabric.util_hold_s` of real time (the only real wait of these
-    runners: the agent's executor reads utilisation once a second while a rung runs); idle
-    (0) after.
+    utilisation, held by :meth:`SimFabric.keep_busy` (the only real wait of these runners: the
+    agent's executor reads utilisation on a real-time period while a rung runs); idle (0) after.
     """
 
     def run(self, group: Group, steps: int) -> Measurement:
@@ -432,13 +446,11 @@ class SimLadderStep(_NodeRunner):
 
         key = ("ladder", group.run_id, group.nodes)
         met = fabric.meet(key, self.name, len(group.nodes), group.timeout_s, compute)
-        gpus = self.node.gpus[: group.gpus_per_node]
-        for gpu in gpus:
-            gpu.util_gpu = round(met.busy.get((self.name, gpu.index), 0.0))
-        if met.value is not None and fabric.util_hold_s > 0:
-            time.sleep(fabric.util_hold_s)  # busy while the executor reads utilisation
-        for gpu in gpus:
-            gpu.util_gpu = 0
+        busy = [
+            (gpu, round(met.busy.get((self.name, gpu.index), 0.0)))
+            for gpu in self.node.gpus[: group.gpus_per_node]
+        ]
+        fabric.keep_busy(busy, hold=met.value is not None)
         fabric.spend(self.name, "ladder_rung", TOOL_SECONDS["ladder_rung"], group.nodes)
         value = None if met.value is None else round(met.value, 1)
         return Measurement(

@@ -23,6 +23,17 @@ HELLOS = 3_300  # past gRPC's default of 3,000 waiting calls
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def connected_to(port: int) -> bool:
+    """Whether a TCP connection to ``port`` on this host is established (the kernel's tables:
+    gRPC may connect to 127.0.0.1 from an IPv6 socket)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            _, _, remote, state, *_ = line.split()
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                return True
+    return False
+
+
 async def test_a_storm_of_hellos_waits_its_turn_and_none_is_cancelled(
     collector: CollectorService,
 ):
@@ -40,9 +51,14 @@ async def test_a_storm_of_hellos_waits_its_turn_and_none_is_cancelled(
         stderr=subprocess.PIPE,
     )
     try:
-        # The collector's loop (this one) is busy for 5 s, as with a restart's first Reports: no
-        # stream is taken up meanwhile, and every Hello that arrives waits in gRPC's queue.
-        time.sleep(5.0)  # blocking the loop is the point
+        # The collector's loop (this one) is busy, as with a restart's first Reports: no stream
+        # is taken up meanwhile, and every Hello that arrives waits in gRPC's queue. Blocking the
+        # loop is the point; it lasts 5 s from the sender's connection, so that the storm lands
+        # in it however long the sender took to start.
+        deadline = time.monotonic() + 30
+        while not connected_to(collector.grpc_port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(5.0)
         deadline = time.monotonic() + 120
         while sender.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.2)

@@ -69,6 +69,19 @@ def notified(receiver: WebhookReceiver) -> Counter[str]:
     )
 
 
+def failed_commits(services: list[CollectorService]) -> list[int]:
+    return [sum(s.stats.journal.failures.values()) for s in services]
+
+
+async def failing_since(services: list[CollectorService], before: list[int]) -> None:
+    """Every collector failed to journal what its agents sent since ``before``."""
+    await wait_until(
+        lambda: all(n > b for n, b in zip(failed_commits(services), before, strict=True)),
+        60,
+        "every collector's commits failing",
+    )
+
+
 async def test_collectors_ride_out_database_restarts(
     collector_config: Callable[..., CollectorConfig],
     own_server: PgServer,
@@ -109,7 +122,7 @@ async def test_collectors_ride_out_database_restarts(
             cluster.nodes[node].xid(gpu, 13, f"db-restart-{len(injected)}")
             injected.append(node)
             faulted.add(f"{node}/gpu/{gpu}")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # events spread over time, as a fleet sends them
 
     try:
         await wait_until(
@@ -118,14 +131,16 @@ async def test_collectors_ride_out_database_restarts(
             "agents connected",
         )
         await inject(20)
+        before = failed_commits(services)
         own_server.kill()  # SIGKILL: no checkpoint, the server recovers from its WAL
         await inject(20)  # while it is down: held by the agents
-        await asyncio.sleep(1.0)
+        await failing_since(services, before)
         await asyncio.to_thread(own_server.restart)
         await inject(20)
+        before = failed_commits(services)
         await asyncio.to_thread(own_server.shut_down)  # a clean stop this time
         await inject(20)
-        await asyncio.sleep(1.0)
+        await failing_since(services, before)
         await asyncio.to_thread(own_server.restart)
         await inject(20)
         want = set(range(len(injected)))

@@ -13,7 +13,7 @@ from agent.intervals import Intervals
 from agent.link import CollectorLink
 from agent.outbox import Outbox
 from fleetwatch.clock import SystemClock
-from fleetwatch.model import Target
+from fleetwatch.model import SampleKey, SampleValue, Target
 from fleetwatch.testing import wait_until
 from fleetwatch.wire import settings
 from fleetwatch.wire.grouped import keyed_samples
@@ -93,6 +93,41 @@ async def test_a_cancel_that_grpc_turns_into_its_own_error_still_ends_the_link()
     assert link.failures == 0
 
 
+async def test_a_cancel_that_comes_with_the_welcome_still_ends_the_link():
+    """The link's task cancelled just as the Welcome arrived (a simulated crash right after a
+    connect): Python 3.11's wait_for hands back the Welcome and drops the cancellation, and the
+    link streamed on, its stream open, the crash waiting on it (a test hung two minutes)."""
+
+    async def collector(
+        requests: object, context: grpc.aio.ServicerContext[pb.AgentMessage, pb.CollectorMessage]
+    ) -> None:
+        await context.read()  # the Hello
+        await context.write(pb.CollectorMessage(welcome=pb.Welcome(collector_version="t")))
+        while isinstance(await context.read(), pb.AgentMessage):
+            pass
+
+    server, port = await stand_in(collector)
+    clock = SystemClock()
+    link = link_to(port, LiveSamples(), clock)
+    handshake = link._handshake
+
+    async def welcomed_as_cancelled(call: object, hello: pb.Hello) -> object:
+        first = await handshake(call, hello)  # type: ignore[arg-type]
+        task.cancel()  # comes in the same turn of the loop as the Welcome
+        return first
+
+    link._handshake = welcomed_as_cancelled  # type: ignore[method-assign]
+    task = asyncio.create_task(link.run())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done, "the link went on after its task was cancelled"
+        assert task.cancelled()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop(None)
+
+
 StandIn = Callable[
     [object, grpc.aio.ServicerContext[pb.AgentMessage, pb.CollectorMessage]], Awaitable[None]
 ]
@@ -130,10 +165,51 @@ def link_to(port: int, live: LiveSamples, clock: SystemClock) -> CollectorLink:
     )
 
 
+class TakenAt(LiveSamples):
+    """Live samples that note when the sender took each value of one series, by its clock.
+
+    A take_all is timed before it reads the clock and a take_changes after, so two notes are
+    at least as far apart as the takes that the pace judged. ``then`` is an update made right
+    after the first take_all, at the same moment on the agent's clock.
+    """
+
+    __slots__ = ("_key", "_now", "taken", "then")
+
+    def __init__(
+        self,
+        key: SampleKey,
+        gauge_interval: float,
+        monotonic: Callable[[], float],
+        then: dict[SampleKey, SampleValue],
+    ) -> None:
+        super().__init__(gauge_interval, monotonic)
+        self._key = key
+        self._now = monotonic
+        self.then = then
+        self.taken: list[tuple[float, SampleValue]] = []
+
+    def take_all(self) -> list[tuple[SampleKey, SampleValue]]:
+        at = self._now()
+        taken = super().take_all()
+        self._note(at, taken)
+        if self.then:
+            self.update(self.then)
+            self.then = {}
+        return taken
+
+    def take_changes(self) -> list[tuple[SampleKey, SampleValue]]:
+        taken = super().take_changes()
+        self._note(self._now(), taken)
+        return taken
+
+    def _note(self, at: float, taken: list[tuple[SampleKey, SampleValue]]) -> None:
+        self.taken += [(at, value) for key, value in taken if key == self._key]
+
+
 async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change():
     """A GPU's temperature that moved once, right after it travelled, is held back by
     gauge_interval; the sender wakes for it when it is due, though nothing else changes."""
-    reports: list[tuple[float, dict[str, float]]] = []
+    reports: list[dict[str, float]] = []
     clock = SystemClock()
 
     async def collector(
@@ -143,26 +219,23 @@ async def test_a_held_gauge_travels_when_its_pace_is_over_without_another_change
         await context.write(pb.CollectorMessage(welcome=pb.Welcome(collector_version="t")))
         while isinstance(msg := await context.read(), pb.AgentMessage):
             if msg.WhichOneof("body") == "report":
-                values = {s.signal: s.int_value or s.real_value for s in msg.report.samples}
-                reports.append((clock.monotonic(), values))
+                reports.append({s.signal: s.int_value or s.real_value for s in msg.report.samples})
 
     server, port = await stand_in(collector)
-    gpu = Target.gpu("GPU-00000000-0000")
-    live = LiveSamples(0.6, clock.monotonic)
-    live.update({(gpu, "temperature_celsius"): 60})
+    key = (Target.gpu("GPU-00000000-0000"), "temperature_celsius")
+    live = TakenAt(key, 0.6, clock.monotonic, then={key: 75})  # moved at once: held
+    live.update({key: 60})
     link = link_to(port, live, clock)
     task = asyncio.create_task(link.run())
     try:
-        await wait_until(lambda: bool(reports), timeout=10, what="the first report")
-        first_at = reports[0][0]
-        live.update({(gpu, "temperature_celsius"): 75})  # moved at once: held
         await wait_until(
-            lambda: any(v.get("temperature_celsius") == 75 for _, v in reports),
-            timeout=5,
+            lambda: any(v.get("temperature_celsius") == 75 for v in reports),
             what="the held temperature",
         )
-        at = next(t for t, v in reports if v.get("temperature_celsius") == 75)
-        assert 0.5 <= at - first_at < 1.5, at - first_at  # at its pace, not the heartbeat's 30 s
+        (first_at, first), (at, held) = live.taken
+        assert (first, held) == (60, 75)
+        # at its pace by the agent's clock, and not at the heartbeat's 30 s
+        assert 0.6 <= at - first_at < link.intervals.heartbeat, at - first_at
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from agent.preflight import executor
 from agent.preflight.runners import Group, PreflightRunners, Rail
 from agent.sim.cluster import SimCluster
 from collector.main import CollectorService
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
     from pathlib import Path
 
+    from agent.sim.devices import SimGpu
     from agent.sim.hardware import SimNode
     from collector.config import CollectorConfig
     from fleetwatch.webhook_receiver import WebhookReceiver
@@ -123,24 +125,65 @@ class Ib:
         return Measurement(Check.IB_WRITE_BW, f"ib:{rail.device}/{rail.port}", self.f.ib, "Gb/s")
 
 
+class UtilRounds:
+    """The executor's utilisation reads while a rung runs, each round of a node's GPUs whole.
+
+    A stand-in rung is over at once where a real one runs minutes. Held for a fixed time, a
+    loaded machine's reader could miss it, or read its GPUs turn busy or idle halfway through a
+    round, whose idle GPUs lowered the mean below the 70 % bar. Here a rung's GPUs turn busy and
+    idle only between two rounds, and stay busy until two rounds read them so.
+    """
+
+    ROUNDS = 2
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._rounds = threading.Condition()
+        self._busy: Counter[str] = Counter()  # rounds that read each GPU (by uuid) busy
+        rounds = self
+
+        class WholeRounds(executor._UtilSampler):
+            def _read(self) -> None:
+                with rounds._rounds:
+                    super()._read()
+                    with self._lock:
+                        last = self._reads[-1]
+                    rounds._busy.update(g.uuid for g in self._gpus if last.get(g.index))
+                    rounds._rounds.notify_all()
+
+        monkeypatch.setattr(executor, "_UtilSampler", WholeRounds)
+
+    def keep_busy(self, gpus: Sequence[SimGpu], percent: int) -> None:
+        """``gpus`` at ``percent`` until the executor read them so, then idle."""
+        with self._rounds:
+            for gpu in gpus:
+                gpu.util_gpu = percent
+            wanted = {g.uuid: self._busy[g.uuid] + self.ROUNDS for g in gpus}
+            self._rounds.wait_for(
+                lambda: all(self._busy[uuid] >= n for uuid, n in wanted.items()),
+                30,  # never read: the rung's utilisation fails, and says so
+            )
+            for gpu in gpus:
+                gpu.util_gpu = 0
+
+
 class Ladder:
     """A training step keeps the node's (simulated) GPUs busy while it runs."""
 
-    def __init__(self, f: Fixed, node: SimNode) -> None:
+    def __init__(self, f: Fixed, node: SimNode, rounds: UtilRounds) -> None:
         self.f = f
         self.node = node
+        self.rounds = rounds
 
     def run(self, group: Group, steps: int) -> Measurement:  # noqa: ARG002
-        for gpu in self.node.gpus:
-            gpu.util_gpu = 96
-        time.sleep(1.5)  # the executor reads utilisation every second while a rung runs
-        for gpu in self.node.gpus:
-            gpu.util_gpu = 0
+        # the executor reads utilisation on a real-time period while a rung runs
+        self.rounds.keep_busy(self.node.gpus, 96)
         thr = self.f.per_node * len(group.nodes)
         return Measurement(Check.LADDER_THROUGHPUT, f"nodes:{len(group.nodes)}", thr, "samples/s")
 
 
-def runners_of(figures: dict[str, Fixed]) -> Callable[[str, SimNode], PreflightRunners]:
+def runners_of(
+    figures: dict[str, Fixed], rounds: UtilRounds
+) -> Callable[[str, SimNode], PreflightRunners]:
     def make(name: str, node: SimNode) -> PreflightRunners:
         f = figures.setdefault(name, Fixed())
         return PreflightRunners(
@@ -148,7 +191,7 @@ def runners_of(figures: dict[str, Fixed]) -> Callable[[str, SimNode], PreflightR
             host=Host(f),
             collective=Coll(f, figures),
             ib=Ib(f),
-            ladder=Ladder(f, node),
+            ladder=Ladder(f, node, rounds),
         )
 
     return make
@@ -164,7 +207,10 @@ class Bed:
 
 @pytest.fixture
 async def bed(
-    collector_config: Callable[..., CollectorConfig], receiver: WebhookReceiver, tmp_path: Path
+    collector_config: Callable[..., CollectorConfig],
+    receiver: WebhookReceiver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Bed]:
     config = collector_config(actions=actions(receiver, tmp_path), rules_interval=0.1)
     service = CollectorService(config, SystemClock())
@@ -179,13 +225,14 @@ async def bed(
         f"127.0.0.1:{service.grpc_port}",
         poll_interval=0.1,
         heartbeat_interval=0.3,
-        preflight=runners_of(figures),
+        preflight=runners_of(figures, UtilRounds(monkeypatch)),
     )
     cluster.start()
     try:
+        # welcomed: the collector's end of each stream took the Hello, tasks may go out
         await wait_until(
-            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
-            what="agents connected",
+            lambda: all(a.link.connected for a in cluster.agents.values()),
+            what="agents welcomed",
         )
         yield Bed(service, cluster, figures, receiver)
     finally:

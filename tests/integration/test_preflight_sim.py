@@ -7,25 +7,29 @@ simulated hardware, so what is found is what the planted faults did to the hardw
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from agent.preflight import executor
 from agent.sim.cluster import SimCluster
-from agent.sim.preflight import SimFabric
+from agent.sim.preflight import MEET_WAIT_S, SimFabric
 from agent.sim.scenario import Fault, FaultKind, apply_fault
 from collector.main import CollectorService
 from collector.preflight.plan import PlanTimes
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.preflight import UTIL_HOLD_S, address_by_name
+from fleetwatch.demo.preflight import address_by_name
 from fleetwatch.preflight.vocabulary import Level
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions, kinds
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
+    from agent.sim.devices import SimGpu
     from collector.config import CollectorConfig
     from fleetwatch.webhook_receiver import WebhookReceiver
 
@@ -41,11 +45,57 @@ PLANTED = [
     Fault(0.0, "gpu-05", FaultKind.BAD_CABLE, {"peer": "gpu-06", "port": 6, "factor": 0.4}),
 ]
 
+# Rounds of the executor's utilisation reads that see a rung's GPUs busy before it ends.
+BUSY_ROUNDS = 2
+
+
+class ReadFabric(SimFabric):
+    """The simulator's fabric, its ladder rungs held busy for the agents' utilisation reads.
+
+    A simulated rung answers at once where a real one runs minutes. Held for a fixed time (the
+    demo's UTIL_HOLD_S), a loaded machine's reader could miss it, or read its GPUs turn busy or
+    idle halfway through a round of reads: the idle GPUs of that round lowered the mean, and a
+    healthy node's gpu_utilisation (83-95 %) fell below the 70 % bar. Here each round of reads
+    is taken whole, a rung's GPUs turn busy and idle only between two rounds, and stay busy
+    until BUSY_ROUNDS rounds read them so.
+    """
+
+    def __init__(self, *, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__({}, seed=seed)
+        self._rounds = threading.Condition()
+        self._busy: Counter[str] = Counter()  # rounds that read each GPU (by uuid) busy
+        fabric = self
+
+        class WholeRounds(executor._UtilSampler):
+            def _read(self) -> None:
+                with fabric._rounds:
+                    super()._read()
+                    with self._lock:
+                        last = self._reads[-1]
+                    fabric._busy.update(g.uuid for g in self._gpus if last.get(g.index))
+                    fabric._rounds.notify_all()
+
+        monkeypatch.setattr(executor, "_UtilSampler", WholeRounds)
+
+    def keep_busy(self, busy: Sequence[tuple[SimGpu, int]], *, hold: bool) -> None:
+        with self._rounds:
+            for gpu, percent in busy:
+                gpu.util_gpu = percent
+            wanted = {g.uuid: self._busy[g.uuid] + BUSY_ROUNDS for g, percent in busy if percent}
+            if hold:
+                self._rounds.wait_for(
+                    lambda: all(self._busy[uuid] >= n for uuid, n in wanted.items()),
+                    MEET_WAIT_S,  # never read: the rung's utilisation fails, and says so
+                )
+            for gpu, _ in busy:
+                gpu.util_gpu = 0
+
 
 async def test_planted_problems_are_named_and_only_their_nodes_fail(
     collector_config: Callable[..., CollectorConfig],
     receiver: WebhookReceiver,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A slow GPU pair, another driver, an IB port at half rate, a bad cable: each is named
     (pair, node, port, cable), the three nodes with a fault of their own fail, the cable's ends
@@ -54,7 +104,7 @@ async def test_planted_problems_are_named_and_only_their_nodes_fail(
     service = CollectorService(config, SystemClock())
     service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=20, ib_s=20, ladder_s=20)
     await service.start()
-    fabric = SimFabric({}, seed=7, util_hold_s=UTIL_HOLD_S)
+    fabric = ReadFabric(seed=7, monkeypatch=monkeypatch)
     cluster = SimCluster(
         NODES,
         tmp_path / "nodes",
@@ -68,9 +118,10 @@ async def test_planted_problems_are_named_and_only_their_nodes_fail(
         apply_fault(fault, cluster.nodes[fault.node])
     cluster.start()
     try:
+        # welcomed: the collector's end of each stream took the Hello, tasks may go out
         await wait_until(
-            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
-            what="agents connected",
+            lambda: all(a.link.connected for a in cluster.agents.values()),
+            what="agents welcomed",
         )
         plan = service.preflight.plan(Level.FULL, "gpu-[01-06]")
         address_by_name(plan)  # every agent here is 127.0.0.1 to the collector
@@ -105,6 +156,7 @@ async def test_a_slow_gpu_is_named_by_the_one_node_rung_and_only_its_node_fails(
     collector_config: Callable[..., CollectorConfig],
     receiver: WebhookReceiver,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """GPU 6 of gpu-05 computes 1.5 times slower, which no counter shows and no all-reduce
     feels. Every node runs the one-node ladder rung at once; gpu-05's throughput is far below
@@ -115,7 +167,7 @@ async def test_a_slow_gpu_is_named_by_the_one_node_rung_and_only_its_node_fails(
     service = CollectorService(config, SystemClock())
     service.preflight.times = PlanTimes(quick_s=20, node_bandwidth_s=20, ib_s=20, ladder_s=20)
     await service.start()
-    fabric = SimFabric({}, seed=11, util_hold_s=UTIL_HOLD_S)
+    fabric = ReadFabric(seed=11, monkeypatch=monkeypatch)
     cluster = SimCluster(
         NODES,
         tmp_path / "nodes",
@@ -131,9 +183,10 @@ async def test_a_slow_gpu_is_named_by_the_one_node_rung_and_only_its_node_fails(
     )
     cluster.start()
     try:
+        # welcomed: the collector's end of each stream took the Hello, tasks may go out
         await wait_until(
-            lambda: sum(n.connected for n in service.fleet.snapshot().values()) == len(NODES),
-            what="agents connected",
+            lambda: all(a.link.connected for a in cluster.agents.values()),
+            what="agents welcomed",
         )
         plan = service.preflight.plan(Level.FULL, "gpu-[01-06]")
         address_by_name(plan)

@@ -16,7 +16,7 @@ from collector.actions.safety import SafetyConfig
 from collector.commands import CommandBroker
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
@@ -121,7 +121,8 @@ class TestResetGpu:
                 assert waiting[:2] == ("reset_gpu", "deferred")
                 assert service.dispatcher.status()["drains_waiting"] == 0  # a reset, not a drain
                 assert "GPU 5 is busy: 2 compute processes (4242, 4243)" in waiting[2]
-                await asyncio.sleep(0.5)  # asked again, still busy: still waiting
+                # asked again, still busy: still waiting
+                await wait_for_more(lambda: service.dispatcher.deferred, 2, what="asked again")
                 assert node.gpus[5].resets == 0
                 # a retry leaves the list while the agent is asked (CI once looked just then)
                 await wait_until(
@@ -158,7 +159,7 @@ class TestResetGpu:
                 node.gpus[1].processes = [77]
                 node.nvlink_down(1, 4)
                 await wait_until(lambda: len(hooks.deliveries()) == 1, what="drain")
-                await asyncio.sleep(0.5)
+                await wait_for_more(lambda: service.dispatcher.deferred, 2, what="asked again")
                 assert node.gpus[1].resets == 0  # the job still runs there
                 node.gpus[1].processes = []
                 await wait_until(lambda: node.gpus[1].resets == 1, what="reset")
