@@ -1,7 +1,10 @@
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agent.config import AgentConfig
+from agent.exceptions import NoDriverError
 from agent.main import build_agent
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode
@@ -25,6 +28,19 @@ async def test_agent_retries_until_nvml_starts(tmp_path: Path):
     hardware.nvml.driver_loaded = True
     await asyncio.wait_for(start, 5)
     assert [gpu.index for gpu in agent.sampler.inventory.gpus] == [0, 1]
+
+
+async def test_a_node_without_nvml_library_stops_the_agent_at_once(tmp_path: Path):
+    """No libnvidia-ml at all: no backoff and retry (nothing will install it), one clear error."""
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=2, nvlinks=2, ib_ports=1)
+    hardware = sim_hardware(node)
+    assert isinstance(hardware.nvml, SimNvmlLibrary)
+    hardware.nvml.library_installed = False
+    agent = build_agent(AgentConfig(node="node-a", state_dir=None), hardware, clock)
+    with pytest.raises(NoDriverError, match=r"no NVIDIA driver found .* use --simulate"):
+        await asyncio.wait_for(agent.start(), 10)
+    assert clock.monotonic() == 0  # not a moment of backoff
 
 
 async def test_poll_numbers_events_into_the_outbox(tmp_path: Path):
