@@ -10,11 +10,19 @@ from dataclasses import dataclass, field
 from typing import Self
 
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# The kernel's time for each datagram, as it queued it (Linux's SO_TIMESTAMPNS, which Python's
+# socket module does not name; this value on x86-64 and arm64): a struct timespec.
+_SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
 
 
 @dataclass(frozen=True, slots=True)
 class Notification:
-    """One datagram: its KEY=VALUE lines, and the sender's pid as the kernel vouches for it."""
+    """One datagram: its KEY=VALUE lines, and the sender's pid as the kernel vouches for it.
+
+    ``at`` is when it was sent (the kernel queued it), on the monotonic clock: not when it was
+    read, which on a loaded machine may come late for one and on time for the next.
+    """
 
     lines: tuple[str, ...]
     pid: int
@@ -34,6 +42,7 @@ class NotifySocket:
         self.address = address
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         self.sock.bind("\0" + address[1:] if address.startswith("@") else address)
         self.sock.setblocking(False)
         self.received: list[Notification] = []
@@ -47,21 +56,25 @@ class NotifySocket:
     def drain(self) -> list[Notification]:
         """Take every datagram waiting now; return the new ones."""
         new = []
+        room = socket.CMSG_SPACE(_CREDS.size) + socket.CMSG_SPACE(_TIMESPEC.size)
         while True:
             try:
-                data, ancdata, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(_CREDS.size))
+                data, ancdata, _, _ = self.sock.recvmsg(4096, room)
             except BlockingIOError:
                 break
-            pid = 0
+            pid, at = 0, time.monotonic()
             for level, kind, payload in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     pid = _CREDS.unpack(payload[: _CREDS.size])[0]
-            new.append(Notification(tuple(data.decode().split("\n")), pid))
+                elif level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack(payload[: _TIMESPEC.size])
+                    at -= time.time() - (sec + nsec / 1e9)  # the wall clock's age, moved over
+            new.append(Notification(tuple(data.decode().split("\n")), pid, at))
         self.received.extend(new)
         return new
 
     def with_line(self, line: str, after: float = 0.0) -> list[Notification]:
-        """Every message so far that carries ``line`` (received after monotonic ``after``)."""
+        """Every message so far that carries ``line`` (sent after monotonic ``after``)."""
         self.drain()
         return [n for n in self.received if line in n.lines and n.at > after]
 

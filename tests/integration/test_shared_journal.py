@@ -8,13 +8,14 @@ collectors' drains and notifications go to.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from agent.sim.cluster import SimCluster
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from tests.integration.fleet_harness import actions, api, start
 
 if TYPE_CHECKING:
@@ -35,6 +36,16 @@ def drains(receiver: WebhookReceiver) -> list[str]:
         for d in receiver.deliveries()
         if d.body["kind"] == "drain_request"
     ]
+
+
+async def more_ticks(services: list[CollectorService], more: int) -> None:
+    """Wait until each of ``services`` ran ``more`` rule ticks from now."""
+    for service in services:
+        await wait_for_more(
+            functools.partial(getattr, service.incidents, "ticks"),
+            more,
+            what=f"{service.peers.name} ticks",
+        )
 
 
 def on_shared(
@@ -83,7 +94,7 @@ class TestOneFleet:
             await wait_until(lambda: drains(receiver) == ["node-1"], what="node-1 drained")
             n34.nodes["node-3"].xid(0, 79)
             await wait_until(lambda: len(c2.dispatcher.waiting) == 1, what="node-3 waits")
-            await asyncio.sleep(0.5)
+            await more_ticks([c1, c2], 5)  # each settles what waits: none may drain node-3
             assert drains(receiver) == ["node-1"]
             for service in (c1, c2):
                 status, rows = api(service, "GET", "/api/v1/actions?limit=50")
@@ -143,7 +154,10 @@ class TestNodeThatMoved:
             assert "node-1" not in c2.dispatcher.drained
             await n12.stop()
             await c1.stop(grace=None)
-            moved = SimCluster(
+            # Built off the loop: writing a node's simulated sysfs tree takes a second or more on
+            # a loaded machine, long enough for c2 to find node-3 and node-4 silent.
+            moved = await asyncio.to_thread(
+                SimCluster,
                 ["node-1"],
                 tmp_path / "moved",
                 SystemClock(),
@@ -168,7 +182,7 @@ class TestNodeThatMoved:
             assert second.incident_id.startswith("gpu_lost:node-1/gpu/1:")
             assert second.state == "skipped"
             assert second.detail == f"node-1 is already drained by {first.incident_id}"
-            await asyncio.sleep(0.3)
+            await more_ticks([c2], 5)  # later ticks must not drain node-1 again
             assert drains(receiver) == ["node-1"]
         finally:
             if moved is not None:

@@ -1,7 +1,9 @@
 """A real collector and eight simulated agents over gRPC on loopback."""
 
 import asyncio
+import functools
 import json
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -15,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.cluster import SimCluster
 from collector.main import CollectorService
+from collector.model.state import NodeState
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -70,10 +73,19 @@ def get_json(collector: CollectorService, path: str) -> object:
         return json.loads(resp.read())
 
 
+async def more_polls(cluster: SimCluster, more: int) -> None:
+    """Wait until every running agent of ``cluster`` polled ``more`` times from now."""
+    for name, agent in cluster.agents.items():
+        if cluster.running(name):
+            await wait_for_more(
+                functools.partial(getattr, agent, "polls"), more, what=f"{name}'s polls"
+            )
+
+
 async def settle(collector: CollectorService, cluster: SimCluster, expected: int) -> None:
     await wait_until(lambda: collector.reader.count() >= expected, what=f"{expected} events")
     await wait_until(lambda: cluster.unacked() == 0, what="every event acked")
-    await asyncio.sleep(0.3)  # a few more polls: nothing further may appear
+    await more_polls(cluster, 6)  # a few more polls: nothing further may appear
 
 
 class TestEndToEnd:
@@ -201,7 +213,11 @@ class TestEndToEnd:
             "node_unreachable",
         ]
         assert scrape(collector)["fleetwatch_node_up", (("node", "node-8"),)] == 0.0
-        again = SimCluster(
+        # Built off the loop: a node's simulated sysfs tree takes a second or more to write on
+        # a loaded machine, and a loop held that long leaves the other nodes' heartbeats unread
+        # past the collector's silence limit (1.5 s here): they would turn unreachable.
+        again = await asyncio.to_thread(
+            SimCluster,
             ["node-8"],
             tmp_path / "again",
             SystemClock(),
@@ -213,7 +229,9 @@ class TestEndToEnd:
         try:
             await wait_until(lambda: collector.fleet.snapshot()["node-8"].reachable, what="back")
             again.nodes["node-8"].xid(1, 31)
-            await wait_until(lambda: collector.reader.count() >= 4, what="new event")
+            await wait_until(
+                lambda: len(collector.reader.events(node="node-8")) >= 4, what="new event"
+            )
             rows = collector.reader.events(node="node-8")
             assert [(r.kind, r.seq) for r in rows] == [
                 ("xid", 1),
@@ -463,18 +481,38 @@ class TestHealth:
         assert server["grpc.keepalive_permit_without_calls"] == 1
 
 
+def ib_rates_in(node: NodeState) -> bool:
+    """Whether every IB port of ``node`` has a rate (sent from the second counter read on)."""
+    return bool(node.ports) and all(
+        any(signal.endswith("_per_second") for signal in port.signals)
+        for port in node.ports.values()
+    )
+
+
 class TestChangesOnly:
     async def test_idle_agents_send_heartbeats_but_no_samples(self, collector, cluster):
         """After the first full report, a quiet node costs heartbeats only; one change costs one
         sample."""
         await wait_until(lambda: collector.stats.reports >= 8, what="first reports")
-        await asyncio.sleep(1.5)  # a second read of the sysfs counters adds their rates
+        # A second read of the sysfs counters (a counter interval later) adds their rates.
+        await wait_until(
+            lambda: (
+                len(collector.fleet.view()) == 8
+                and all(ib_rates_in(node) for node in collector.fleet.view().values())
+            ),
+            what="the rates of every IB port",
+        )
         samples, reports = collector.stats.samples, collector.stats.reports
         assert samples >= 8 * (8 * 18 + 8)  # at least every NVLink and GPU of every node
-        await asyncio.sleep(1.0)  # 20 polls; the collector asked for a heartbeat every 0.5 s
+        began = time.monotonic()
+        await more_polls(cluster, 20)  # at least a second: 20 poll intervals of 0.05 s
+        # The collector asked for a heartbeat every 0.5 s: at least one from each node by now.
+        await wait_until(lambda: collector.stats.reports >= reports + 8, what="heartbeats")
+        elapsed = time.monotonic() - began
         assert collector.stats.samples == samples
-        assert reports + 8 <= collector.stats.reports <= reports + 8 * 4
+        # Heartbeats only, however long the polls took: about one per node each 0.5 s.
+        assert collector.stats.reports <= reports + 8 * (2 + elapsed / 0.5)
         cluster.nodes["node-2"].nvlink_errors(4, 9, replay=3, recovery=0, crc=0)
         await wait_until(lambda: collector.stats.samples > samples, what="the change")
-        await asyncio.sleep(0.3)
+        await more_polls(cluster, 6)  # nothing else changed: no other sample may come
         assert collector.stats.samples == samples + 1

@@ -20,7 +20,7 @@ from collector.exceptions import ConfigError
 from collector.main import CollectorService
 from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from tests.tls_pki import Pki, make_pki
@@ -162,7 +162,13 @@ class TestMutualTls:
                 err.details() or ""
             )
             assert rejected(collector) == {"identity": 1.0}
-            await asyncio.sleep(0.3)
+            # node-1's stream goes on: a message read on it after the impostor's, polls later.
+            heard = collector.fleet.snapshot()["node-1"].last_seen_mono
+            await wait_until(
+                lambda: collector.fleet.snapshot()["node-1"].last_seen_mono > heard,
+                what="node-1 heard from again",
+            )
+            await wait_for_more(lambda: agent.polls, 6, what="the agent's polls")
             assert agent.link.connections == 1  # never superseded by the impostor
             assert collector.fleet.snapshot()["node-1"].connected
 

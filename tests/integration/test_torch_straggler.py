@@ -95,19 +95,17 @@ async def _run_job(service: CollectorService, cluster: SimCluster, tmp_path: Pat
             timeout=10,
             what="a straggler incident on node-3 GPU 0",
         )
+        # Only node-3: the ranks report their compute as CPU time (tests/jobs/torch_job.py), so
+        # a rank the scheduler of a loaded machine holds back is not named as well.
         stragglers = [t for r, t in seen if r == "gpu_straggler"]
-        # node-3 is named first. On a 2-core machine that runs the collector, the agents and
-        # four torch ranks at once, the scheduler can hold another rank back long enough to be
-        # named as well; the slowed rank must never be missed or named after it.
-        assert stragglers[0] == "node-3/gpu/0", stragglers
-        assert len(stragglers) <= 2, stragglers
+        assert stragglers == ["node-3/gpu/0"], stragglers
         _, job = api(service, "GET", "/api/v1/jobs/torch-gloo")
         assert job["ranks"] == len(NODES)
         assert job["step"] >= STEPS - 5
         placed = {r["rank"]: r["node"] for r in job["rank_detail"]}
         assert placed == dict(enumerate(NODES))
         slow = next(r for r in job["rank_detail"] if r["rank"] == SLOW_RANK)
-        assert slow["compute_ratio"] > 1.1  # above the straggler margin (CPU sharing blurs 1.6x)
+        assert slow["compute_ratio"] > 1.3, slow  # 1.6x, far above the straggler margin
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

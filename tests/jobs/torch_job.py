@@ -11,6 +11,12 @@ reported with :func:`fleetwatch.jobclient.report_step` to the Unix datagram sock
 ``compute_time`` is forward + backward only, ``step_time`` the whole step, all-reduce included.
 The rank ``--slow-rank`` stretches its compute phase to about ``--slow-factor`` times its real
 compute time, so that it is the job's straggler while every rank's step time stays the same.
+
+``compute_time`` is the rank's own work, the CPU time of its forward + backward (what a GPU's busy
+time is on a real node), not the wall time: with more ranks than cores, the wall time measures how
+the scheduler shared the cores out (a rank left waiting for a core looks as slow as the straggler,
+or the straggler as fast as the others), which a loaded machine changes from run to run. The slowed
+rank's extra time, a sleep, is wall time and counts in full.
 """
 
 from __future__ import annotations
@@ -98,15 +104,18 @@ def train(args: argparse.Namespace, checkpoint_dir: Path) -> None:
     slow = args.slow_factor if args.rank == args.slow_rank else 1.0
     for step in range(1, args.steps + 1):
         started = time.perf_counter()
+        busy = time.thread_time()  # torch computes on this thread (one thread, on the CPU)
         optimizer.zero_grad(set_to_none=True)
         for _ in range(MICROBATCHES):
             inputs = torch.randn(tokens, FEATURES, generator=data)
             targets = torch.randn(tokens, FEATURES, generator=data)
             loss = loss_fn(model(inputs), targets) / MICROBATCHES
             loss.backward()
-        if slow > 1:
-            time.sleep((time.perf_counter() - started) * (slow - 1))
-        compute_time = time.perf_counter() - started
+        compute_time = time.thread_time() - busy
+        if slow > 1:  # a slower device: the same work takes `slow` times as long
+            slept = time.perf_counter()
+            time.sleep(compute_time * (slow - 1))
+            compute_time += time.perf_counter() - slept
         all_reduce_gradients(model, args.world_size)
         optimizer.step()
         step_time = time.perf_counter() - started

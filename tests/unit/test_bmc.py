@@ -14,6 +14,7 @@ from agent.sources.bmc import BmcError, SelEntry, Severity, new_entries
 from agent.sources.bmc_redfish import RedfishBmc, parse_fan, parse_psu, parse_sel_entry
 from agent.sources.sel_cursor import SelCursor
 from fleetwatch.model import EventKind, Target
+from fleetwatch.testing import wait_until
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -173,11 +174,11 @@ class TestHangs:
         bmc.set_hang(hang=True)
         ticks = 0
 
-        async def tick() -> None:
+        async def tick() -> None:  # counts the loop's turns: thousands while it is free
             nonlocal ticks
             while True:
                 ticks += 1
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
 
         ticker = asyncio.create_task(tick())
         hung = await p.poll(2)
@@ -188,7 +189,7 @@ class TestHangs:
         assert hung.samples[NODE, "agent_bmc_hung"] == 1
         assert skipped.samples[NODE, "agent_source_errors_bmc"] == 2
         bmc.set_hang(hang=False)
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: not p.hung, what="the stuck read returned")
         back = await p.poll(4)
         assert back.samples[NODE, "bmc_up"] == 1
         assert back.samples[NODE, "agent_bmc_hung"] == 0

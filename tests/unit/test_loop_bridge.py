@@ -10,6 +10,7 @@ import pytest
 
 from collector.api.incidents import LoopBusyError
 from collector.incidents.service import DrainDesk
+from fleetwatch.testing import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -20,19 +21,28 @@ if TYPE_CHECKING:
 class Desk:
     """What DrainDesk asks of the dispatcher, counting the calls that ran on the loop."""
 
-    def __init__(self, release_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.reads = 0
         self.releases: list[str] = []
-        self.release_s = release_s
+        self.go = threading.Event()  # cleared: a release is held until the test sets it
+        self.go.set()
 
     def drains(self) -> dict[str, Any]:
         self.reads += 1
         return {"drained": []}
 
     async def release(self, node: str, _reason: str) -> bool:
-        await asyncio.sleep(self.release_s)
+        await asyncio.sleep(0)
+        while not self.go.is_set():  # a slow release, as long as the test wants
+            await asyncio.sleep(0.01)
         self.releases.append(node)
         return True
+
+
+async def turns(count: int) -> None:
+    """Give the loop ``count`` turns: work queued before this runs to its end meanwhile."""
+    for _ in range(count):
+        await asyncio.sleep(0)
 
 
 @pytest.fixture
@@ -68,20 +78,25 @@ class TestLoopBridge:
         with pytest.raises(LoopBusyError):
             desk.drains()
         free.set()
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result(timeout=10)
+        # Queued before these turns, the work (a turn, or two for a release) would run in them.
+        asyncio.run_coroutine_threadsafe(turns(5), loop).result(timeout=10)
         assert (dispatcher.releases, dispatcher.reads) == ([], 0)
 
     def test_work_that_began_is_said_to_be_under_way(self, loop):
         """A release that began but outlasts the wait: LoopBusyError says it may still take
         effect, and it does. (What the loop answers in time is returned as ever.)"""
-        dispatcher = Desk(release_s=0.3)
-        desk = desk_on(loop, dispatcher, wait_s=0.05)
+        dispatcher = Desk()
+        dispatcher.go.clear()  # the release outlasts any wait, until let go below
+        # A wait the idle loop answers (and begins the release) within on a loaded machine.
+        desk = desk_on(loop, dispatcher, wait_s=1.0)
         assert desk.drains() == {"drained": []}
         with pytest.raises(LoopBusyError, match="may still take effect") as caught:
             desk.release("node-1", "fixed")
         assert caught.value.started is True
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.5), loop).result(timeout=10)
-        assert dispatcher.releases == ["node-1"]
+        assert dispatcher.releases == []
+        dispatcher.go.set()
+        released = wait_until(lambda: dispatcher.releases == ["node-1"], what="the release")
+        asyncio.run_coroutine_threadsafe(released, loop).result(timeout=30)
 
     def test_a_closed_loop_is_busy_not_a_crash(self):
         loop = asyncio.new_event_loop()

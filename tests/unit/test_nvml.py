@@ -1,5 +1,4 @@
 import asyncio
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -15,7 +14,7 @@ from agent.sources.nvml_events import NvmlEventWatcher
 from agent.sources.sysfs import SysfsReader
 from fleetwatch.clock import SystemClock
 from fleetwatch.model import EventKind, Target
-from fleetwatch.testing import FakeClock, wait_until
+from fleetwatch.testing import FakeClock, wait_for_more, wait_until
 from rules.xid_catalog import load_catalog
 
 T = TypeVar("T")
@@ -25,6 +24,19 @@ def gather(into: list[T], items: Iterable[T]) -> bool:
     """Add ``items`` to ``into``; report whether anything has been gathered yet."""
     into.extend(items)
     return bool(into)
+
+
+class Notes:
+    """A waker that counts its notes (an NVML event queued) for the test to wait on."""
+
+    def __init__(self) -> None:
+        self.notes = 0
+
+    def notify(self) -> None:
+        self.notes += 1
+
+    def watch_fd(self, fd: int) -> None:
+        pass
 
 
 @pytest.fixture
@@ -131,9 +143,8 @@ class TestEventWatcher:
                 timeout=5,
             )
             assert got == [(gpus[1].uuid, 48)]
-            waits = watcher.waits
-            await asyncio.sleep(0.2)
-            assert watcher.waits > waits  # timeouts keep the thread looping, not failing
+            # Timeouts keep the thread looping, not failing: it waits again, twice more.
+            await wait_for_more(lambda: watcher.waits, 2, timeout=5, what="more waits")
             assert watcher.errors == 0
         finally:
             watcher.stop()
@@ -146,9 +157,11 @@ class TestEventWatcher:
         gpu = src.identify(0)
         watcher = NvmlEventWatcher(node.nvml, SystemClock(), timeout_ms=100)
         assert watcher.start({gpu.uuid: src.handle(0)})
-        began = time.monotonic()
         watcher.stop()
-        assert time.monotonic() - began < 1.0
+        # Ended, not left behind: stop gives up on a thread still waiting after 1 s (then
+        # it keeps the event set); a thread in a 100 ms wait is long gone by then.
+        assert not watcher.running
+        assert node.nvml.event_sets == []
 
     def test_unavailable_events_say_so_and_return_false(self, node: SimNode):
         """A GPU that cannot register events leaves the watcher off, not the agent down."""
@@ -198,6 +211,8 @@ class TestSamplerWithNvmlEvents:
         """With kmsg and NVML events both on, an Xid makes exactly one event."""
         node = SimNode("node-b", tmp_path / "sys", SystemClock(), gpus=2, nvlinks=2, ib_ports=1)
         watcher = NvmlEventWatcher(node.nvml, SystemClock(), timeout_ms=50)
+        queued = Notes()
+        watcher.watch(queued)
         sampler = Sampler(
             nvml=NvmlSource(node.nvml),
             sysfs=SysfsReader(node.sysfs.root),
@@ -211,7 +226,7 @@ class TestSamplerWithNvmlEvents:
         try:
             await sampler.poll()
             node.xid(0, 31)
-            await asyncio.sleep(0.2)
+            await wait_until(lambda: queued.notes > 0, timeout=5, what="NVML's Xid queued")
             events = (await sampler.poll()).events + (await sampler.poll()).events
             assert [(e.kind, e.xid, e.target) for e in events] == [
                 (EventKind.XID, 31, Target.gpu(node.gpus[0].uuid)),

@@ -2,8 +2,8 @@
 
 import asyncio
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -119,25 +119,42 @@ class TestNvmlGuard:
         went on polling, and the agent could not stop): whatever the loop did with the answer
         before the cancellation, a cancel of an unfinished call is honoured."""
         guard = NvmlGuard(600)
-        for steps in range(5):  # loop iterations between the answer and the cancellation
-            working, answer = threading.Event(), threading.Event()
+        loop = asyncio.get_running_loop()
+        queued = threading.Event()  # set once a thread queued a callback on the loop
+        call_soon_threadsafe = loop.call_soon_threadsafe
 
-            def work(working: threading.Event = working, answer: threading.Event = answer) -> bool:
-                working.set()
-                return answer.wait()
+        def noted(*args: Any, **kwargs: Any) -> asyncio.Handle:
+            handle = call_soon_threadsafe(*args, **kwargs)
+            queued.set()
+            return handle
 
-            call = asyncio.create_task(guard.call("answer", work))
-            await wait_until(working.is_set, what="the work to start")
-            answer.set()
-            time.sleep(0.05)  # holding the loop: the worker returns and queues its wake-up
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            if call.cancel():
-                with pytest.raises(asyncio.CancelledError):
-                    await call
-            else:
-                assert await call
-        guard.close()
+        loop.call_soon_threadsafe = noted  # type: ignore[method-assign,assignment]
+        try:
+            for steps in range(5):  # loop iterations between the answer and the cancellation
+                working, answer = threading.Event(), threading.Event()
+
+                def work(
+                    working: threading.Event = working, answer: threading.Event = answer
+                ) -> bool:
+                    working.set()
+                    return answer.wait()
+
+                call = asyncio.create_task(guard.call("answer", work))
+                await wait_until(working.is_set, what="the work to start")
+                queued.clear()
+                answer.set()
+                # Holding the loop until the worker has returned and queued its wake-up.
+                assert queued.wait(timeout=30), "the worker did not wake the loop"
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                if call.cancel():
+                    with pytest.raises(asyncio.CancelledError):
+                        await call
+                else:
+                    assert await call
+        finally:
+            loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+            guard.close()
 
     async def test_an_awaited_call_gives_its_value_or_its_error(self):
         """What the work returns comes back; what it raises is raised to the awaiting task."""

@@ -346,7 +346,8 @@ class TestSettle:
         task = asyncio.ensure_future(write())
         registry.track_write("n1", task)
         settling = asyncio.ensure_future(registry.settle("n1"))
-        await asyncio.sleep(0.01)
+        for _ in range(5):  # turns enough for settle() to return, were it not waiting
+            await asyncio.sleep(0)
         assert not settling.done()
         gate.set_result(None)
         await asyncio.wait_for(settling, 1)
