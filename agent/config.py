@@ -12,6 +12,7 @@ from agent.budget import DEFAULT_MAX_BYTES
 from agent.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
 from agent.exceptions import ConfigError
 from agent.job_claims import MAX_JOBS_PER_UID as DEFAULT_JOBS_PER_UID
+from agent.job_claims import MAX_RANKS_PER_OWNER as DEFAULT_RANKS_PER_UID
 from agent.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
 from fleetwatch.config_file import (
     check_log_level,
@@ -67,6 +68,9 @@ class AgentConfig:
     # Job ids one uid may report for at once on this node outside Slurm jobs and pods (the node
     # takes 4 times this from all of them); docs/jobs.md.
     jobs_per_uid: int = DEFAULT_JOBS_PER_UID
+    # Ranks one uid (its pods together, or one Slurm job) may report for at once on this node
+    # (the node takes 4 times this from all of them).
+    ranks_per_uid: int = DEFAULT_RANKS_PER_UID
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
@@ -83,9 +87,10 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""
-        check_number(
-            self.jobs_per_uid, "jobs_per_uid", ConfigError, minimum=1, inclusive=True, integer=True
-        )
+        for key in ("jobs_per_uid", "ranks_per_uid"):
+            check_number(
+                getattr(self, key), key, ConfigError, minimum=1, inclusive=True, integer=True
+            )
         for key in (
             "poll_interval",
             "heartbeat_interval",

@@ -12,8 +12,10 @@ The first owner to report a job id holds it on this node while any of its proces
 reported lives; reports from any other owner are refused (``job_owned``). Beyond Slurm jobs,
 which Slurm admits, a uid outside pods holds at most ``per_uid`` job ids on the node, a pod
 ``MAX_JOBS_PER_POD``, and all of them together ``per_node``, so that made-up ids cannot fill
-the collector's job table or its /metrics. Claims whose processes are all gone are freed when a
-bound is met.
+the collector's job table or its /metrics. Each owner also reports at most ``ranks_per_owner``
+ranks at once on the node (a rank costs the collector two or three series), and all owners
+together ``NODE_SHARES`` times that. Claims whose processes are all gone, and ranks whose last
+sender is gone, are freed when a bound is met.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ log = structlog.get_logger("agent.jobs")
 # (the agent's ``jobs_per_uid``), per pod, and all together (4 x jobs_per_uid). Each job costs
 # about 15 series in the collector's /metrics; see docs/jobs.md for the budget these keep.
 MAX_JOBS_PER_UID: Final = 3
+# Ranks one owner (a uid, a uid's pods, a Slurm job) reports for at once on the node: a node of 8
+# GPUs runs 8 ranks of a job, so this is two such jobs (the agent's ``ranks_per_uid``).
+MAX_RANKS_PER_OWNER: Final = 16
 MAX_JOBS_PER_POD: Final = 2
 NODE_SHARES: Final = 4
 MAX_CLAIMS: Final = 256  # Slurm jobs included: claims whose processes are gone leave first
@@ -74,6 +79,8 @@ class _Claim:
     pod: str  # the pod that claimed it ("" outside pods)
     # (pid, start ticks) of the processes that reported for it, newest last
     processes: dict[tuple[int, int], None] = field(default_factory=dict)
+    # the ranks it reports on this node: rank -> (pid, start ticks) of its latest sender
+    ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def saw(self, pid: int, start: int) -> None:
         key = (pid, start)
@@ -92,13 +99,16 @@ class JobClaims:
         *,
         per_uid: int = MAX_JOBS_PER_UID,
         per_node: int | None = None,
+        ranks_per_owner: int = MAX_RANKS_PER_OWNER,
     ) -> None:
         """No claims yet."""
         self._alive = alive
         self._per_uid = per_uid
         self._per_node = NODE_SHARES * per_uid if per_node is None else per_node
+        self._ranks_per_owner = ranks_per_owner
         self._claims: dict[str, _Claim] = {}
         self._scanned = float("-inf")
+        self._ranks_scanned = float("-inf")
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -108,8 +118,8 @@ class JobClaims:
         claim = self._claims.get(job_id)
         return claim.owner if claim else None
 
-    def admit(self, job_id: str, peer: Peer, now: float) -> None:
-        """Let ``peer`` report for ``job_id``, or raise JobReportError saying why not."""
+    def admit(self, job_id: str, peer: Peer, now: float, rank: int = 0) -> None:
+        """Let ``peer`` report ``rank`` of ``job_id``, or raise JobReportError saying why not."""
         scheduler = peer.scheduler
         if scheduler is not None and scheduler.kind == "slurm" and job_id != scheduler.id:
             msg = (
@@ -138,8 +148,37 @@ class JobClaims:
                 raise JobReportError("job_owned", msg)
         if claim is None:
             self._make_room(peer, owner, now)
+            self._rank_room(owner, now)
             claim = self._claims[job_id] = _Claim(owner, peer.uid, _pod(peer))
+        elif rank not in claim.ranks:
+            self._rank_room(owner, now)
         claim.saw(peer.pid, peer.start_ticks)
+        claim.ranks[rank] = (peer.pid, peer.start_ticks)
+
+    def ranks_held(self, owner: Owner | None = None) -> int:
+        """Ranks reported on this node now, by ``owner`` (None: by everyone)."""
+        return sum(len(c.ranks) for c in self._claims.values() if owner in (None, c.owner))
+
+    def _rank_room(self, owner: Owner, now: float) -> None:
+        """Raise JobReportError if one more rank of ``owner`` would pass a bound."""
+        refusal = self._rank_refusal(owner)
+        if refusal is not None and now - self._ranks_scanned >= RESCAN_S:
+            self._ranks_scanned = now  # free the ranks whose last sender is gone
+            for claim in self._claims.values():
+                for gone in [r for r, p in claim.ranks.items() if not self._alive(*p)]:
+                    del claim.ranks[gone]
+            refusal = self._rank_refusal(owner)
+        if refusal is not None:
+            raise refusal
+
+    def _rank_refusal(self, owner: Owner) -> JobReportError | None:
+        node = NODE_SHARES * self._ranks_per_owner
+        if (held := self.ranks_held()) >= node:
+            return _full("node_ranks_full", f"this node already takes reports for {held} ranks")
+        if (held := self.ranks_held(owner)) >= self._ranks_per_owner:
+            what = f"{owner.describe()} already reports for {held} ranks"
+            return _full("owner_ranks_full", what)
+        return None
 
     def _lives(self, claim: _Claim) -> bool:
         return any(self._alive(pid, start) for pid, start in reversed(claim.processes))
@@ -190,11 +229,19 @@ class SenderCheck:
     """Who sent a datagram (from the kernel), and whether they may report for the job it names."""
 
     def __init__(
-        self, peers: PeerResolver, clock: Clock, *, jobs_per_uid: int = MAX_JOBS_PER_UID
+        self,
+        peers: PeerResolver,
+        clock: Clock,
+        *,
+        jobs_per_uid: int = MAX_JOBS_PER_UID,
+        ranks_per_uid: int = MAX_RANKS_PER_OWNER,
     ) -> None:
-        """Look senders up through ``peers``; a uid outside pods holds ``jobs_per_uid`` ids."""
+        """Look senders up through ``peers``; a uid outside pods holds ``jobs_per_uid`` ids.
+
+        Each owner (a uid, a uid's pods, a Slurm job) holds ``ranks_per_uid`` ranks.
+        """
         self.peers = peers
-        self.claims = JobClaims(peers.alive, per_uid=jobs_per_uid)
+        self.claims = JobClaims(peers.alive, per_uid=jobs_per_uid, ranks_per_owner=ranks_per_uid)
         self._clock = clock
 
     def sender(self, ancillary: list[tuple[int, int, bytes]]) -> Peer:
@@ -208,6 +255,6 @@ class SenderCheck:
             msg = f"sender uid {creds.uid}: {exc} (a rank must live until its report is read)"
             raise JobReportError("sender_gone", msg) from exc
 
-    def admit(self, job_id: str, peer: Peer) -> None:
-        """Let ``peer`` report for ``job_id``, or raise JobReportError saying why not."""
-        self.claims.admit(job_id, peer, self._clock.monotonic())
+    def admit(self, job_id: str, peer: Peer, rank: int = 0) -> None:
+        """Let ``peer`` report ``rank`` of ``job_id``, or raise JobReportError saying why not."""
+        self.claims.admit(job_id, peer, self._clock.monotonic(), rank)

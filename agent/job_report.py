@@ -36,6 +36,8 @@ REFUSAL_REASONS: Final = (
     "uid_jobs_full",
     "pod_jobs_full",
     "node_jobs_full",
+    "owner_ranks_full",
+    "node_ranks_full",
 )
 REFUSED_SIGNAL_PREFIX: Final = "agent_job_reports_refused_"
 

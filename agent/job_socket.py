@@ -190,7 +190,7 @@ class JobQueue:
         slurm = peer.scheduler.id if peer.scheduler and peer.scheduler.kind == "slurm" else ""
         try:
             step = parse_report(data, inventory, default_job=slurm)
-            self.senders.admit(step.job_id, peer)
+            self.senders.admit(step.job_id, peer, step.rank)
         except JobReportError as exc:
             self.reject(exc, peer)
             return

@@ -190,7 +190,12 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     commands = CommandRunner(sampler, hardware.gpu_reset)
     jobs = None
     if cfg.job_socket is not None:  # senders are looked up in the real /proc (their cgroups)
-        senders = SenderCheck(PeerResolver(cfg.proc_root), clock, jobs_per_uid=cfg.jobs_per_uid)
+        senders = SenderCheck(
+            PeerResolver(cfg.proc_root),
+            clock,
+            jobs_per_uid=cfg.jobs_per_uid,
+            ranks_per_uid=cfg.ranks_per_uid,
+        )
         jobs = JobQueue(budget=budget, senders=senders)
         jobs.now = clock.monotonic
     if jobs is not None:

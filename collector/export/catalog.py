@@ -180,7 +180,8 @@ _NODES = _specs(
                 "unknown_gpu) or who sent it (no_credentials, sender_gone, job_mismatch: not "
                 "the sender's Slurm job; job_owned: another owner holds the job id on the "
                 "node; uid_jobs_full, pod_jobs_full, node_jobs_full: the node's bounds on "
-                "job ids). Only reasons seen on the node appear."
+                "job ids; owner_ranks_full, node_ranks_full: its bounds on ranks). Only "
+                "reasons seen on the node appear."
             ),
         ),
         (
@@ -845,7 +846,8 @@ _JOBS = _specs(
                 "Step reports the collector refused, by reason: max_jobs (the job table is "
                 "full), uid_jobs (the sender's uid holds its share of it), owner_mismatch "
                 "(another Slurm job or uid reports the job), rank_held (another node holds "
-                "the rank)."
+                "the rank), beyond_world (the rank is not below the job's world size), "
+                "node_ranks (the node's reports hold ranks_per_node ranks already)."
             ),
         ),
     ],

@@ -51,8 +51,16 @@ RECENT_STEPS: Final = 20  # throughput and step time are figured over this many 
 PRIOR_PER_S: Final = PRIOR_FAILURES_PER_NODE_DAY / 86400.0
 NO_RANK: Final[dict[str, Any]] = {}
 # Why a step report is refused: the job table is full; the sender's uid holds its share of it;
-# another owner (Slurm job or uid) reports the job; another node holds the rank.
-REFUSALS: Final = ("max_jobs", "uid_jobs", "owner_mismatch", "rank_held")
+# another owner (Slurm job or uid) reports the job; another node holds the rank; the rank is not
+# below the job's declared world size; the node already holds ``ranks_per_node`` ranks.
+REFUSALS: Final = (
+    "max_jobs",
+    "uid_jobs",
+    "owner_mismatch",
+    "rank_held",
+    "beyond_world",
+    "node_ranks",
+)
 LOG_EVERY: Final = 1000
 SLURM_OWNER: Final = "Slurm job "
 
@@ -94,6 +102,7 @@ class JobBook:
         self._failures: dict[str, _NodeFailures] = {}
         self._diagnoses: dict[str, tuple[int, Diagnosis]] = {}
         self._placement: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (node, GPU) -> ranks
+        self._node_ranks: Counter[str] = Counter()  # ranks held, by the node that reports them
         self._flagged: dict[str, set[int]] = {}  # straggling ranks by job, as last told
         self._published: list[dict[str, Any]] = []
         self._published_ranks: dict[str, list[dict[str, Any]]] = {}
@@ -122,11 +131,32 @@ class JobBook:
                 self._placement.setdefault((node, step.gpu_uuid), set()).add(
                     (step.job_id, step.rank),
                 )
-                if job.take(node, step, now):
+                if self._take(job, node, step, now):
                     changed[job.job_id] = job
             told = [(job.job_id, self._straggling_changed(job)) for job in changed.values()]
         for job_id, gpus in told:
             self.on_change(job_id, gpus)
+
+    def _take(self, job: JobState, node: str, step: pb.JobStep, now: float) -> bool:
+        """Hand the report to its job (True: it finished steps), counting each node's ranks."""
+        shrinks = step.world_size and step.world_size < job.world_size
+        placed = {rank: held.node for rank, held in job.ranks.items()} if shrinks else {}
+        held = job.ranks.get(step.rank)
+        was = held.node if held is not None else None
+        finished = job.take(node, step, now)
+        for rank, at in placed.items():  # ranks the smaller world left behind
+            if rank not in job.ranks:
+                self._unplace(at)
+        if step.rank in job.ranks and was != node:
+            if was is not None:
+                self._unplace(was)
+            self._node_ranks[node] += 1
+        return bool(finished)
+
+    def _unplace(self, node: str) -> None:
+        self._node_ranks[node] -= 1
+        if self._node_ranks[node] <= 0:
+            del self._node_ranks[node]
 
     @property
     def reports_refused(self) -> int:
@@ -165,11 +195,28 @@ class JobBook:
             if step.HasField("sender_uid"):
                 job.uid = step.sender_uid
                 self._uid_jobs[step.sender_uid] += 1
-        holder = job.holder_elsewhere(node, step, now, self.config.idle_after_s)
-        if holder:
-            self._refuse("rank_held", node, step, owner=owner, holder=holder)
+        refusal = self._rank_refusal(job, node, step, now)
+        if refusal is not None:
+            reason, why = refusal
+            self._refuse(reason, node, step, owner=owner, **why)
             return None
         return job
+
+    def _rank_refusal(
+        self, job: JobState, node: str, step: pb.JobStep, now: float
+    ) -> tuple[str, dict[str, str]] | None:
+        """Why ``node`` may not report this rank of ``job`` (None: it may)."""
+        holder = job.holder_elsewhere(node, step, now, self.config.idle_after_s)
+        if holder:
+            return "rank_held", {"holder": holder}
+        if job.beyond_world(step):
+            return "beyond_world", {"world": str(job.world_size)}
+        held = job.ranks.get(step.rank)
+        if (held is None or held.node != node) and (
+            self._node_ranks[node] >= self.config.ranks_per_node
+        ):
+            return "node_ranks", {"held": str(self._node_ranks[node])}
+        return None
 
     def _refuse(self, reason: str, node: str, step: pb.JobStep, **why: str) -> None:
         self.refused[reason] += 1
@@ -187,6 +234,8 @@ class JobBook:
 
     def _forget(self, job_id: str) -> None:
         job = self.jobs.pop(job_id)
+        for held in job.ranks.values():
+            self._unplace(held.node)
         if job.uid is not None:
             self._uid_jobs[job.uid] -= 1
             if self._uid_jobs[job.uid] <= 0:

@@ -27,6 +27,7 @@ _COUNTS = (
     "fabric_min_nodes",
     "max_jobs",
     "max_ranks",
+    "ranks_per_node",
 )
 
 
@@ -58,6 +59,10 @@ class JobsConfig:
     forget_after_s: float = 3600.0
     max_jobs: int = 1000
     max_ranks: int = 100_000
+    # Ranks (of all jobs together) one node's reports may hold: each costs 2-3 series, and a
+    # node of 8 GPUs runs 8 ranks of a job, so this is room for several jobs' ranks a GPU, not
+    # for a node's made-up ranks (its agent also bounds each local user's, docs/jobs.md).
+    ranks_per_node: int = 64
     # One uid's jobs may hold at most this share of max_jobs (Slurm jobs count for their uid).
     uid_job_share: float = 0.1
 

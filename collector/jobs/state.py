@@ -159,11 +159,20 @@ class JobState:
             return ""
         return rank.node
 
+    def beyond_world(self, report: pb.JobStep) -> bool:
+        """The report names a rank the job's declared world size does not hold."""
+        world = report.world_size or self.world_size
+        return world > 0 and report.rank >= world
+
     def take(self, node: str, report: pb.JobStep, now: float) -> list[FinishedStep]:
-        """Add one rank's step report; return the steps it finished (oldest first)."""
+        """Add one rank's step report; return the steps it finished (oldest first).
+
+        A report with a smaller world size than before drops the ranks above it (the job
+        restarted smaller); the caller refuses ranks beyond the world (:meth:`beyond_world`).
+        """
         self.last_seen = now
         if report.world_size:
-            self.world_size = report.world_size
+            self._resize(report.world_size)
         if report.params:
             self.params = report.params
         if report.flops_per_token:
@@ -192,6 +201,14 @@ class JobState:
             row.compute[report.rank] = compute
             self.has_compute_times = True
         return self._finish(now)
+
+    def _resize(self, world: int) -> None:
+        """The job declares ``world`` ranks: a smaller world (a restart) drops the ranks above."""
+        if world < self.world_size:
+            for gone in [r for r in self.ranks if r >= world]:
+                del self.ranks[gone]
+                self.stragglers.forget(gone)
+        self.world_size = world
 
     def _checkpoint(self, start_ms: int, end_ms: int) -> None:
         mark = (start_ms / 1000, end_ms / 1000)

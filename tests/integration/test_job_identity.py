@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.job_claims import MAX_JOBS_PER_UID
+from agent.job_claims import MAX_JOBS_PER_UID, MAX_RANKS_PER_OWNER
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import api, job_fleet
@@ -146,6 +146,40 @@ async def test_one_users_flood_of_made_up_jobs_stays_within_the_nodes_series_bud
         await until_metric(service, flooded, AGENT_REFUSED, node="node-1", reason="uid_jobs_full")
         jobs = {j["id"] for j in service.jobs.publish()}
         assert JOB in jobs
+        per_family: Counter[str] = Counter()
+        for name, labels in await asyncio.to_thread(metrics, service):
+            label = dict(labels)
+            if label.get("node") == "node-1" or label.get("training_job") in jobs:
+                per_family[name] += 1
+        assert sum(per_family.values()) <= SERIES_PER_NODE_BUDGET, per_family.most_common(12)
+
+
+async def test_one_users_flood_of_made_up_ranks_stays_within_the_nodes_series_budget(
+    collector_config: Any, receiver: Any, tmp_path: Any
+):
+    """Issue 38's rank flood: uid 2002's one job names 2,000 ranks (no world size) on node-1,
+    beside uid 2001's 8-rank job. The agent keeps the uid's first ranks_per_uid and counts the
+    rest (owner_ranks_full); the real job is taken whole and node-1 stays within its budget."""
+    async with job_fleet(collector_config, receiver, tmp_path, ["node-1"], poll_interval=0.1) as (
+        service,
+        cluster,
+    ):
+        open_to_all(cluster)
+        path = cluster.job_sockets["node-1"]
+        with ranks(VICTIM, ATTACKER) as (victim, attacker):
+            flood = step_reports("flood", range(2000), range(1), path, compute_time=0.8)
+            await deliver(attacker, flood, read(cluster, "node-1"))
+            real = step_reports(JOB, range(8), range(3), path, world_size=8, compute_time=0.8)
+            real = [(args, {**kw, "gpu": args[1]}) for args, kw in real]  # rank r on GPU r
+            await deliver(victim, real, read(cluster, "node-1"))
+        await wait_until(lambda: len(service.jobs.ranks(JOB)) == 8, 15, "the job's 8 ranks")
+        await wait_until(
+            lambda: len(service.jobs.ranks("flood")) == MAX_RANKS_PER_OWNER, 15, "the flood's ranks"
+        )
+        refused = 2000 - MAX_RANKS_PER_OWNER
+        reason = "owner_ranks_full"
+        await until_metric(service, refused, AGENT_REFUSED, node="node-1", reason=reason)
+        jobs = {j["id"] for j in service.jobs.publish()}
         per_family: Counter[str] = Counter()
         for name, labels in await asyncio.to_thread(metrics, service):
             label = dict(labels)

@@ -755,7 +755,66 @@ def test_refusals_are_exported_by_reason():
         "uid_jobs": 0.0,
         "owner_mismatch": 0.0,
         "rank_held": 1.0,
+        "beyond_world": 0.0,
+        "node_ranks": 0.0,
     }
+
+
+def test_a_rank_beyond_the_declared_world_size_is_refused():
+    """The job declared 8 ranks: rank 8 and above, in a report that names no world size of its
+    own, are refused and counted; nothing of the job changes."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=4)
+    run_as(w, range(3), uid=2001)
+    for rank in range(8, 40):
+        send(w, "node-a", rank, 3, sender_uid=2001, world_size=0)
+    assert w.book.refused == {"beyond_world": 32}
+    assert sorted(w.book.jobs["j"].ranks) == list(range(8))
+
+
+def test_a_nodes_reports_hold_at_most_ranks_per_node_ranks():
+    """One node made up 5,000 ranks of a job that declares no world size (a compromised agent,
+    or a local user's job): it keeps ranks_per_node of them, the rest are refused and counted,
+    and another node's real job is still taken whole."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=4, config=JobsConfig(ranks_per_node=16))
+    for rank in range(5000):
+        send(w, "node-a", rank, 1, job="made-up", sender_uid=65534, world_size=0)
+    assert len(w.book.jobs["made-up"].ranks) == 16
+    assert w.book.refused == {"node_ranks": 5000 - 16}
+    for rank in range(4, 8):  # node-b's own job
+        send(w, "node-b", rank, 1, job="real", sender_uid=2001, world_size=8)
+    assert sorted(w.book.jobs["real"].ranks) == [4, 5, 6, 7]
+    assert w.book.refused == {"node_ranks": 5000 - 16}
+    w.book.publish()
+    families = {f.name: f for f in JobsCollector(w.book).collect()}
+    series = families["fleetwatch_job_rank_step_time_seconds"].samples
+    assert sum(s.labels["node"] == "node-a" for s in series) == 16
+
+
+def test_ranks_a_node_held_are_its_own_again_when_the_job_goes_or_shrinks():
+    """A forgotten job gives its node its ranks back; a restart with a smaller world size drops
+    the ranks above it (and the node's count with them); a rank that moved counts where it is."""
+    w = make_world(nodes=("node-a", "node-b"), gpus=4, config=JobsConfig(ranks_per_node=8))
+    for rank in range(8):
+        send(w, "node-a", rank, 1, job="first", sender_uid=2001, world_size=8)
+    send(w, "node-a", 0, 1, job="second", sender_uid=2001, world_size=2)
+    assert w.book.refused == {"node_ranks": 1}
+    send(w, "node-a", 0, 0, job="first", sender_uid=2001, world_size=4)  # restarted smaller
+    assert sorted(w.book.jobs["first"].ranks) == [0, 1, 2, 3]
+    for rank in range(2):
+        send(w, "node-a", rank, 1, job="second", sender_uid=2001, world_size=2)
+    assert sorted(w.book.jobs["second"].ranks) == [0, 1]
+    w.clock.advance(w.book.config.idle_after_s + 1)  # first's rank 3 went quiet: it may move
+    send(w, "node-b", 3, 1, job="first", sender_uid=2001, world_size=4)
+    assert w.book.jobs["first"].ranks[3].node == "node-b"
+    for rank in range(2, 4):  # node-a holds 5 now: room for 3 more
+        send(w, "node-a", rank, 1, job="third", sender_uid=2001, world_size=8)
+    assert w.book.refused == {"node_ranks": 1}
+    w.clock.advance(w.book.config.forget_after_s + 1)
+    w.book.expire()
+    for rank in range(8):
+        send(w, "node-a", rank, 1, job="fourth", sender_uid=2001, world_size=8)
+    assert len(w.book.jobs["fourth"].ranks) == 8
+    assert w.book.refused == {"node_ranks": 1}
 
 
 @pytest.mark.parametrize(
@@ -769,6 +828,7 @@ def test_refusals_are_exported_by_reason():
         ({"idle_after_s": True}, "idle_after_s"),
         ({"max_jobs": 2.5}, "max_jobs"),
         ({"max_ranks": "10"}, "max_ranks"),
+        ({"ranks_per_node": 0}, "ranks_per_node"),
         ({"uid_job_share": 0}, "uid_job_share"),
         ({"uid_job_share": 1.5}, "uid_job_share"),
     ],

@@ -10,6 +10,8 @@ from agent.exceptions import ConfigError
 from agent.job_claims import (
     MAX_JOBS_PER_POD,
     MAX_JOBS_PER_UID,
+    MAX_RANKS_PER_OWNER,
+    NODE_SHARES,
     RESCAN_S,
     JobClaims,
     Owner,
@@ -189,3 +191,69 @@ def test_jobs_per_uid_is_an_agent_setting_that_reaches_the_claims(tmp_path):
     for bad in (0, 2.5, "4", True):
         with pytest.raises(ConfigError, match="jobs_per_uid"):
             AgentConfig(jobs_per_uid=bad)  # type: ignore[arg-type]
+
+
+def test_one_uid_reports_at_most_its_ranks_on_the_node(claims):
+    """Issue 38's rank flood: one process of uid 65534 names 100,000 ranks of its one job; it
+    keeps MAX_RANKS_PER_OWNER of them, the rest are refused, and another uid's job still gets
+    all its ranks. The ranks it holds report on."""
+    flood = peer(200, 65534)
+    reasons: Counter[str] = Counter()
+    for rank in range(100_000):
+        try:
+            claims.admit("mine", flood, rank / 1e6, rank)
+        except JobReportError as exc:
+            reasons[exc.reason] += 1
+    assert reasons == {"owner_ranks_full": 100_000 - MAX_RANKS_PER_OWNER}
+    assert claims.ranks_held(Owner("uid", "65534")) == MAX_RANKS_PER_OWNER
+    claims.admit("mine", flood, 1.0, 0)  # a rank it holds
+    for rank in range(8):
+        claims.admit("real", peer(100 + rank, 1000), 1.0, rank)
+    assert claims.ranks_held() == MAX_RANKS_PER_OWNER + 8
+
+
+def test_a_rank_whose_sender_is_gone_frees_its_place(claims, procs):
+    """A job that restarted on the node with other ranks (an elastic job): the old ranks' processes
+    are gone, so the new ranks get their places, after at most one scan a RESCAN_S."""
+    for rank in range(MAX_RANKS_PER_OWNER):
+        claims.admit("elastic", peer(100 + rank, 1000), 0.0, rank)
+    assert reason_for_rank(claims, "elastic", peer(300, 1000), 0.5, 99) == "owner_ranks_full"
+    procs.gone.update(range(100, 100 + MAX_RANKS_PER_OWNER))
+    assert reason_for_rank(claims, "elastic", peer(300, 1000), 0.6, 99) == "owner_ranks_full"
+    claims.admit("elastic", peer(300, 1000), 0.5 + RESCAN_S, 99)
+    assert claims.ranks_held() == 1
+
+
+def test_all_owners_together_hold_at_most_the_nodes_ranks(procs):
+    claims = JobClaims(procs.alive, per_uid=1, per_node=64, ranks_per_owner=2)
+    for uid in range(NODE_SHARES):
+        for rank in range(2):
+            claims.admit(f"job-{uid}", peer(100 + uid, 1000 + uid), 0.0, rank)
+    slurm = peer(500, 1000, SchedulerJob("slurm", "77"))
+    assert reason_for_rank(claims, "77", slurm, 0.0, 0) == "node_ranks_full"
+
+
+def reason_for_rank(claims: JobClaims, job: str, sender: Peer, now: float, rank: int) -> str:
+    with pytest.raises(JobReportError) as caught:
+        claims.admit(job, sender, now, rank)
+    return caught.value.reason
+
+
+def test_ranks_per_uid_is_an_agent_setting_that_reaches_the_claims(tmp_path):
+    toml = tmp_path / "agent.toml"
+    toml.write_text("[agent]\nranks_per_uid = 2\n")
+    cfg = load_agent_config(toml, {})
+    assert cfg.ranks_per_uid == 2
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=1, nvlinks=1, ib_ports=1)
+    cfg = replace(cfg, job_socket=tmp_path / "j.sock", state_dir=None)
+    agent = build_agent(cfg, sim_hardware(node), clock)
+    assert agent.jobs is not None
+    claims = agent.jobs.senders.claims
+    me = Peer(os.getpid(), 1000, 1000, PeerResolver(Path("/proc")).started(os.getpid()), 0, None)
+    claims.admit("a", me, 0.0, 0)
+    claims.admit("a", me, 0.0, 1)
+    assert reason_for_rank(claims, "a", me, 0.0, 2) == "owner_ranks_full"
+    for bad in (0, 2.5, "4", True):
+        with pytest.raises(ConfigError, match="ranks_per_uid"):
+            AgentConfig(ranks_per_uid=bad)  # type: ignore[arg-type]
