@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Final, Literal
 import structlog
 
 from agent.job_report import JobReportError
-from agent.peer_identity import PeerGoneError, credentials
+from agent.peer_identity import PeerGoneError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent.peer_identity import Peer, PeerResolver
+    from agent.peer_identity import Credentials, Peer, PeerResolver
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent.jobs")
@@ -207,7 +207,7 @@ class JobClaims:
         refusal = self._refusal(peer, owner)
         if refusal is not None and now - self._scanned >= RESCAN_S:
             # Free the claims whose processes are all gone; at most once a RESCAN_S, so that a
-            # flood does not read /proc for every datagram.
+            # flood does not read /proc for every report.
             self._scanned = now
             for job_id in [j for j, c in self._claims.items() if not self._lives(c)]:
                 del self._claims[job_id]
@@ -226,7 +226,7 @@ def _full(reason: str, what: str) -> JobReportError:
 
 
 class SenderCheck:
-    """Who sent a datagram (from the kernel), and whether they may report for the job it names."""
+    """Who sent a report (from the kernel), and whether they may report for the job it names."""
 
     def __init__(
         self,
@@ -244,11 +244,10 @@ class SenderCheck:
         self.claims = JobClaims(peers.alive, per_uid=jobs_per_uid, ranks_per_owner=ranks_per_uid)
         self._clock = clock
 
-    def sender(self, ancillary: list[tuple[int, int, bytes]]) -> Peer:
-        """The sender of a datagram received with this ancillary data, or JobReportError."""
-        creds = credentials(ancillary)
+    def sender(self, creds: Credentials | None) -> Peer:
+        """The process behind a connection's credentials, or JobReportError."""
         if creds is None:
-            raise JobReportError("no_credentials", "datagram came without sender credentials")
+            raise JobReportError("no_credentials", "the kernel names no process for the sender")
         try:
             return self.peers.resolve(creds)
         except PeerGoneError as exc:

@@ -1,7 +1,7 @@
-"""One step report datagram from a training rank, parsed and checked into a ``JobStep``.
+"""One step report message from a training rank, parsed and checked into a ``JobStep``.
 
-Everything here is about what the datagram says; who sent it is :mod:`agent.peer_identity`'s and
-:mod:`agent.job_claims`'s business. Each way a datagram can be refused has a short reason, the
+Everything here is about what the message says; who sent it is :mod:`agent.peer_identity`'s and
+:mod:`agent.job_claims`'s business. Each way a message can be refused has a short reason, the
 label it is counted under (``REFUSAL_REASONS``; the agent sends the counts as the node signals
 ``agent_job_reports_refused_<reason>``).
 """
@@ -20,7 +20,7 @@ from fleetwatch.wire.validate_jobs import validate_job_step
 if TYPE_CHECKING:
     from agent.sampler import NodeInventory
 
-# Every reason a datagram can be refused for: what it says (first row), who sent it (second).
+# Every reason a message can be refused for: what it says (first row), who sent it (second).
 REFUSAL_REASONS: Final = (
     "too_large",
     "not_json",
@@ -38,12 +38,14 @@ REFUSAL_REASONS: Final = (
     "node_jobs_full",
     "owner_ranks_full",
     "node_ranks_full",
+    "uid_connections_full",
+    "connections_full",
 )
 REFUSED_SIGNAL_PREFIX: Final = "agent_job_reports_refused_"
 
 
 class JobReportError(ValueError):
-    """A datagram is not a usable step report; ``reason`` is a short label for counting."""
+    """A message is not a usable step report; ``reason`` is a short label for counting."""
 
     def __init__(self, reason: str, message: str) -> None:
         """Keep the label apart from the message."""
@@ -84,7 +86,7 @@ def _gpu_uuid(gpu: object, inventory: NodeInventory) -> str:
 
 
 def parse_report(data: bytes, inventory: NodeInventory, *, default_job: str = "") -> pb.JobStep:
-    """Turn one datagram into a checked JobStep, or raise JobReportError saying why not.
+    """Turn one message into a checked JobStep, or raise JobReportError saying why not.
 
     ``default_job`` stands in for a report that names no job (the sender's Slurm job).
     """

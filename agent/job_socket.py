@@ -1,21 +1,25 @@
-"""The agent's job socket: training ranks on the node send step reports here (Unix datagrams).
+"""The agent's job socket: training ranks on the node send step reports here (Unix seqpacket).
 
-Each datagram is one JSON object of at most 2 KiB from :func:`fleetwatch.jobclient.report_step`.
-The kernel tells who sent it (``SO_PASSCRED``); the sender's scheduler job and the node's job
-claims decide whether it may report for the job it names (:mod:`agent.job_claims`). A report that
-is not usable or not allowed is counted by reason and logged (the first of each reason, then now
-and then); good ones wait in a bounded queue until the link forwards them. A full queue drops
-the oldest report of the uid holding the most, so one user's flood pushes out only its own.
+Each rank process connects once (``SOCK_SEQPACKET``) and sends one JSON object of at most 2 KiB
+per step, from :func:`fleetwatch.jobclient.report_step`. The kernel tells who connected
+(``SO_PEERCRED``); the sender's scheduler job and the node's job claims decide whether it may
+report for the job it names (:mod:`agent.job_claims`). A report that is not usable or not allowed
+is counted by reason and logged (the first of each reason, then now and then); good ones wait in
+a bounded queue until the link forwards them. A full queue drops the oldest report of the uid
+holding the most, so one user's flood pushes out only its own.
 
-The kernel queues few datagrams per socket (``net.unix.max_dgram_qlen``, often 10 to 512); a rank
-that finds it full drops its report and tells how many it dropped with its next one, so the loss
-is counted here too. Nodes with many ranks per agent may raise that sysctl.
+Each connection has its own kernel queue (the sender's socket buffer, some hundreds of reports),
+so one user's flood fills only its own connections, never another rank's. Each user holds at
+most ``CONNECTIONS_PER_UID`` connections and the node ``MAX_CONNECTIONS``; beyond them a new
+connection is closed at once (counted as ``uid_connections_full``, ``connections_full``), and
+every connection is read in turn, a few reports at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import stat
 from collections import Counter, deque
@@ -27,7 +31,7 @@ import structlog
 from agent.budget import ByteBudget
 from agent.job_claims import SenderCheck
 from agent.job_report import REFUSED_SIGNAL_PREFIX, JobReportError, parse_report, unsent_count
-from agent.peer_identity import ANCILLARY_SPACE, PeerResolver, credentials
+from agent.peer_identity import PeerResolver, peer_credentials
 from fleetwatch.clock import SystemClock
 from fleetwatch.wire.validate_jobs import MAX_DATAGRAM_BYTES
 
@@ -42,10 +46,13 @@ log = structlog.get_logger("agent.jobs")
 
 MAX_QUEUED: Final = 20_000
 MAX_BATCH: Final = 2_000
-RECEIVE_BUFFER: Final = 1 << 20
 LOG_EVERY: Final = 1000
 STEP_OVERHEAD: Final = 8
-READS_PER_WAKE: Final = 256  # datagrams read per readiness callback, so a flood cannot hog the loop
+READS_PER_WAKE: Final = 32  # reports read from one connection per wake: every one gets its turn
+ACCEPTS_PER_WAKE: Final = 64
+BACKLOG: Final = 1024  # connections the kernel holds before the agent accepts them
+CONNECTIONS_PER_UID: Final = 64  # a rank process needs one; each holds one descriptor
+MAX_CONNECTIONS: Final = 512
 
 
 class _Held:
@@ -63,7 +70,7 @@ class JobQueue:
     The byte bound is the one the outbox's events share (``budget``). When a report does not fit,
     or the outbox sheds reports for an event (:meth:`shed`), the uid holding the most reports
     loses its oldest: each uid's share of the queue is what the others leave it. Either way the
-    report is counted in ``dropped``. ``senders`` checks who sent each datagram.
+    report is counted in ``dropped``. ``senders`` checks who sent each report.
     """
 
     def __init__(
@@ -178,15 +185,8 @@ class JobQueue:
             counts[REFUSED_SIGNAL_PREFIX + reason] = count
         return counts
 
-    def receive(
-        self, data: bytes, ancillary: list[tuple[int, int, bytes]], inventory: NodeInventory
-    ) -> None:
-        """Take one datagram: who sent it, what it says, whether they may say it."""
-        try:
-            peer = self.senders.sender(ancillary)
-        except JobReportError as exc:
-            self.reject(exc)
-            return
+    def receive(self, data: bytes, peer: Peer, inventory: NodeInventory) -> None:
+        """Take one report from ``peer``: what it says, and whether they may say it."""
         slurm = peer.scheduler.id if peer.scheduler and peer.scheduler.kind == "slurm" else ""
         try:
             step = parse_report(data, inventory, default_job=slurm)
@@ -201,8 +201,26 @@ class JobQueue:
         self.add(step, peer.uid)
 
 
+class _Connection:
+    """One rank process's connection: who it is (or why it may not report), read in turn."""
+
+    __slots__ = ("creds", "peer", "refusal", "sock")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        creds: Credentials | None,
+        peer: Peer | None,
+        refusal: JobReportError | None,
+    ) -> None:
+        self.sock = sock
+        self.creds = creds
+        self.peer = peer
+        self.refusal = refusal  # set: every report it sends is refused for this
+
+
 class JobSocket:
-    """The bound socket, read on the event loop with ``recvmsg`` (datagram and credentials)."""
+    """The listening socket and its connections, read on the event loop."""
 
     def __init__(
         self,
@@ -211,31 +229,97 @@ class JobSocket:
         inventory: Callable[[], NodeInventory],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        """Start reading ``sock`` on ``loop``; :meth:`close` stops."""
+        """Start accepting on ``sock`` (a listening seqpacket socket); :meth:`close` stops."""
         self._sock = sock
         self._queue = queue
         self._inventory = inventory
         self._loop = loop
-        loop.add_reader(sock.fileno(), self._readable)
+        self._connections: dict[int, _Connection] = {}  # by descriptor
+        self._per_uid: Counter[int] = Counter()
+        loop.add_reader(sock.fileno(), self._acceptable)
 
-    def _readable(self) -> None:
-        for _ in range(READS_PER_WAKE):
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
+
+    def _acceptable(self) -> None:
+        for _ in range(ACCEPTS_PER_WAKE):
             try:
-                data, ancillary, flags, _ = self._sock.recvmsg(MAX_DATAGRAM_BYTES, ANCILLARY_SPACE)
+                conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.warning("job_socket_error", error=str(exc))
                 return
-            if flags & socket.MSG_TRUNC:
-                size = f"over {MAX_DATAGRAM_BYTES} bytes"
-                error = JobReportError("too_large", f"step report is {size}")
-                self._queue.reject(error, credentials(ancillary))
-                continue
-            self._queue.receive(data, ancillary, self._inventory())
+            self._open(conn)
+
+    def _open(self, conn: socket.socket) -> None:
+        conn.setblocking(False)  # noqa: FBT003 - the socket API
+        creds = peer_credentials(conn)
+        uid = creds.uid if creds is not None else -1
+        full = None
+        if len(self._connections) >= MAX_CONNECTIONS:
+            full = JobReportError("connections_full", f"{MAX_CONNECTIONS} ranks are connected")
+        elif self._per_uid[uid] >= CONNECTIONS_PER_UID:
+            what = f"uid {uid} holds {CONNECTIONS_PER_UID} connections, the most it may"
+            full = JobReportError("uid_connections_full", what)
+        if full is not None:
+            self._queue.reject(full, creds)
+            conn.close()
+            return
+        peer, refusal = None, None
+        try:
+            peer = self._queue.senders.sender(creds)
+        except JobReportError as exc:
+            refusal = exc  # read what it sent, and refuse each report for this
+        connection = _Connection(conn, creds, peer, refusal)
+        self._connections[conn.fileno()] = connection
+        self._per_uid[uid] += 1
+        self._loop.add_reader(conn.fileno(), self._readable, connection)
+
+    def _readable(self, connection: _Connection) -> None:
+        for _ in range(READS_PER_WAKE):
+            try:
+                data, _, flags, _ = connection.sock.recvmsg(MAX_DATAGRAM_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.info("job_connection_error", error=str(exc))
+                self._drop(connection)
+                return
+            if not data and not flags & socket.MSG_TRUNC:
+                self._drop(connection)  # the rank closed it (or sent an empty report)
+                return
+            self._take(connection, data, flags)
+
+    def _take(self, connection: _Connection, data: bytes, flags: int) -> None:
+        if flags & socket.MSG_TRUNC:
+            what = f"step report is over {MAX_DATAGRAM_BYTES} bytes"
+            too_large = JobReportError("too_large", what)
+            self._queue.reject(too_large, connection.creds)
+        elif connection.peer is None:
+            refusal = connection.refusal or JobReportError("no_credentials", "no sender")
+            self._queue.reject(refusal, connection.creds)
+        else:
+            self._queue.receive(data, connection.peer, self._inventory())
+
+    def _drop(self, connection: _Connection) -> None:
+        fd = connection.sock.fileno()
+        if self._connections.pop(fd, None) is None:
+            return
+        uid = connection.creds.uid if connection.creds is not None else -1
+        self._per_uid[uid] -= 1
+        if self._per_uid[uid] <= 0:
+            del self._per_uid[uid]
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(fd)
+        connection.sock.close()
 
     def close(self) -> None:
-        """Stop reading and close the socket."""
+        """Stop accepting and reading, and close the socket and every connection."""
+        for connection in list(self._connections.values()):
+            self._drop(connection)
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
@@ -248,12 +332,17 @@ def _remove_stale(path: Path) -> None:
             return  # bind fails and says so
     except FileNotFoundError:
         return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         probe.connect(str(path))
     except ConnectionRefusedError:
         path.unlink()  # left behind by an agent that is gone
         return
+    except OSError as exc:
+        if exc.errno != errno.EPROTOTYPE:
+            raise
+        # a socket of another type is bound there: it is live (a datagram socket, such as an
+        # older agent's, refuses a connection of the wrong type only while it is open)
     finally:
         probe.close()
     msg = f"another process listens on {path}"
@@ -261,19 +350,14 @@ def _remove_stale(path: Path) -> None:
 
 
 def bind_job_socket(path: Path, mode: int) -> socket.socket:
-    """Bind a datagram socket at ``path`` (replacing a stale socket file) with ``mode``.
-
-    ``SO_PASSCRED`` makes the kernel attach each sender's pid, uid and gid to its datagrams.
-    """
+    """Listen with a seqpacket socket at ``path`` (replacing a stale socket file), ``mode``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         sock.bind(str(path))
         path.chmod(mode)
+        sock.listen(BACKLOG)
         sock.setblocking(False)  # noqa: FBT003 - the socket API
     except OSError:
         sock.close()

@@ -1,8 +1,8 @@
-"""Who sent a datagram to the job socket, from the kernel: credentials, start time, scheduler job.
+"""Who is connected to the job socket, from the kernel: credentials, start time, scheduler job.
 
-``SO_PASSCRED`` on the agent's socket makes the kernel attach the sender's pid, uid and gid to
-each datagram (``SCM_CREDENTIALS``); a process without ``CAP_SYS_ADMIN``/``CAP_SETUID`` cannot put
-other values there. From the pid, under an injected proc root:
+The kernel records the pid, uid and gid of the process that connected a Unix socket
+(``SO_PEERCRED``, taken at ``connect``); a process cannot choose them. From the pid, under an
+injected proc root:
 
 - ``/proc/<pid>/stat`` gives when the process started (to tell a pid reused from the one seen
   before, and for the collector to tell a restarted rank from an impersonated one);
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 CREDENTIALS: Final = struct.Struct("=iII")  # struct ucred: pid_t pid, uid_t uid, gid_t gid
-ANCILLARY_SPACE: Final = socket.CMSG_SPACE(CREDENTIALS.size)
 CACHED_PEERS: Final = 4096
 
 _SLURM_JOB: Final = re.compile(r"job_([0-9]{1,20})")
@@ -75,15 +74,18 @@ class Peer:
     scheduler: SchedulerJob | None
 
 
-def credentials(ancillary: list[tuple[int, int, bytes]]) -> Credentials | None:
-    """The ``SCM_CREDENTIALS`` a ``recvmsg`` returned, or None when there are none."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            if len(data) < CREDENTIALS.size:
-                return None
-            pid, uid, gid = CREDENTIALS.unpack_from(data)
-            return Credentials(pid, uid, gid)
-    return None
+def peer_credentials(sock: socket.socket) -> Credentials | None:
+    """Who connected ``sock`` (``SO_PEERCRED``), or None when the kernel has no process for it.
+
+    The kernel gives pid 0 when the connecting process lives in a pid namespace this one cannot
+    see.
+    """
+    try:
+        data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size)
+    except OSError:
+        return None
+    pid, uid, gid = CREDENTIALS.unpack(data)
+    return Credentials(pid, uid, gid) if pid > 0 else None
 
 
 def scheduler_job(cgroup: str) -> SchedulerJob | None:

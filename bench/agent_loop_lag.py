@@ -172,8 +172,9 @@ class Drive:
             )
 
     def _send_reports(self) -> None:
-        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # a rank's connection
         out.setblocking(False)  # noqa: FBT003 - the socket API
+        connected = False
         step = 0
         while not self.stop.wait(REPORT_EVERY_S):
             phase = self.phase
@@ -184,7 +185,10 @@ class Drive:
             report.update({"tokens": 1000.0, "time": time.time(), "gpu": 0})
             phase.reports_sent += 1
             try:
-                out.sendto(json.dumps(report).encode(), str(self.sock))
+                if not connected:
+                    out.connect(str(self.sock))
+                    connected = True
+                out.send(json.dumps(report).encode())
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.ENOBUFS):
                     raise

@@ -7,7 +7,7 @@ Call :func:`report_step` once per step from every rank of a training job::
     report_step(None, rank, step, step_time=dt, tokens=tokens_this_rank,
                 compute_time=compute_dt, world_size=world_size, params=72e9)
 
-It sends one small datagram to the agent's Unix socket and returns at once. It never blocks the
+It sends one small message to the agent's Unix socket and returns at once. It never blocks the
 step and never raises into the training code: when the agent is not there, is busy, or a value is
 unusable, the report is dropped and the function returns False. A rank that reports nothing loses
 nothing but its own visibility.
@@ -34,13 +34,17 @@ What to pass:
 A report that could not be sent (the agent's queue was full, or it was down) is counted, and the
 count travels with the next report that gets through, so the agent knows what it missed.
 
-The socket is ``$FLEETWATCH_JOB_SOCKET``, else ``/run/fleetwatch/jobs.sock``. The wire format is
-one JSON object per datagram (``docs/jobs.md``).
+The socket is ``$FLEETWATCH_JOB_SOCKET``, else ``/run/fleetwatch/jobs.sock``. Each process keeps
+one connection to it (``SOCK_SEQPACKET``; a forked child opens its own, and a connection the agent
+closed is opened again on the next report), so its reports wait in a queue of its own, which no
+other user's flood can fill. The wire format is one JSON object per message (``docs/jobs.md``).
+An agent from before connections (a datagram socket) is sent datagrams.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import math
 import os
@@ -49,34 +53,65 @@ import threading
 import time
 
 DEFAULT_SOCKET = "/run/fleetwatch/jobs.sock"
-MAX_DATAGRAM = 2048  # the agent refuses longer datagrams
+MAX_DATAGRAM = 2048  # the agent refuses longer reports
 _NOT_AN_ID = frozenset({"", "none"})  # torchrun's default --rdzv-id
+# Never wait, and never take SIGPIPE from an agent that went away (Python ignores it, a process
+# that embeds Python may not).
+_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
 _lock = threading.Lock()
-_sockets: dict[int, socket.socket] = {}  # by pid: a forked child opens its own
+_sockets: dict[tuple[int, str], socket.socket] = {}  # by (pid, path): a forked child opens its own
 _unsent = [0]  # reports this process could not send; told to the agent with the next one
+_closed_at_exit = [False]
 
 
-def _socket() -> socket.socket:
-    pid = os.getpid()
-    sock = _sockets.get(pid)
-    if sock is None:
-        with _lock:
-            sock = _sockets.get(pid)
-            if sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.setblocking(False)  # noqa: FBT003 - the socket API
-                if not _sockets:
-                    atexit.register(close)
-                _sockets[pid] = sock
-    return sock
+def _connect(path: str) -> socket.socket:
+    """A connection to the agent at ``path`` (OSError when it cannot be made now)."""
+    for kind in (socket.SOCK_SEQPACKET, socket.SOCK_DGRAM):
+        sock = socket.socket(socket.AF_UNIX, kind)
+        sock.setblocking(False)  # noqa: FBT003 - the socket API
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EPROTOTYPE:  # EPROTOTYPE: an older agent's datagram socket
+                raise
+            continue
+        if not _closed_at_exit[0]:
+            _closed_at_exit[0] = True
+            atexit.register(close)
+        return sock
+    msg = f"{path} takes neither connections nor datagrams"
+    raise OSError(errno.EPROTOTYPE, msg)
+
+
+def _send(path: str, data: bytes) -> None:
+    """Send ``data`` on this process's connection to ``path``; OSError when it was not sent."""
+    key = (os.getpid(), path)
+    with _lock:
+        sock = _sockets.get(key)
+        if sock is not None:
+            try:
+                sock.send(data, _FLAGS)
+            except (BlockingIOError, InterruptedError):
+                raise  # the queue is full: the agent is busy, the connection is good
+            except OSError:  # the agent closed it (it restarted): connect again
+                _sockets.pop(key, None)
+                sock.close()
+            else:
+                return
+        sock = _connect(path)
+        _sockets[key] = sock
+        sock.send(data, _FLAGS)
 
 
 def close() -> None:
-    """Close this process's socket (done at exit; the next report opens a new one)."""
+    """Close this process's connections (done at exit; the next report opens a new one)."""
+    pid = os.getpid()
     with _lock:
-        sock = _sockets.pop(os.getpid(), None)
-    if sock is not None:
+        mine = [key for key in _sockets if key[0] == pid]
+        socks = [_sockets.pop(key) for key in mine]
+    for sock in socks:
         sock.close()
 
 
@@ -124,7 +159,7 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
     flops_per_token: float | None = None,
     socket_path: str | None = None,
 ) -> bool:
-    """Send one step report to the node's agent; True if the datagram left, never raises."""
+    """Send one step report to the node's agent; True if it left, never raises."""
     try:
         report: dict[str, object] = {
             "v": 1,
@@ -152,8 +187,7 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
         if len(data) > MAX_DATAGRAM:
             _unsent[0] += 1
             return False
-        path = socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET
-        _socket().sendto(data, path)
+        _send(socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET, data)
     except Exception:  # noqa: BLE001 - the training loop must never see our failure
         _unsent[0] += 1
         return False

@@ -2,10 +2,11 @@
 
 :class:`RankProcess` forks a child that drops to ``uid`` with ``os.setuid`` (the tests run as
 root) and sends step reports through the real client, :func:`fleetwatch.jobclient.report_step`,
-each time the parent asks; it stays alive between requests, since the agent looks a sender up in
-/proc after its datagram arrives. :func:`cgroup_root` finds a writable cgroup v2 hierarchy, where
-a test can put a child into a cgroup laid out the way slurmstepd or the kubelet lay theirs out:
-the kernel then reports that path in the child's ``/proc/<pid>/cgroup``, as it would on a node.
+each time the parent asks; it stays alive between requests, since the agent looks a sender up
+in /proc when it accepts its connection. :func:`cgroup_root` finds a writable cgroup v2
+hierarchy, where a test can put a child into a cgroup laid out the way slurmstepd or the kubelet
+lay theirs out: the kernel then reports that path in the child's ``/proc/<pid>/cgroup``, as it
+would on a node.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ def _serve(conn: Connection, uid: int) -> None:
         request = conn.recv()
         if request is None:
             return
-        conn.send([report_step(*args, **kwargs) for args, kwargs in request])
+        reports, gap = request
+        sent = []
+        for args, kwargs in reports:
+            sent.append(report_step(*args, **kwargs))
+            if gap:
+                time.sleep(gap)
+        conn.send(sent)
 
 
 class RankProcess:
@@ -58,10 +65,13 @@ class RankProcess:
         assert self._process.pid is not None
         return self._process.pid
 
-    def send(self, reports: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[bool]:
-        """Have the child call ``report_step(*args, **kwargs)`` for each; what each returned."""
-        self._conn.send(reports)
-        if not self._conn.poll(30):
+    def send(
+        self, reports: list[tuple[tuple[Any, ...], dict[str, Any]]], gap: float = 0.0
+    ) -> list[bool]:
+        """Have the child call ``report_step(*args, **kwargs)`` for each, ``gap`` seconds apart
+        (as a training loop's steps are); what each returned."""
+        self._conn.send((reports, gap))
+        if not self._conn.poll(30 + gap * len(reports)):
             msg = f"rank process {self.pid} (uid {self.uid}) did not answer"
             raise TimeoutError(msg)
         sent: list[bool] = self._conn.recv()
@@ -79,7 +89,7 @@ class RankProcess:
 
 
 Reports = list[tuple[tuple[Any, ...], dict[str, Any]]]
-CHUNK = 8  # datagrams sent while the agent does not read: the kernel queues 10 per socket
+CHUNK = 8  # reports sent at once, each chunk once the agent read the last
 
 
 def step_reports(job: str | None, ranks: range, steps: range, path: Path, **kw: Any) -> Reports:
@@ -95,7 +105,7 @@ def step_reports(job: str | None, ranks: range, steps: range, path: Path, **kw: 
 async def deliver(rank: RankProcess, reports: Reports, read: Callable[[], int]) -> None:
     """Send ``reports`` from ``rank`` a few at a time, each few once the agent read them all.
 
-    ``read`` counts the datagrams the agent has read (taken or refused). The sends block the
+    ``read`` counts the reports the agent has read (taken or refused). The sends block the
     event loop the agent reads on, so no more than the kernel queues are sent at once.
     """
     for first in range(0, len(reports), CHUNK):

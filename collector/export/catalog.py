@@ -180,8 +180,9 @@ _NODES = _specs(
                 "unknown_gpu) or who sent it (no_credentials, sender_gone, job_mismatch: not "
                 "the sender's Slurm job; job_owned: another owner holds the job id on the "
                 "node; uid_jobs_full, pod_jobs_full, node_jobs_full: the node's bounds on "
-                "job ids; owner_ranks_full, node_ranks_full: its bounds on ranks). Only "
-                "reasons seen on the node appear."
+                "job ids; owner_ranks_full, node_ranks_full: its bounds on ranks; "
+                "uid_connections_full, connections_full: on connections to the job socket, "
+                "counted per connection closed). Only reasons seen on the node appear."
             ),
         ),
         (

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fleetwatch.wire.validate import Inventory
 
 JOB_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,127}")
-# A rank's datagram to the agent's job socket (docs/jobs.md); longer ones are refused whole.
+# A rank's message to the agent's job socket (docs/jobs.md); longer ones are refused whole.
 MAX_DATAGRAM_BYTES: Final = 2048
 # Who sent a step, as the agent found it in the sender's cgroup: a Slurm job or a pod's UID.
 SCHEDULER_JOB: Final = re.compile(

@@ -1,8 +1,10 @@
 import json
 import math
+import os
 import socket
 import stat
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import Inventory, WireError
 from fleetwatch.wire.validate_jobs import MAX_STEPS_PER_REPORT, validate_job_report
 from tests.job_node import INVENTORY, UUIDS
+from tests.seqpacket_listener import SeqpacketListener
 
 NOW = 1_767_225_600.0
 GOOD = {
@@ -53,7 +56,7 @@ def reason_of(data: bytes) -> str:
 
 @pytest.fixture(autouse=True)
 def _clean_client(monkeypatch):
-    """Each test starts with nothing unsent and no rank environment."""
+    """Each test starts with nothing unsent, no rank environment and no connection."""
     jobclient._unsent[0] = 0
     for name in (
         "LOCAL_RANK",
@@ -63,33 +66,34 @@ def _clean_client(monkeypatch):
         "TORCHELASTIC_RUN_ID",
     ):
         monkeypatch.delenv(name, raising=False)
+    yield
+    jobclient.close()  # the connections this test opened
 
 
 @pytest.fixture
 def listener(tmp_path):
-    """A datagram socket of our own to read what report_step sends."""
+    """A job socket of our own to read what report_step sends."""
     path = tmp_path / "jobs.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.settimeout(2)
+    sock = SeqpacketListener(path)
     yield path, sock
     sock.close()
 
 
-def received(sock: socket.socket) -> dict[str, Any]:
-    report: dict[str, Any] = json.loads(sock.recv(65536))
+def received(sock: SeqpacketListener) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(sock.recv())
     return report
 
 
-def nothing_waiting(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        sock.recv(65536)
-    except BlockingIOError:
-        return True
-    finally:
-        sock.settimeout(2)
-    return False
+def nothing_waiting(sock: SeqpacketListener) -> bool:
+    return sock.poll() is None
+
+
+def send_raw(path: Path, *messages: bytes) -> None:
+    """Send ``messages`` as they are, on one connection to the job socket at ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sender:
+        sender.connect(str(path))
+        for message in messages:
+            sender.send(message)
 
 
 # ---- parse_report -----------------------------------------------------------------------------
@@ -323,27 +327,46 @@ def test_bind_replaces_a_stale_socket_file(tmp_path):
     assert path.exists()
     sock = bind_job_socket(path, 0o660)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendto(b"hello", str(path))
+        send_raw(path, b"hello")
         sock.setblocking(True)
         sock.settimeout(2)
-        assert sock.recv(100) == b"hello"
+        conn, _ = sock.accept()
+        with conn:
+            assert conn.recv(100) == b"hello"
     finally:
         sock.close()
 
 
 def test_bind_refuses_to_take_over_a_live_socket(tmp_path):
-    """Another process listening at the path keeps it; bind raises OSError naming the path."""
+    """Another agent listening at the path keeps it; bind raises OSError naming the path."""
+    path = tmp_path / "jobs.sock"
+    live = bind_job_socket(path, 0o660)
+    try:
+        with pytest.raises(OSError, match="another process listens"):
+            bind_job_socket(path, 0o660)
+        send_raw(path, b"still mine")
+        live.setblocking(True)
+        live.settimeout(2)
+        probe, _ = live.accept()  # the second bind's probe: it connected and closed
+        with probe:
+            assert probe.recv(100) == b""
+        conn, _ = live.accept()
+        with conn:
+            assert conn.recv(100) == b"still mine"
+    finally:
+        live.close()
+
+
+def test_bind_refuses_to_take_over_an_older_agents_live_datagram_socket(tmp_path):
+    """An older agent's datagram socket, still open, keeps its path too (the probe's connection
+    is of the wrong type, which only a live socket answers so)."""
     path = tmp_path / "jobs.sock"
     live = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     live.bind(str(path))
     try:
         with pytest.raises(OSError, match="another process listens"):
             bind_job_socket(path, 0o660)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendto(b"still mine", str(path))
-        live.settimeout(2)
-        assert live.recv(100) == b"still mine"
+        assert path.exists()
     finally:
         live.close()
 
@@ -372,9 +395,7 @@ async def test_reports_arrive_parsed_and_garbage_is_counted(tmp_path):
         assert report_step(
             "job-a", 1, 10, 1.5, 2048, compute_time=1.1, gpu=UUIDS[3], socket_path=str(path)
         )
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendto(b"\x00garbage", str(path))
-            sender.sendto(encode(dict(GOOD, gpu=9)), str(path))
+        send_raw(path, b"\x00garbage", encode(dict(GOOD, gpu=9)))
         await wait_until(lambda: queue.received == 2 and sum(queue.refused.values()) == 2, 5)
         first, second = queue.take()
         assert (first.job_id, first.rank, first.step, first.world_size) == ("job-a", 0, 10, 2)
@@ -428,9 +449,7 @@ async def test_an_out_of_range_datagram_is_counted_invalid(tmp_path):
     queue = JobQueue()
     transport = await serve_job_socket(path, 0o660, queue, lambda: INVENTORY)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendto(with_(rank=2**40), str(path))
-            sender.sendto(encode(GOOD), str(path))
+        send_raw(path, with_(rank=2**40), encode(GOOD))
         await wait_until(lambda: queue.received == 1, 5)
         assert queue.refused == {"bad_value": 1}
     finally:
@@ -513,7 +532,7 @@ def test_nan_step_time_is_sent_as_null_and_refused_by_the_agent(listener):
     """A NaN step time leaves as JSON null, which parse_report refuses as missing."""
     path, sock = listener
     assert report_step("job-h", 0, 1, float("nan"), float("inf"), socket_path=str(path))
-    data = sock.recv(65536)
+    data = sock.recv()
     report = json.loads(data)
     assert report["step_time"] is None
     assert report["tokens"] is None
@@ -552,13 +571,14 @@ def test_close_closes_the_socket_and_the_next_report_opens_another(listener):
     opens a fresh one."""
     path, sock = listener
     assert report_step("job-j", 0, 1, 1.0, socket_path=str(path))
-    first = jobclient._socket()
+    (first,) = jobclient._sockets.values()
     jobclient.close()
     assert first.fileno() == -1
     assert report_step("job-j", 0, 2, 1.0, socket_path=str(path))
     assert received(sock)["step"] == 1
     assert received(sock)["step"] == 2
-    assert jobclient._socket() is not first
+    assert jobclient._sockets[os.getpid(), str(path)] is not first
+    assert sock.accepted == 2
 
 
 @pytest.mark.parametrize(
@@ -650,3 +670,49 @@ def test_report_naming_a_gpu_the_node_lacks_is_refused():
 def test_report_without_gpu_passes_any_inventory():
     """A step that names no GPU needs no inventory entry."""
     validate_job_report(pb.JobReport(steps=[_wire_step(gpu_uuid="")]), Inventory())
+
+
+async def test_a_rank_reconnects_by_itself_when_the_agent_restarts(tmp_path):
+    """The agent restarts (its connections close, a new socket is bound at the path): the
+    rank's next report finds its connection closed, opens another and is delivered."""
+    path = tmp_path / "jobs.sock"
+    queue = JobQueue()
+    transport = await serve_job_socket(path, 0o660, queue, lambda: INVENTORY)
+    assert report_step("job-r", 0, 1, 1.0, socket_path=str(path))
+    await wait_until(lambda: queue.received == 1, 5)
+    transport.close()
+    path.unlink()
+    again = JobQueue()
+    transport = await serve_job_socket(path, 0o660, again, lambda: INVENTORY)
+    try:
+        assert report_step("job-r", 0, 2, 1.0, socket_path=str(path))
+        await wait_until(lambda: again.received == 1, 5)
+        assert again.take()[0].step == 2
+    finally:
+        transport.close()
+
+
+def test_an_older_agents_datagram_socket_is_sent_datagrams(tmp_path):
+    """An agent from before connections listens with a datagram socket: report_step sees the
+    connection refused as of the wrong type and sends it datagrams."""
+    path = tmp_path / "jobs.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as old:
+        old.bind(str(path))
+        old.settimeout(2)
+        assert report_step("job-o", 0, 1, 1.0, socket_path=str(path))
+        assert report_step("job-o", 0, 2, 1.0, socket_path=str(path))
+        assert [json.loads(old.recv(4096))["step"] for _ in range(2)] == [1, 2]
+
+
+async def test_a_connection_is_closed_when_the_agent_closes_and_counts_nothing_lost(tmp_path):
+    """Closing the socket closes every rank's connection (they see it at their next report)."""
+    path = tmp_path / "jobs.sock"
+    queue = JobQueue()
+    transport = await serve_job_socket(path, 0o660, queue, lambda: INVENTORY)
+    assert report_step("job-c", 0, 1, 1.0, socket_path=str(path))
+    await wait_until(lambda: transport.connections == 1, 5)
+    rank_side = jobclient._sockets[os.getpid(), str(path)]
+    transport.close()
+    assert transport.connections == 0
+    assert rank_side.recv(10) == b""  # the agent's end is closed
+    assert queue.lost == 0

@@ -1,14 +1,16 @@
 """The job socket ties each report to its sender: real processes of other uids, a real socket."""
 
+import asyncio
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
 from agent.job_claims import MAX_JOBS_PER_UID, SenderCheck
 from agent.job_report import JobReportError
-from agent.job_socket import JobQueue, serve_job_socket
+from agent.job_socket import CONNECTIONS_PER_UID, JobQueue, serve_job_socket
 from agent.peer_identity import PeerResolver
 from fleetwatch import jobclient
 from fleetwatch.clock import SystemClock
@@ -124,10 +126,11 @@ def test_refusals_become_node_signals_by_reason():
     }
 
 
-def test_a_datagram_without_credentials_is_refused():
+def test_a_connection_the_kernel_names_no_process_for_is_refused():
+    """SO_PEERCRED gives pid 0 for a process in a pid namespace the agent cannot see."""
     check = SenderCheck(PeerResolver(Path("/proc")), SystemClock())
     with pytest.raises(JobReportError) as caught:
-        check.sender([])
+        check.sender(None)
     assert caught.value.reason == "no_credentials"
 
 
@@ -146,10 +149,11 @@ async def test_datagrams_over_2_kib_are_refused_as_too_large(agent_socket):
     """2048 bytes is the documented limit: a byte more is refused and counted, whatever it says."""
     path, queue = agent_socket
     assert MAX_DATAGRAM_BYTES == jobclient.MAX_DATAGRAM == 2048
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.sendto(padded(2048), str(path))
-        sender.sendto(padded(2049), str(path))
-        sender.sendto(padded(200_000), str(path))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sender:
+        sender.connect(str(path))
+        sender.send(padded(2048))
+        sender.send(padded(2049))
+        sender.send(padded(200_000))
         await wait_until(lambda: read(queue)() == 3, 5)
     assert queue.received == 1
     assert queue.refused == {"too_large": 2}
@@ -298,3 +302,62 @@ def test_the_collector_checks_what_the_agent_says_of_the_sender(fields, ok):
     else:
         with pytest.raises(WireError, match=r"scheduler_job|sender_start"):
             validate_job_step(step)
+
+
+async def busy_agent() -> None:
+    """The agent's loop as its polls keep it: busy 5 ms of every 10 (reading NVML, sysfs)."""
+    while True:
+        time.sleep(0.005)
+        await asyncio.sleep(0.005)
+
+
+async def test_one_users_flood_does_not_drop_another_users_reports(agent_socket):
+    """Issue 38 #5: uid 2002 floods its connection as fast as it can, while uid 2001's rank
+    sends 320 reports a millisecond apart and the agent's loop is busy half the time. Each
+    connection has its own kernel queue: the flooder's own sends find theirs full, and every
+    one of the victim's is sent and taken. (With one datagram socket, whose kernel queue all
+    senders share, the victim's sends failed as the flooder's did.)"""
+    path, queue = agent_socket
+    polling = asyncio.create_task(busy_agent())
+    with ranks(ATTACKER, VICTIM) as (attacker, victim):
+        flood = step_reports("flood", range(1), range(300_000), path)
+        flooding = asyncio.create_task(asyncio.to_thread(attacker.send, flood))
+        await wait_until(lambda: queue.held_by(ATTACKER) > 0, 10, "the flood's first reports")
+        real = step_reports("real", range(1), range(320), path)
+        sent_real = await asyncio.to_thread(victim.send, real, 0.001)
+        assert not flooding.done(), "the flood ended before the victim's last report"
+        sent = await flooding
+        await wait_until(lambda: queue.received >= 320, 10, "the victim's reports")
+    polling.cancel()
+    assert sent.count(False) > 0  # the flooder's own queue was full at times
+    assert sent_real == [True] * 320
+    steps = []
+    while batch := queue.take():
+        steps += batch
+    assert sorted(s.step for s in steps if s.sender_uid == VICTIM) == list(range(320))
+
+
+async def test_a_user_holds_at_most_its_share_of_connections(agent_socket):
+    """Connections beyond CONNECTIONS_PER_UID from one uid are closed at once and counted; the
+    ones it holds, and another uid's, still report."""
+    path, queue = agent_socket
+    mine = []
+    try:
+        for _ in range(CONNECTIONS_PER_UID + 3):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(str(path))
+            mine.append(conn)
+        await wait_until(lambda: queue.refused["uid_connections_full"] == 3, 5, "3 refusals")
+        for conn in mine[:CONNECTIONS_PER_UID]:
+            conn.send(
+                json.dumps(
+                    {"v": 1, "job": "j", "rank": 0, "step": 1, "time": 1.7e9, "step_time": 1.0}
+                ).encode()
+            )
+        await wait_until(lambda: queue.received == CONNECTIONS_PER_UID, 5, "their reports")
+        with ranks(VICTIM) as (victim,):
+            await deliver(victim, step_reports("other", range(1), range(2), path), read(queue))
+        assert queue.held_by(VICTIM) == 2
+    finally:
+        for conn in mine:
+            conn.close()

@@ -1,18 +1,16 @@
 import os
 import socket
-import struct
 from pathlib import Path
 
 import pytest
 
 from agent.peer_identity import (
-    ANCILLARY_SPACE,
     Credentials,
     PeerGoneError,
     PeerResolver,
     SchedulerJob,
     boot_time,
-    credentials,
+    peer_credentials,
     scheduler_job,
     start_ticks,
 )
@@ -227,24 +225,18 @@ def test_no_btime_gives_no_start_time(tmp_path):
 # ---- credentials from the kernel --------------------------------------------------------------
 
 
-def test_credentials_parses_scm_credentials():
-    data = struct.pack("=iII", 4242, 1000, 1001)
-    assert credentials([(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, data)]) == Credentials(
-        4242, 1000, 1001
-    )
-    assert credentials([]) is None
-    assert credentials([(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, data[:4])]) is None
-
-
-def test_the_kernel_attaches_the_senders_credentials_with_so_passcred():
-    """With SO_PASSCRED on the receiver, a sender that sends none still arrives with its own."""
-    receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    with receiver, sender:
-        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        sender.send(b"{}")
-        _, ancillary, _, _ = receiver.recvmsg(2048, ANCILLARY_SPACE)
-    assert credentials(ancillary) == Credentials(os.getpid(), os.getuid(), os.getgid())
-    creds = credentials(ancillary)
-    assert creds is not None
+def test_the_kernel_names_who_connected_with_so_peercred(tmp_path):
+    """A connection accepted on a listening socket carries the connecting process's pid, uid
+    and gid, as the kernel took them at connect."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listening:
+        listening.bind(str(path))
+        listening.listen(1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as client:
+            client.connect(str(path))
+            conn, _ = listening.accept()
+            with conn:
+                creds = peer_credentials(conn)
+    assert creds == Credentials(os.getpid(), os.getuid(), os.getgid())
     peer = PeerResolver(Path("/proc")).resolve(creds)
     assert peer.start_unix_ms > 1_600_000_000_000
