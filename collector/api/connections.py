@@ -9,7 +9,9 @@ for the agents' gRPC streams alike. Here:
   line and headers, then :attr:`~ConnectionLimits.body_timeout_s` for the body: totals, not a
   socket timeout per read, so a client dripping a byte a second is closed as surely as a silent
   one; an answer must be taken within :attr:`~ConnectionLimits.write_timeout_s`;
-- at most :attr:`~ConnectionLimits.max_connections` are open. At the cap, a new connection
+- at most :attr:`~ConnectionLimits.max_connections` are open, and at most a quarter of the
+  process's limit on open files (``RLIMIT_NOFILE``; the rest is for the agents' streams, the
+  journal and the logs), so that connections alone cannot run it out. At the cap, a new connection
   closes the oldest one still sending its request (a slow client makes room for a quick one),
   or, when every connection is being answered, is answered ``503`` at once and closed;
 - running out of files (``EMFILE``) pauses accepting for a moment instead of spinning on it.
@@ -26,6 +28,7 @@ import errno
 import io
 import json
 import math
+import resource
 import socket
 import sys
 import threading
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.http")
 
 RETRY_AFTER_S: Final = 1
+FILE_SHARE: Final = 4  # HTTP connections may hold 1/FILE_SHARE of the process's file limit
+MIN_CONNECTIONS: Final = 8
 # How long accepting pauses after the process ran out of files, and how often that is logged.
 OUT_OF_FILES_PAUSE_S: Final = 0.1
 OUT_OF_FILES_LOG_EVERY_S: Final = 60.0
@@ -65,6 +70,19 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     write_timeout_s: float = 30.0
+
+
+def file_limit() -> int | None:
+    """The process's soft limit on open files (None: unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_cap(limits: ConnectionLimits, files: int | None) -> int:
+    """How many connections may be open under ``limits`` and a limit of ``files`` open files."""
+    if files is None:
+        return limits.max_connections
+    return min(limits.max_connections, max(MIN_CONNECTIONS, files // FILE_SHARE))
 
 
 class DeadlineReader(io.RawIOBase):
@@ -209,18 +227,32 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     ) -> None:
         """Bind and listen on ``address``; ``refusals`` counts and logs what is refused.
 
-        An IPv6 address (``::1``, ``::``) gets an IPv6 socket; ``::`` takes IPv4 too, where the
-        kernel maps it (Linux's default).
+        The cap on connections comes from ``limits`` and the process's limit on open files
+        (``files``, read now; None: no limit). An IPv6 address (``::1``, ``::``) gets an IPv6
+        socket; ``::`` takes IPv4 too, where the kernel maps it (Linux's default).
         """
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
+        self.files = file_limit()
         self.limits = limits
+        if self.cap < limits.max_connections:
+            log.warning(
+                "http_connections_capped",
+                connections=self.cap,
+                file_limit=self.files,
+                hint="raise LimitNOFILE in the collector's unit (docs/deploy.md)",
+            )
         self.monotonic = monotonic
         self._refusals = refusals
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Connection] = {}
         self._files_logged = -math.inf
         super().__init__(address, handler)  # last: a failed bind calls server_close()
+
+    @property
+    def cap(self) -> int:
+        """How many connections may be open: ``limits`` under the file limit."""
+        return connection_cap(self.limits, self.files)
 
     def counts(self) -> tuple[int, int]:
         """Connections open now: (still sending their request, being answered)."""
@@ -277,7 +309,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         victim: _Connection | None = None
         with self._lock:
             live = [c for c in self._open.values() if not c.evicted]
-            if len(live) >= self.limits.max_connections:
+            if len(live) >= self.cap:
                 victim = next((c for c in live if not c.answering), None)
                 if victim is None:
                     admitted = False
@@ -310,8 +342,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         refusal = Refusal(
             HTTPStatus.SERVICE_UNAVAILABLE,
             "too_many_connections",
-            f"the collector's HTTP server is answering {self.limits.max_connections} "
-            "requests already; retry shortly",
+            f"the collector's HTTP server is answering {self.cap} requests already; retry shortly",
         )
         body = json.dumps({"error": refusal.message}).encode()
         head = (

@@ -10,7 +10,12 @@ import socket
 from collections import Counter
 
 from collector.api.auth import Refusals
-from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
+from collector.api.connections import (
+    BoundedHandler,
+    BoundedHTTPServer,
+    ConnectionLimits,
+    connection_cap,
+)
 from collector.config import CollectorConfig
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 
@@ -49,3 +54,13 @@ def test_the_connection_cap_covers_every_shard_target_of_a_4096_node_fleet():
     nodes_per_shard = CollectorConfig().metrics_shard_samples // SERIES_PER_NODE_BUDGET
     targets = math.ceil(4096 / nodes_per_shard) + 1  # and the fleet's own target
     assert ConnectionLimits().max_connections > targets
+
+
+def test_the_connection_cap_is_a_share_of_the_file_limit():
+    """A quarter of the open-file limit, never above max_connections nor below 8; no limit
+    leaves max_connections."""
+    limits = ConnectionLimits()
+    assert connection_cap(limits, 65536) == limits.max_connections
+    assert connection_cap(limits, 512) == 128
+    assert connection_cap(limits, 20) == 8
+    assert connection_cap(limits, None) == limits.max_connections
