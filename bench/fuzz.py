@@ -3,9 +3,12 @@
 Targets (one property module each, in ``tests/property/``): the protobuf ingest (``wire``), the
 kernel log (``kmsg``), the sysfs readers (``sysfs``), the job socket's datagrams
 (``job_socket``), the config loaders (``config``), rule files (``rules``), the Xid catalog
-(``xid_catalog``), scenario files (``scenario``) and what an HTTP client sends the API (headers,
-silence ids, bodies: ``api_input``). Each property says: a valid result or the
-documented error with a short message that names what was wrong, nothing else, bounded storage.
+(``xid_catalog``), scenario files (``scenario``), what an HTTP client sends the API (headers,
+silence ids, bodies: ``api_input``), the BMC's answers (Redfish bodies and documents through the
+reader and the poller: ``bmc_redfish``; ``ipmitool`` listings: ``bmc_ipmi``) and a node's
+pre-flight results (the wire screen, then the fit to its plan: ``preflight_results``). Each
+property says: a valid result or the documented error with a short message that names what was
+wrong, nothing else, bounded storage.
 
 Run from the repository root: ``.venv/bin/python bench/fuzz.py [--seconds S] [--examples N]``.
 Rounds of ``N`` examples per property, round after round with fresh random seeds, until ``S``
@@ -43,6 +46,8 @@ MODULES = (
     "test_rules",
     "test_scenario",
     "test_api_input",
+    "test_bmc_answers",
+    "test_preflight_results",
 )
 
 

@@ -22,6 +22,7 @@ import base64
 import http.client
 import json
 import math
+import re
 import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -56,6 +57,7 @@ Json = dict[str, Any]
 
 _HEALTH: Final = {"OK": Health.OK, "Warning": Health.WARNING, "Critical": Health.CRITICAL}
 _SEVERITY: Final = {"OK": Severity.OK, "Warning": Severity.WARNING, "Critical": Severity.CRITICAL}
+_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
 _INLET: Final = ("Intake", "Inlet", "Ambient", "Room")
 _OUTLET: Final = ("Exhaust", "Outlet")
 
@@ -431,7 +433,7 @@ def parse_sel_entry(item: Json) -> SelEntry | None:
     except ValueError:
         return None
     severity = _SEVERITY.get(str(item.get("Severity") or "OK"), Severity.WARNING)
-    sensor_type = str(item.get("SensorType") or "")
+    sensor_type = _text(item.get("SensorType") or "", 64)
     sensor = sensor_type or "SEL"
     number = item.get("SensorNumber")
     if isinstance(number, int) and not isinstance(number, bool):
@@ -440,7 +442,16 @@ def parse_sel_entry(item: Json) -> SelEntry | None:
         key=key,
         severity=severity,
         sensor=sensor[:64],
-        message=str(item.get("Message") or item.get("EntryCode") or "")[:200],
-        created=str(item.get("Created") or "")[:40],
+        message=_text(item.get("Message") or item.get("EntryCode") or "", 200),
+        created=_text(item.get("Created") or "", 40),
         sensor_type=sensor_type[:40],
     )
+
+
+def _text(value: object, limit: int) -> str:
+    r"""``value`` as at most ``limit`` characters that UTF-8, and so an event's detail, can hold.
+
+    JSON's ``\ud800`` escape decodes to a lone surrogate, which no UTF-8 string holds: the event
+    made of the entry would be refused whole. Each becomes U+FFFD and the rest is kept.
+    """
+    return _SURROGATE.sub("\ufffd", str(value)[:limit])

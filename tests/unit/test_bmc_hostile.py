@@ -7,6 +7,7 @@ transport does with each body) and the real poller; only the socket is left out.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,7 +15,11 @@ from agent.poll_bmc import BmcPoller
 from agent.sim.bmc import SimBmc, SimRedfishService
 from agent.sources.bmc import BmcError
 from agent.sources.bmc_redfish import RedfishBmc, decode_answer, parse_sel_entry
+from agent.sources.sel_cursor import SelCursor
 from fleetwatch.model import Target
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 NODE = Target.node()
 
@@ -112,3 +117,28 @@ def test_decode_refuses_what_json_is_not():
         decode_answer("/p", 200, b'{"a": -Infinity}')
     with pytest.raises(BmcError, match="nested too deep"):
         decode_answer("/p", 200, b"[" * 100_000)
+
+
+async def test_a_lone_surrogate_in_an_sel_entry_keeps_its_event(tmp_path: Path):
+    """JSON's ``\\ud800`` escape is no UTF-8: it becomes U+FFFD, the entry's event still goes."""
+    body = (
+        b'{"Members": [{"Id": "7", "Severity": "Critical", "SensorType": "Fan\\udfff",'
+        b' "Message": "PSU \\ud800 failed", "Created": "\\ud83d"}]}'
+    )
+    entry = parse_sel_entry(json.loads(body)["Members"][0])
+    assert entry is not None
+    assert (entry.sensor, entry.message, entry.created) == (
+        "Fan\ufffd",
+        "PSU \ufffd failed",
+        "\ufffd",
+    )
+    service = BytesService({})
+    RedfishBmc(service, "b").read_sel(None)
+    (entries,) = [p for p in service.paths if p.endswith("/Entries")]
+    service.replaced[entries] = body
+    cursor = SelCursor(tmp_path / "sel.json", "hostile-bmc")
+    cursor.save(0)  # every entry is new
+    poller = BmcPoller(RedfishBmc(service, "hostile-bmc"), cursor=cursor)
+    result = await poller.poll(1)
+    (event,) = [e for e in result.events if e.detail.startswith("SEL 7")]
+    assert event.to_pb(1).detail == "SEL 7 critical: Fan\ufffd: PSU \ufffd failed at \ufffd"
