@@ -217,6 +217,8 @@ class Agent:
         result.samples.update(events.samples)  # the few of the event sources into the many
         self._publish(result.samples, events=bool(events.events or result.events))
         await self.flush()
+        if self.jobs is not None:
+            self.jobs.watch()  # the rank processes, for the collector's hang judgement
         self.polls += 1
 
     async def timed_poll(self) -> float:

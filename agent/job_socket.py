@@ -32,6 +32,7 @@ from agent.budget import ByteBudget
 from agent.job_claims import SenderCheck
 from agent.job_report import REFUSED_SIGNAL_PREFIX, JobReportError, parse_report, unsent_count
 from agent.peer_identity import PeerResolver, peer_credentials
+from agent.rank_watch import RankWatch
 from fleetwatch.clock import SystemClock
 from fleetwatch.wire.validate_jobs import MAX_DATAGRAM_BYTES
 
@@ -48,6 +49,8 @@ MAX_QUEUED: Final = 20_000
 MAX_BATCH: Final = 2_000
 LOG_EVERY: Final = 1000
 STEP_OVERHEAD: Final = 8
+# What a rank's process says as it ends (fleetwatch.jobclient, at interpreter exit).
+FAREWELLS: Final = {b'{"v":1,"bye":"ok"}': "ok", b'{"v":1,"bye":"error"}': "error"}
 READS_PER_WAKE: Final = 32  # reports read from one connection per wake: every one gets its turn
 ACCEPTS_PER_WAKE: Final = 64
 BACKLOG: Final = 1024  # connections the kernel holds before the agent accepts them
@@ -78,8 +81,13 @@ class JobQueue:
         limit: int = MAX_QUEUED,
         budget: ByteBudget | None = None,
         senders: SenderCheck | None = None,
+        ranks: RankWatch | None = None,
     ) -> None:
-        """Empty; ``on_add`` (set by the agent) wakes the link's sender."""
+        """Empty; ``on_add`` (set by the agent) wakes the link's sender.
+
+        ``ranks`` watches the processes that reported (under the senders' proc root unless
+        given); :meth:`watch` reads them each poll.
+        """
         self._order: deque[_Held] = deque()  # every held report in arrival order (and holes)
         self._by_uid: dict[int | None, deque[_Held]] = {}
         self._count = 0
@@ -87,6 +95,8 @@ class JobQueue:
         self._limit = limit
         self._budget = budget or ByteBudget()
         self.senders = senders or SenderCheck(PeerResolver(Path("/proc")), SystemClock())
+        self.ranks = ranks or RankWatch(self.senders.peers.proc_root)
+        self._processes: list[pb.RankProcess] = []
         self.received = 0
         self.dropped = 0
         self.refused: Counter[str] = Counter()
@@ -185,8 +195,23 @@ class JobQueue:
             counts[REFUSED_SIGNAL_PREFIX + reason] = count
         return counts
 
+    def watch(self) -> None:
+        """Read every rank process that reported here (each poll); the link sends what it saw."""
+        self._processes = self.ranks.snapshot()
+        if self._processes:
+            self.on_add()
+
+    def take_processes(self) -> list[pb.RankProcess]:
+        """The rank processes as last read, once (the link sends them with its next report)."""
+        processes, self._processes = self._processes, []
+        return processes
+
     def receive(self, data: bytes, peer: Peer, inventory: NodeInventory) -> None:
         """Take one report from ``peer``: what it says, and whether they may say it."""
+        farewell = FAREWELLS.get(data)
+        if farewell is not None:  # the process is ending, and says how
+            self.ranks.farewell(peer.pid, peer.start_ticks, farewell)
+            return
         slurm = peer.scheduler.id if peer.scheduler and peer.scheduler.kind == "slurm" else ""
         try:
             step = parse_report(data, inventory, default_job=slurm)
@@ -198,6 +223,7 @@ class JobQueue:
         step.sender_start_unix_ms = peer.start_unix_ms
         step.scheduler_job = peer.scheduler.label if peer.scheduler else ""
         self.unsent += unsent_count(data)
+        self.ranks.saw(step.job_id, step.rank, peer.pid, peer.start_ticks)
         self.add(step, peer.uid)
 
 

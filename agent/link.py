@@ -360,8 +360,13 @@ class CollectorLink:
         """Forward the queued step reports (lost with the stream if a write fails)."""
         if self._jobs is None:
             return
+        processes = self._jobs.take_processes()
         while steps := self._jobs.take():
-            report = pb.JobReport(steps=steps, dropped=self._jobs.lost)
+            report = pb.JobReport(steps=steps, dropped=self._jobs.lost, processes=processes)
+            processes = []
+            await self._write(call, lock, pb.AgentMessage(job_report=report))
+        if processes:
+            report = pb.JobReport(dropped=self._jobs.lost, processes=processes)
             await self._write(call, lock, pb.AgentMessage(job_report=report))
 
     async def _read_loop(self, call: Call, lock: asyncio.Lock) -> None:

@@ -167,6 +167,7 @@ class PeerResolver:
 
     def __init__(self, proc_root: Path, ticks_per_s: int | None = None) -> None:
         """Read the boot time lazily; ``ticks_per_s`` defaults to the system's ``CLK_TCK``."""
+        self.proc_root = proc_root
         self._root = proc_root
         self._ticks = ticks_per_s or os.sysconf("SC_CLK_TCK")
         self._boot_ms: int | None = None

@@ -280,7 +280,7 @@ def _job_row(r: dict[str, Any], _now: float) -> list[str]:
         checkpoint += f" / {span(r['checkpoint_interval_s'])}"
     return [
         r["id"],
-        "yes" if r["active"] else "ended",
+        r.get("state") or ("running" if r["active"] else "idle"),
         str(r["gpus"]),
         str(r.get("ranks_missing", 0) or "-"),
         str(r["step"]),
@@ -302,7 +302,7 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
             "jobs",
             [
                 "JOB",
-                "ACTIVE",
+                "STATE",
                 "GPUS",
                 "MISSING",
                 "STEP",
@@ -324,7 +324,9 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
         print(json.dumps(data, indent=2), file=out)
         return 0
     print(data["summary"], file=out)
-    rows = [["RANK", "NODE", "GPU", "STEP", "STEP S", "COMPUTE S", "RATIO", "NOTE"]]
+    for culprit in data.get("culprits", []):
+        print(f"  culprit: {culprit}", file=out)
+    rows = [["RANK", "NODE", "GPU", "STEP", "PROCESS", "STEP S", "COMPUTE S", "RATIO", "NOTE"]]
     rows.extend(
         [
             [
@@ -332,6 +334,7 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
                 r["node"],
                 "-" if r["gpu"] is None else str(r["gpu"]),
                 str(r["step"]),
+                r.get("process") or "-",
                 f"{r['step_time_s']:.3f}",
                 "-" if r["compute_time_s"] is None else f"{r['compute_time_s']:.3f}",
                 "-" if r["compute_ratio"] is None else f"{r['compute_ratio']:.2f}",

@@ -34,6 +34,10 @@ What to pass:
 A report that could not be sent (the agent's queue was full, or it was down) is counted, and the
 count travels with the next report that gets through, so the agent knows what it missed.
 
+A process that reported says farewell as the interpreter exits: ``ok``, or ``error`` when an
+uncaught exception ended it. A rank that ends without a word (killed, a crash of the
+interpreter) is what the collector suspects first when a job fails (docs/jobs.md "Hangs").
+
 The socket is ``$FLEETWATCH_JOB_SOCKET``, else ``/run/fleetwatch/jobs.sock``. Each process keeps
 one connection to it (``SOCK_SEQPACKET``; a forked child opens its own, and a connection the agent
 closed is opened again on the next report), so its reports wait in a queue of its own, which no
@@ -44,11 +48,13 @@ An agent from before connections (a datagram socket) is sent datagrams.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import math
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -63,6 +69,9 @@ _lock = threading.Lock()
 _sockets: dict[tuple[int, str], socket.socket] = {}  # by (pid, path): a forked child opens its own
 _unsent = [0]  # reports this process could not send; told to the agent with the next one
 _closed_at_exit = [False]
+_crashed = [False]  # an uncaught exception reached sys.excepthook: the farewell is "error"
+FAREWELL_OK = b'{"v":1,"bye":"ok"}'
+FAREWELL_ERROR = b'{"v":1,"bye":"error"}'
 
 
 def _connect(path: str) -> socket.socket:
@@ -79,7 +88,8 @@ def _connect(path: str) -> socket.socket:
             continue
         if not _closed_at_exit[0]:
             _closed_at_exit[0] = True
-            atexit.register(close)
+            atexit.register(_farewell)
+            _note_crashes()
         return sock
     msg = f"{path} takes neither connections nor datagrams"
     raise OSError(errno.EPROTOTYPE, msg)
@@ -103,6 +113,29 @@ def _send(path: str, data: bytes) -> None:
         sock = _connect(path)
         _sockets[key] = sock
         sock.send(data, _FLAGS)
+
+
+def _note_crashes() -> None:
+    """Have an uncaught exception noted before the interpreter reports it (and exits)."""
+    previous = sys.excepthook
+
+    def noted(*args: object) -> None:
+        _crashed[0] = True
+        previous(*args)  # type: ignore[arg-type]
+
+    sys.excepthook = noted
+
+
+def _farewell() -> None:
+    """At exit: tell the agent how this process ends, then close its connections."""
+    pid = os.getpid()
+    word = FAREWELL_ERROR if _crashed[0] else FAREWELL_OK
+    with _lock:
+        for (owner, _), sock in _sockets.items():
+            if owner == pid and sock.type == socket.SOCK_SEQPACKET:
+                with contextlib.suppress(OSError):
+                    sock.send(word, _FLAGS)
+    close()
 
 
 def close() -> None:

@@ -83,6 +83,12 @@ VARIABLE_TYPES: Final[dict[str, dict[str, Kind]]] = {
     "job": {
         "id": _T,
         "active": _B,
+        "state": _T,
+        "silent_s": _N,
+        "hang_deadline_s": _N,
+        "ranks_gone": _N,
+        "culprits": _L,
+        "culprit_nodes": _L,
         "world_size": _N,
         "ranks": _N,
         "ranks_missing": _N,

@@ -39,6 +39,9 @@ def _serve(conn: Connection, uid: int) -> None:
         request = conn.recv()
         if request is None:
             return
+        if request[0] == "flood":
+            conn.send(_flood(conn, *request[1:]))
+            continue
         reports, gap = request
         sent = []
         for args, kwargs in reports:
@@ -46,6 +49,19 @@ def _serve(conn: Connection, uid: int) -> None:
             if gap:
                 time.sleep(gap)
         conn.send(sent)
+
+
+def _flood(conn: Connection, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    """Send ``args``' report with step 0, 1, 2, ... as fast as it goes until the parent says
+    stop; (sent, not sent)."""
+    job, rank, _, step_time = args
+    step, failed = 0, 0
+    while not (step % 256 == 0 and conn.poll()):
+        if not report_step(job, rank, step, step_time, **kwargs):
+            failed += 1
+        step += 1
+    conn.recv()  # the stop
+    return step - failed, failed
 
 
 class RankProcess:
@@ -76,6 +92,20 @@ class RankProcess:
             raise TimeoutError(msg)
         sent: list[bool] = self._conn.recv()
         return sent
+
+    def flood(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Have the child send ``report_step(*args, **kwargs)`` (steps counting up) without pause
+        until :meth:`end_flood`."""
+        self._conn.send(("flood", args, kwargs))
+
+    def end_flood(self) -> tuple[int, int]:
+        """Stop the flood; (reports sent, reports that found the queue full)."""
+        self._conn.send("stop")
+        if not self._conn.poll(30):
+            msg = f"rank process {self.pid} (uid {self.uid}) did not stop its flood"
+            raise TimeoutError(msg)
+        counts: tuple[int, int] = self._conn.recv()
+        return counts
 
     def stop(self) -> None:
         """Let the child exit, and reap it."""

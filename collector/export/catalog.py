@@ -746,6 +746,24 @@ _JOBS = _specs(
             "Median step time over the recent steps.",
         ),
         ("fleetwatch_job_step", "gauge", "", JOB, "Highest step finished."),
+        (
+            "fleetwatch_job_state",
+            "gauge",
+            "",
+            (*JOB, "state"),
+            (
+                "1 for the job's state: running, hung (every rank process there, no step for "
+                "longer than its deadline), failed (a rank process ended without saying ok), "
+                "finished, idle (nothing heard, no process described); docs/jobs.md, Hangs."
+            ),
+        ),
+        (
+            "fleetwatch_job_silent_seconds",
+            "gauge",
+            "seconds",
+            JOB,
+            "Time since the job's last finished step.",
+        ),
         ("fleetwatch_job_gpus", "gauge", "", JOB, "GPUs (ranks) of the job."),
         (
             "fleetwatch_job_ranks_missing",

@@ -37,7 +37,10 @@ _GAUGES: Final = (
     ("checkpoint_age_seconds", "checkpoint_age_s"),
     ("checkpoint_cost_seconds", "checkpoint_cost_s"),
     ("checkpoint_interval_recommended_seconds", "checkpoint_interval_s"),
+    ("silent_seconds", "silent_s"),
 )
+# States whose jobs stay on /metrics after idle_after_s without a report: they still cost GPUs.
+_KEPT: Final = frozenset({"hung", "failed"})
 # Per-rank gauges: (metric, rank map key).
 _RANK_GAUGES: Final = (
     ("fleetwatch_job_rank_step_time_seconds", "step_time_s"),
@@ -60,9 +63,12 @@ class JobsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
         f = families(_NAMES)
-        for job in (j for j in self._jobs.summaries() if j["active"]):
+        for job in self._jobs.summaries():
+            if not job["active"] and job["state"] not in _KEPT:
+                continue
             for suffix, key in _GAUGES:
                 f[f"fleetwatch_job_{suffix}"].add_metric([job["id"]], float(job[key]))
+            f["fleetwatch_job_state"].add_metric([job["id"], job["state"]], 1.0)
             for rank in self._jobs.ranks(job["id"]):
                 gpu = "" if rank["gpu"] is None else str(rank["gpu"])
                 labels = [job["id"], str(rank["rank"]), rank["node"], gpu]

@@ -99,8 +99,27 @@ class _Job:
     tokens: float = 1000.0
     params: float = 7e9
     step: int = 0
-    running: bool = True
+    running: bool = True  # steps go on
     checkpoint_s: float = 0.0
+    described: bool = True  # its agents describe its rank processes (they are alive unless said)
+    states: dict[int, str] = field(default_factory=dict)  # rank -> its process's state
+    farewells: dict[int, str] = field(default_factory=dict)  # rank -> what it said as it ended
+
+    def processes(self) -> dict[str, list[pb.RankProcess]]:
+        """What each node's agent says of this job's rank processes, every poll."""
+        by_node: dict[str, list[pb.RankProcess]] = {}
+        if self.described:
+            for rank, (node, _) in self.ranks.items():
+                state = self.states.get(rank, "sleeping")
+                process = pb.RankProcess(
+                    job_id=self.job_id,
+                    rank=rank,
+                    state=state,
+                    pid=100 + rank,
+                    farewell=self.farewells.get(rank, ""),
+                )
+                by_node.setdefault(node, []).append(process)
+        return by_node
 
     def reports(self, now_unix: float) -> dict[str, pb.JobReport]:
         by_node: dict[str, pb.JobReport] = {}
@@ -126,6 +145,30 @@ class _Job:
             by_node.setdefault(node, pb.JobReport()).steps.append(step)
         self.step += 1
         return by_node
+
+
+def _turn(job: _Job, raw: dict[str, Any]) -> None:
+    """A job step's turns: its steps stop, its processes stop being described, exit or change."""
+    if raw.get("stop"):  # steps and process descriptions end (an agent too old to watch)
+        job.running = job.described = False
+    if raw.get("hang"):  # steps end; every rank process stays
+        job.running = False
+    for rank in _ranks(raw.get("exit"), job):  # these ranks' processes end without a word
+        job.states[rank] = "exited"
+    for rank in _ranks(raw.get("finish"), job):  # these exit, saying ok
+        job.states[rank] = "exited"
+        job.farewells[rank] = "ok"
+    if "process" in raw:  # {rank: N, state: stopped}
+        job.states[int(raw["process"]["rank"])] = str(raw["process"]["state"])
+
+
+def _ranks(raw: Any, job: _Job) -> list[int]:  # noqa: ANN401 - as the test file wrote it
+    """A job step's ranks: ``all``, a number, or a list of numbers (None: none)."""
+    if raw is None:
+        return []
+    if raw == "all":
+        return list(job.ranks)
+    return [int(r) for r in (raw if isinstance(raw, list) else [raw])]
 
 
 class _Run:
@@ -171,9 +214,11 @@ class _Run:
         while self.clock.monotonic() - self.start < at:
             self.clock.advance(1.0)
             for job in self.jobs.values():
-                if job.running:
-                    for node, report in job.reports(self.clock.now()).items():
-                        self.book.ingest(node, report)
+                reports = job.reports(self.clock.now()) if job.running else {}
+                for node, processes in job.processes().items():
+                    reports.setdefault(node, pb.JobReport()).processes.extend(processes)
+                for node, report in reports.items():
+                    self.book.ingest(node, report)
             self._tick()
 
     def _tick(self) -> None:
@@ -239,8 +284,7 @@ class _Run:
             job.step_time = parse_duration(raw["step_time"])
         if "checkpoint" in raw:
             job.checkpoint_s = parse_duration(raw["checkpoint"])
-        if raw.get("stop"):
-            job.running = False
+        _turn(job, raw)
 
     def firing(self) -> list[str]:
         return sorted(

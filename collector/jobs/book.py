@@ -29,11 +29,12 @@ from collector.jobs.diagnosis import (
     job_fabric_nodes,
     node_evidence,
 )
+from collector.jobs.liveness import Liveness, judge, suspects
 from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
 from collector.jobs.state import JobState
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from collector.jobs.checkpoint_policy import CheckpointAdvice
     from collector.jobs.config import JobsConfig
@@ -133,9 +134,20 @@ class JobBook:
                 )
                 if self._take(job, node, step, now):
                     changed[job.job_id] = job
+            self._describe(node, report.processes, now)
             told = [(job.job_id, self._straggling_changed(job)) for job in changed.values()]
         for job_id, gpus in told:
             self.on_change(job_id, gpus)
+
+    def _describe(self, node: str, processes: Iterable[pb.RankProcess], now: float) -> None:
+        """Hand each job what ``node``'s agent says of its rank processes (unknown jobs: none)."""
+        by_job: dict[str, list[pb.RankProcess]] = {}
+        for process in processes:
+            by_job.setdefault(process.job_id, []).append(process)
+        for job_id, theirs in by_job.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.describe(node, theirs, now)
 
     def _take(self, job: JobState, node: str, step: pb.JobStep, now: float) -> bool:
         """Hand the report to its job (True: it finished steps), counting each node's ranks."""
@@ -427,6 +439,8 @@ class JobBook:
     def job_map(self, job: JobState) -> dict[str, Any]:
         """The ``job`` variables of one job."""
         active = self.active(job)
+        liveness = judge(job, self._clock.monotonic(), self.config, active=active)
+        culprits = self._culprits(job, liveness)
         tokens_per_s, step_time = self.throughput(job)
         age, advice = self.checkpoint(job)
         drop = job.drops.active if active else None
@@ -440,6 +454,12 @@ class JobBook:
         return {
             "id": job.job_id,
             "active": active,
+            "state": liveness.state,
+            "silent_s": round(liveness.silent_s, 1),
+            "hang_deadline_s": round(liveness.deadline_s, 1),
+            "ranks_gone": len(liveness.gone),
+            "culprits": [c["text"] for c in culprits],
+            "culprit_nodes": sorted({c["node"] for c in culprits}),
             "world_size": job.world_size,
             "ranks": len(job.ranks),
             "ranks_missing": len(missing),
@@ -471,6 +491,8 @@ class JobBook:
             ),
             "summary": self._summary(
                 job,
+                liveness=liveness,
+                culprits=culprits,
                 missing=missing,
                 tokens_per_s=tokens_per_s,
                 drop=drop,
@@ -489,10 +511,37 @@ class JobBook:
         window = Window(history, now - FABRIC_WINDOW_S, now)
         return job_fabric_nodes(job, self._fleet.view(), window, self.config)
 
+    def _culprits(self, job: JobState, liveness: Liveness) -> list[dict[str, str]]:
+        """The ranks that stand out in a hang or a failure: where, why, what the hardware shows."""
+        if liveness.state not in {"hung", "failed"}:
+            return []
+        nodes = self._fleet.view()
+        history = self.history
+        now = self._clock.monotonic()
+        out = []
+        for rank, why in suspects(job, liveness):
+            held = job.ranks.get(rank)
+            if held is None:
+                continue
+            node = nodes.get(held.node)
+            gpu = node.gpus.get(held.gpu_uuid) if node is not None else None
+            where = f"{held.node} GPU {gpu.index}" if gpu is not None else held.node
+            text = f"rank {rank} on {where}: {why}"
+            if history is not None and node is not None:
+                uuids = {held.gpu_uuid} if held.gpu_uuid else set()
+                window = Window(history, now - 3600.0, now)
+                lines = node_evidence(node, uuids, window, self.config).lines
+                if lines:
+                    text += "; hardware: " + "; ".join(lines)
+            out.append({"node": held.node, "text": text})
+        return out
+
     @staticmethod
     def _summary(  # noqa: PLR0913 - the figures the line is made of
         job: JobState,
         *,
+        liveness: Liveness,
+        culprits: list[dict[str, str]],
         missing: set[int],
         tokens_per_s: float,
         drop: Any,  # noqa: ANN401 - a Drop or None
@@ -501,6 +550,20 @@ class JobBook:
         interval: float,
     ) -> str:
         parts = [f"job {job.job_id} at step {max(job.max_step, 0)}: {tokens_per_s:,.0f} tokens/s"]
+        if liveness.state == "hung":
+            parts.append(
+                f"hung: no step finished for {liveness.silent_s:.0f} s (its deadline "
+                f"{liveness.deadline_s:.0f} s), every rank process still there"
+            )
+        elif liveness.state == "failed":
+            gone = ", ".join(str(r) for r in liveness.gone[:8])
+            parts.append(f"failed: rank {gone} exited and the others wait")
+        elif liveness.state == "finished":
+            parts.append("finished: every rank process exited")
+        if culprits:
+            parts.append("culprits: " + "; ".join(c["text"] for c in culprits[:4]))
+        elif liveness.state == "hung":
+            parts.append("no rank's process stands out (stopped, D state or gone)")
         if missing:
             where = sorted({job.ranks[r].node for r in missing})
             shown = where[:5]
@@ -562,6 +625,9 @@ class JobBook:
                     "gpu": gpu.index if gpu is not None else None,
                     "gpu_uuid": rank.gpu_uuid or None,
                     "step": rank.step,
+                    "process": job.processes[rank.rank].state
+                    if rank.rank in job.processes
+                    else None,
                     "step_time_s": rank.step_time_s,
                     "compute_time_s": rank.compute_time_s,
                     "compute_ratio": ratios.get(rank.rank),

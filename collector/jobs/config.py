@@ -20,6 +20,9 @@ _POSITIVE = (
     "uid_job_share",
     "evidence_ib_errors",
     "evidence_nvlink_errors",
+    "hang_factor",
+    "hang_floor_s",
+    "exit_grace_s",
 )
 _COUNTS = (
     "straggler_window_steps",
@@ -65,6 +68,12 @@ class JobsConfig:
     ranks_per_node: int = 64
     # One uid's jobs may hold at most this share of max_jobs (Slurm jobs count for their uid).
     uid_job_share: float = 0.1
+    # A job whose rank processes are all there but finished no step for max(hang_factor x its
+    # p99 step time, hang_floor_s) is hung; one with no step for exit_grace_s since a rank's
+    # process ended without saying ok, failed (docs/jobs.md "Hangs").
+    hang_factor: float = 5.0
+    hang_floor_s: float = 30.0
+    exit_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""

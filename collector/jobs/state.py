@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from collector.jobs.changepoint import DropConfig, DropDetector
+from collector.jobs.processes import GONE, RankProcess
 from collector.jobs.stragglers import StragglerConfig, StragglerDetector
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class JobState:
         self.gone: frozenset[int] = frozenset()  # ranks whose GPU or node the fleet lost
         self._gathering: dict[int, _Gathering] = {}
         self._max_ranks = config.max_ranks
+        # each rank's process as its node's agent last described it (collector/jobs/liveness.py)
+        self.processes: dict[int, RankProcess] = {}
 
     @property
     def expected_ranks(self) -> int:
@@ -202,11 +205,36 @@ class JobState:
             self.has_compute_times = True
         return self._finish(now)
 
+    def describe(self, node: str, processes: list[pb.RankProcess], now: float) -> None:
+        """``node``'s agent describes rank processes of this job (only ranks it holds count).
+
+        Of two processes of one rank in a report (the one that exited before a restart, and its
+        successor), the one that is there counts.
+        """
+        latest: dict[int, pb.RankProcess] = {}
+        for process in processes:
+            held = self.ranks.get(process.rank)
+            if held is None or held.node != node:
+                continue
+            seen = latest.get(process.rank)
+            if seen is None or seen.state in GONE:
+                latest[process.rank] = process
+        for rank, process in latest.items():
+            before = self.processes.get(rank)
+            gone_since = None
+            if process.state in GONE:
+                was_gone = before is not None and before.gone_since is not None
+                gone_since = before.gone_since if was_gone and before else now
+            self.processes[rank] = RankProcess(
+                process.state, process.cpu_s, process.pid, now, gone_since, process.farewell
+            )
+
     def _resize(self, world: int) -> None:
         """The job declares ``world`` ranks: a smaller world (a restart) drops the ranks above."""
         if world < self.world_size:
             for gone in [r for r in self.ranks if r >= world]:
                 del self.ranks[gone]
+                self.processes.pop(gone, None)
                 self.stragglers.forget(gone)
         self.world_size = world
 

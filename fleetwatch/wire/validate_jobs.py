@@ -24,6 +24,13 @@ SCHEDULER_JOB: Final = re.compile(
     r"slurm:[0-9]{1,20}|k8s:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 )
 MAX_STEPS_PER_REPORT: Final = 10_000
+MAX_PROCESSES_PER_REPORT: Final = 1024  # rank processes an agent watches (docs/jobs.md "Hangs")
+# How a rank's process is, as /proc/<pid>/stat says (or gone).
+PROCESS_STATES: Final = frozenset(
+    {"running", "sleeping", "disk_sleep", "stopped", "zombie", "exited"}
+)
+MAX_CPU_S: Final = 1e10
+FAREWELLS: Final = frozenset({"", "ok", "error"})
 MAX_RANKS: Final = 1_000_000
 MAX_STEP: Final = 2**53
 MAX_SECONDS: Final = 7 * 86400.0  # a step or a checkpoint longer than a week is not a report
@@ -42,15 +49,21 @@ def _bounded(value: float, low: float, high: float) -> bool:
     return math.isfinite(value) and low <= value <= high
 
 
+def _job_and_rank(job_id: str, rank: int, what: str, which: str) -> str:
+    """Check a message's job id and rank; return how its errors name it."""
+    _check(
+        JOB_ID.fullmatch(job_id) is not None,
+        what,
+        f"job id {job_id[:80]!r} must be 1-128 letters, digits or ._:/@+=-",
+    )
+    where = f"job {job_id} rank {rank} {which}"
+    _check(rank < MAX_RANKS, where, f"rank above {MAX_RANKS}")
+    return where
+
+
 def validate_job_step(step: pb.JobStep, inventory: Inventory | None = None) -> None:
     """Check one step report; ``inventory`` (the node's GPUs) checks the GPU it names."""
-    _check(
-        JOB_ID.fullmatch(step.job_id) is not None,
-        "job step",
-        f"job id {step.job_id[:80]!r} must be 1-128 letters, digits or ._:/@+=-",
-    )
-    where = f"job {step.job_id} rank {step.rank} step {step.step}"
-    _check(step.rank < MAX_RANKS, where, f"rank above {MAX_RANKS}")
+    where = _job_and_rank(step.job_id, step.rank, "job step", f"step {step.step}")
     _check(step.step < MAX_STEP, where, "step number out of range")
     _check(step.time_unix_ms > 0, where, "time_unix_ms must be positive")
     _check(
@@ -109,3 +122,26 @@ def validate_job_report(report: pb.JobReport, inventory: Inventory) -> None:
     )
     for step in report.steps:
         validate_job_step(step, inventory)
+    _check(
+        len(report.processes) <= MAX_PROCESSES_PER_REPORT,
+        "job report",
+        f"{len(report.processes)} rank processes in one report; limit {MAX_PROCESSES_PER_REPORT}",
+    )
+    for process in report.processes:
+        validate_rank_process(process)
+
+
+def validate_rank_process(process: pb.RankProcess) -> None:
+    """Check what an agent says of one rank's process."""
+    where = _job_and_rank(process.job_id, process.rank, "rank process", "process")
+    _check(
+        process.state in PROCESS_STATES,
+        where,
+        f"state {process.state[:40]!r} is not one of {', '.join(sorted(PROCESS_STATES))}",
+    )
+    _check(_bounded(process.cpu_s, 0.0, MAX_CPU_S), where, f"cpu_s {process.cpu_s} out of range")
+    _check(
+        process.farewell in FAREWELLS,
+        where,
+        f"farewell {process.farewell[:40]!r} must be ok, error or nothing",
+    )

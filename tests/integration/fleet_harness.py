@@ -111,15 +111,20 @@ async def job_fleet(
     nodes: list[str],
     *,
     poll_interval: float,
+    **config: Any,
 ) -> AsyncIterator[tuple[CollectorService, SimCluster]]:
     """A collector on the built-in rules with every ``for`` / 60, and nodes that take step reports.
+
+    ``config`` adds to the collector's configuration (``jobs=JobsConfig(...)``, say).
 
     Yields once every agent is connected and listens on its job socket (in a short temp dir: a
     Unix socket path must stay under 108 bytes).
     """
     rules = demo_rules(tmp_path, 60.0).path  # gpu_straggler waits 1 s, its drain 30 s
-    config = make_config(actions=actions(receiver, tmp_path), rules_interval=0.1, rules=(rules,))
-    service = CollectorService(config, SystemClock())
+    made = make_config(
+        actions=actions(receiver, tmp_path), rules_interval=0.1, rules=(rules,), **config
+    )
+    service = CollectorService(made, SystemClock())
     await service.start()
     sockets = Path(tempfile.mkdtemp(prefix="fwjob", dir="/tmp"))
     cluster = SimCluster(

@@ -60,7 +60,8 @@ async def _rank(rank: int, port: int, socket_path: Path, log: Path) -> int:
 async def test_the_slowed_rank_s_node_is_named_the_straggler(
     collector_config: Any, receiver: Any, tmp_path: Path
 ):
-    """Rank 2 computes 1.6x longer: node-3 (where rank 2 reports) is the job's straggler."""
+    """Rank 2 computes 1.6x longer: node-3 (where rank 2 reports) is the job's straggler. The
+    job ends normally: finished, never hung nor failed."""
     async with job_fleet(collector_config, receiver, tmp_path, NODES, poll_interval=0.2) as (
         service,
         cluster,
@@ -106,6 +107,13 @@ async def _run_job(service: CollectorService, cluster: SimCluster, tmp_path: Pat
         assert placed == dict(enumerate(NODES))
         slow = next(r for r in job["rank_detail"] if r["rank"] == SLOW_RANK)
         assert slow["compute_ratio"] > 1.3, slow  # 1.6x, far above the straggler margin
+        # The job ended normally: every rank said so as it exited (issue 40's control).
+        await wait_until(
+            lambda: api(service, "GET", "/api/v1/jobs/torch-gloo")[1]["state"] == "finished",
+            timeout=15,
+            what="the job finished",
+        )
+        assert not {r for r, _ in seen} & {"job_hung", "job_rank_lost"}, seen
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

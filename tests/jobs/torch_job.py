@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--job", required=True, help="job name in the reports")
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--socket", required=True, help="Unix datagram socket to report to")
+    parser.add_argument("--socket", required=True, help="the agent's job socket to report to")
     parser.add_argument("--slow-rank", type=int, default=None, help="rank that computes slower")
     parser.add_argument("--slow-factor", type=float, default=1.0, help="its compute time factor")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: never")

@@ -851,3 +851,147 @@ def test_jobs_config_from_table_takes_known_keys():
     config = JobsConfig.from_table({"max_jobs": 5, "straggler_margin": 0.2})
     assert (config.max_jobs, config.straggler_margin) == (5, 0.2)
     assert config.idle_after_s == JobsConfig().idle_after_s
+
+
+# ---- hung, failed, finished (collector/jobs/liveness.py) ---------------------------------------
+
+
+def describe(w: World, states: dict[int, str], job: str = "j") -> None:
+    """Each node's agent describes its ranks' processes (every rank, as ``states`` says or
+    sleeping)."""
+    by_node: dict[str, list[pb.RankProcess]] = {}
+    for rank in range(w.ranks):
+        node, _ = w.place(rank)
+        state = states.get(rank, "sleeping")
+        process = pb.RankProcess(job_id=job, rank=rank, state=state, cpu_s=1.0, pid=100 + rank)
+        by_node.setdefault(node, []).append(process)
+    for node, processes in by_node.items():
+        w.book.ingest(node, pb.JobReport(processes=processes))
+
+
+def silent_for(w: World, seconds: int, states: dict[int, str] | None = None) -> dict[str, Any]:
+    """No steps for ``seconds`` while the agents describe the processes each second."""
+    for _ in range(seconds):
+        w.clock.advance(1.0)
+        describe(w, states or {})
+    return w.job()
+
+
+def test_a_job_whose_processes_are_there_but_step_no_more_is_hung_after_its_deadline():
+    """Steps of 1 s: the deadline is the 30 s floor (5 x 1 s is less). Rank 5's process is
+    stopped: it is named, with its node and GPU."""
+    w = make_world()
+    w.run(range(20))
+    describe(w, {})
+    assert w.job()["state"] == "running"
+    assert silent_for(w, 25, {5: "stopped"})["state"] == "running"
+    job = silent_for(w, 10, {5: "stopped"})
+    assert (job["state"], job["hang_deadline_s"]) == ("hung", 30.0)
+    assert job["culprits"] == ["rank 5 on node-c GPU 1: its process is stopped"]
+    assert job["culprit_nodes"] == ["node-c"]
+    assert "hung: no step finished for" in job["summary"]
+    w.run(range(20, 22))  # it steps again
+    assert w.job()["state"] == "running"
+
+
+def test_the_deadline_follows_the_jobs_own_step_times():
+    """Steps of 10 s: hung only after 5 x 10 s (the run's last 10 s already passed)."""
+    w = make_world()
+    w.run(range(10), step_time=lambda _s: 10.0)
+    assert silent_for(w, 35)["state"] == "running"
+    assert silent_for(w, 10)["state"] == "hung"
+
+
+def test_a_job_is_not_judged_before_it_finished_a_few_steps():
+    """Starting up (NCCL init, loading data) takes as long as it takes."""
+    w = make_world()
+    w.run(range(3))
+    assert silent_for(w, 600)["state"] == "running"
+
+
+def test_no_hang_without_processes_described_after_the_deadline():
+    """An agent that stopped describing (too old, or gone) says nothing: not hung."""
+    w = make_world()
+    w.run(range(20))
+    describe(w, {})
+    w.clock.advance(300.0)
+    assert w.job()["state"] != "hung"
+
+
+def describe_ended(w: World, ended: dict[int, str]) -> None:
+    """Every second for 15 s: the ranks in ``ended`` gone, saying ``ended[rank]``."""
+    for _ in range(15):
+        w.clock.advance(1.0)
+        processes: dict[str, list[pb.RankProcess]] = {}
+        for rank in range(w.ranks):
+            node, _ = w.place(rank)
+            word = ended.get(rank)
+            state = "sleeping" if word is None else "exited"
+            process = pb.RankProcess(job_id="j", rank=rank, state=state, farewell=word or "")
+            processes.setdefault(node, []).append(process)
+        for node, theirs in processes.items():
+            w.book.ingest(node, pb.JobReport(processes=theirs))
+
+
+def test_a_rank_killed_while_the_others_wait_fails_the_job_and_is_named_first():
+    """Rank 2 ended without a word (killed); rank 3 in an exception (what rank 2's end did to
+    it): failed once exit_grace_s passed with no step, rank 2 named first."""
+    w = make_world()
+    w.run(range(20))
+    describe(w, {2: "exited"})
+    w.clock.advance(5.0)
+    describe(w, {2: "exited"})
+    assert w.job()["state"] == "running"  # within exit_grace_s
+    describe_ended(w, {2: "", 3: "error"})
+    job = w.job()
+    assert (job["state"], job["ranks_gone"]) == ("failed", 2)
+    assert job["culprits"] == [
+        "rank 2 on node-b GPU 0: its process ended without a word (killed?)",
+        "rank 3 on node-b GPU 1: its process ended in an uncaught exception",
+    ]
+
+
+def test_every_rank_ending_with_ok_finishes_the_job_and_some_ending_ok_fails_nothing():
+    w = make_world()
+    w.run(range(20))
+    describe_ended(w, {0: "ok"})  # rank 0 done first (the others finish a last save)
+    assert w.job()["state"] == "running"
+    describe_ended(w, dict.fromkeys(range(8), "ok"))
+    job = w.job()
+    assert (job["state"], job["culprits"]) == ("finished", [])
+
+
+def test_every_rank_gone_with_one_killed_is_failed_not_finished():
+    """gloo's way: the killed rank's peers raise and exit too; the job did not finish."""
+    w = make_world()
+    w.run(range(20))
+    ended = dict.fromkeys(range(8), "error")
+    ended[6] = ""
+    describe_ended(w, ended)
+    job = w.job()
+    assert job["state"] == "failed"
+    assert (
+        job["culprits"][0] == "rank 6 on node-d GPU 0: its process ended without a word (killed?)"
+    )
+
+
+def test_a_node_describes_only_the_ranks_it_holds_and_a_live_successor_wins():
+    """node-a says rank 7 (node-d's) exited: ignored. After a restart the old process of rank 0
+    (exited) and its successor (running) come in one report: the successor counts."""
+    w = make_world()
+    w.run(range(20))
+    w.book.ingest(
+        "node-a", pb.JobReport(processes=[pb.RankProcess(job_id="j", rank=7, state="exited")])
+    )
+    w.book.ingest(
+        "node-a",
+        pb.JobReport(
+            processes=[
+                pb.RankProcess(job_id="j", rank=0, state="running", pid=9),
+                pb.RankProcess(job_id="j", rank=0, state="exited", pid=5),
+            ]
+        ),
+    )
+    job = w.book.jobs["j"]
+    assert 7 not in job.processes
+    assert (job.processes[0].state, job.processes[0].pid) == ("running", 9)

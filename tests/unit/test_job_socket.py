@@ -1,8 +1,10 @@
+import asyncio
 import json
 import math
 import os
 import socket
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -716,3 +718,66 @@ async def test_a_connection_is_closed_when_the_agent_closes_and_counts_nothing_l
     assert transport.connections == 0
     assert rank_side.recv(10) == b""  # the agent's end is closed
     assert queue.lost == 0
+
+
+CHILD = """
+import os, signal, sys
+from fleetwatch.jobclient import report_step
+assert report_step("job-f", 0, 1, 1.0, socket_path=sys.argv[1])
+sys.stdin.readline()  # the agent took the report (a rank outlives its first by a moment)
+if sys.argv[2] == "error":
+    raise RuntimeError("the rank's own failure")
+if sys.argv[2] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("ending", "farewell"), [("ok", "ok"), ("error", "error"), ("killed", "")])
+async def test_a_rank_process_says_how_it_ends(tmp_path, ending, farewell):
+    """A real process reports a step and ends: normally (farewell ok), in an uncaught exception
+    (error), or killed (nothing). The agent's watch shows it exited, with what it said."""
+    path = tmp_path / "jobs.sock"
+    queue = JobQueue()
+    transport = await serve_job_socket(path, 0o660, queue, lambda: INVENTORY)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            str(path),
+            ending,
+            stdin=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await wait_until(lambda: queue.received == 1, 10)
+        assert proc.stdin is not None
+        proc.stdin.write(b"end\n")
+        await proc.wait()
+        await wait_until(lambda: transport.connections == 0, 5, "the connection closed")
+        (process,) = queue.ranks.snapshot()
+        assert (process.job_id, process.rank, process.state) == ("job-f", 0, "exited")
+        assert process.farewell == farewell
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize(
+    ("process", "named"),
+    [
+        (pb.RankProcess(job_id="j", rank=0, state="dancing"), "state 'dancing'"),
+        (pb.RankProcess(job_id="j", rank=0, state="stopped", cpu_s=math.nan), "cpu_s"),
+        (pb.RankProcess(job_id="j", rank=0, state="exited", farewell="bye"), "farewell"),
+        (pb.RankProcess(job_id="../x", rank=0, state="running"), "job id"),
+        (pb.RankProcess(job_id="j", rank=2**31, state="running"), "rank above"),
+    ],
+)
+def test_the_collector_refuses_a_rank_process_it_cannot_believe(process, named):
+    """What a node says of its rank processes is checked like its steps: the error names it."""
+    with pytest.raises(WireError, match=named):
+        validate_job_report(pb.JobReport(processes=[process]), Inventory({}))
+
+
+def test_a_report_of_too_many_rank_processes_is_refused():
+    processes = [pb.RankProcess(job_id="j", rank=r, state="running") for r in range(1025)]
+    with pytest.raises(WireError, match="1025 rank processes"):
+        validate_job_report(pb.JobReport(processes=processes), Inventory({}))

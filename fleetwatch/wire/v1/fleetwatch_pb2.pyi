@@ -251,12 +251,30 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("steps", "dropped")
+    __slots__ = ("steps", "dropped", "processes")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[JobStep]
     dropped: int
-    def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+    processes: _containers.RepeatedCompositeFieldContainer[RankProcess]
+    def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., dropped: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ...) -> None: ...
+
+class RankProcess(_message.Message):
+    __slots__ = ("job_id", "rank", "state", "cpu_s", "pid", "farewell")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FAREWELL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    state: str
+    cpu_s: float
+    pid: int
+    farewell: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., cpu_s: _Optional[float] = ..., pid: _Optional[int] = ..., farewell: _Optional[str] = ...) -> None: ...
 
 class JobStep(_message.Message):
     __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms", "sender_uid", "scheduler_job", "sender_start_unix_ms")

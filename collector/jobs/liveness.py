@@ -1,0 +1,101 @@
+"""Whether a job runs, hangs, failed or finished, from its steps and its ranks' processes.
+
+The agents watch each rank process that reported on their node (``/proc/<pid>/stat``: alive and
+how, or gone) and say so every poll (:class:`~fleetwatch.wire.v1.fleetwatch_pb2.RankProcess`).
+From that and the job's finished steps, a job is:
+
+- ``finished``: every rank process the agents watch has exited, each saying farewell ``ok``
+  (:mod:`fleetwatch.jobclient` does at interpreter exit);
+- ``failed``: a rank process ended without ``ok`` (killed, or an uncaught exception), and
+  ``exit_grace_s`` later no step finished since: the job is lost (the rest wait for it, or ended
+  too);
+- ``hung``: every watched rank process is there (as the agents said after the deadline passed),
+  yet no step finished for longer than the job's own deadline, ``max(hang_factor x p99 step
+  time, hang_floor_s)``, learned once ``HANG_MIN_STEPS`` steps finished (a job that never
+  finished a step is still starting up);
+- ``running`` otherwise, or ``idle`` when nothing was heard of it for ``idle_after_s`` and no
+  process says more (an agent too old to watch processes).
+
+A rank whose process is stopped, in uninterruptible sleep, or gone stands out by itself: those are
+the first suspects of a hang or a failure (:func:`suspects`); of the gone, first those that ended
+without a word (killed: an uncaught exception in the others is often what the first one's end
+did to them), then those that ended in an exception, earliest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from collector.jobs.processes import GONE
+
+if TYPE_CHECKING:
+    from collector.jobs.config import JobsConfig
+    from collector.jobs.state import JobState
+
+HANG_MIN_STEPS: Final = 5  # finished steps before a job's step times can set its deadline
+STALE_S: Final = 60.0  # a process not described for this long says nothing any more
+STANDS_OUT: Final = {"stopped": "stopped", "disk_sleep": "in uninterruptible sleep (D state)"}
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """A job's state now, and what it rests on."""
+
+    state: str  # running, hung, failed, finished, idle
+    silent_s: float  # since the last finished step (or first heard of, before any)
+    deadline_s: float  # how long a step may take before the job is hung (0: not learned yet)
+    gone: tuple[int, ...]  # ranks whose process exited
+    since: float | None  # monotonic: when it became hung or failed
+
+
+def deadline(job: JobState, config: JobsConfig) -> float:
+    """How long the job may go without finishing a step (0 before HANG_MIN_STEPS steps)."""
+    times = sorted(s.step_time_s for s in job.steps)
+    if len(times) < HANG_MIN_STEPS:
+        return 0.0
+    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+    return max(config.hang_factor * p99, config.hang_floor_s)
+
+
+def judge(job: JobState, now: float, config: JobsConfig, *, active: bool) -> Liveness:
+    """The job's state at ``now`` (monotonic)."""
+    last = job.steps[-1].at if job.steps else job.first_seen
+    silent = max(0.0, now - last)
+    limit = deadline(job, config)
+    watched = {r: p for r, p in job.processes.items() if now - p.seen <= STALE_S}
+    gone = tuple(sorted(r for r, p in watched.items() if p.state in GONE))
+    there = [r for r in watched if r not in gone]
+    dirty = [r for r in gone if watched[r].farewell != "ok"]
+    if watched and not there and not dirty:
+        return Liveness("finished", silent, limit, gone, None)
+    if dirty:
+        first = min(watched[r].gone_since or now for r in dirty)
+        if now - first >= config.exit_grace_s and last <= first:
+            return Liveness("failed", silent, limit, gone, first + config.exit_grace_s)
+        return Liveness("running", silent, limit, gone, None)
+    # hung only while the agents say, after the deadline passed, that every process is there
+    if there and limit and silent > limit and min(watched[r].seen for r in there) > last + limit:
+        return Liveness("hung", silent, limit, gone, last + limit)
+    return Liveness("running" if active or there else "idle", silent, limit, gone, None)
+
+
+def suspects(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
+    """(rank, why) of the ranks whose own process stands out: gone, stopped, in D state."""
+    said = {"": 0, "error": 1, "ok": 2}
+
+    def order(rank: int) -> tuple[int, float]:
+        process = job.processes[rank]
+        return said.get(process.farewell, 0), process.gone_since or 0.0
+
+    why_gone = {
+        "": "its process ended without a word (killed?)",
+        "error": "its process ended in an uncaught exception",
+        "ok": "its process exited",
+    }
+    out = [(r, why_gone[job.processes[r].farewell]) for r in sorted(liveness.gone, key=order)]
+    for rank, process in sorted(job.processes.items()):
+        why = STANDS_OUT.get(process.state)
+        if why is not None:
+            out.append((rank, f"its process is {why}"))
+    return out
