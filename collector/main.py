@@ -80,6 +80,7 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
     resetter: GpuResetter | None = None,
     *,
     actuators: LiveActuators,
+    gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
 ) -> Dispatcher:
     """The dispatcher with ``cfg``'s safety limits, acting through ``actuators``.
 
@@ -93,6 +94,7 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
         drainers=(actuators.drainer,),
         notifier=actuators.notifier,
         resetter=resetter,
+        gpu_ranks=gpu_ranks,
     )
 
 
@@ -168,7 +170,13 @@ class CollectorService:
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.actuators = LiveActuators(build_actuators(cfg.actions, clock, environ))
         self.dispatcher = build_dispatcher(
-            cfg.actions, self.journal, self.fleet, clock, broker, actuators=self.actuators
+            cfg.actions,
+            self.journal,
+            self.fleet,
+            clock,
+            broker,
+            actuators=self.actuators,
+            gpu_ranks=self.jobs.on_gpu,
         )
         self.evaluator.fleet_extras = self.dispatcher.status
         self.registry.register(

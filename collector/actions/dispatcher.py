@@ -12,9 +12,11 @@ restart or a replayed transition cannot drain or reset twice. Before a drain or 
   ``breaker_window_s``, and closes ``breaker_cooldown_s`` after it opened.
 
 A reset the agent refuses for now (compute processes on the GPU) waits, journaled as
-``deferred``, and is asked again every ``reset_retry_s`` while its incident fires: the GPU is
-reset once it is idle. ``reset_gpu: {drain_first: true}`` drains the node first, so no new job
-lands there and the reset runs when the running ones are gone. A reset that ran and failed
+``deferred`` with the training job's ranks that hold the GPU (``gpu_ranks``, from the job book),
+and is asked again every ``reset_retry_s`` while its incident fires, or at once when every rank
+process on the GPU has ended: the GPU is reset once it is idle. ``reset_gpu: {drain_first:
+true}`` drains the node first, so no new job lands there and the reset runs when the running
+ones are gone. A reset that ran and failed
 escalates at once.
 
 A drain held back by the cap or the breaker waits (journaled as ``deferred``): it runs when room
@@ -56,6 +58,7 @@ from collector.actions.guards import (
     drain_reason,
 )
 from collector.actions.tally import UNFINISHED, ActionTally
+from collector.jobs.processes import GONE
 from collector.store.incidents import ActionRow, FleetActions
 from rules.model import ActionSpec
 
@@ -207,8 +210,13 @@ class Dispatcher:
         drainers: tuple[Drainer, ...] = (),
         notifier: Notifier | None = None,
         resetter: GpuResetter | None = None,
+        gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
     ) -> None:
-        """Nothing is drained until :meth:`start` has read what the journal says."""
+        """Nothing is drained until :meth:`start` has read what the journal says.
+
+        ``gpu_ranks(node, index)`` names the (job, rank, process state) on a GPU.
+        """
+        self._gpu_ranks = gpu_ranks
         self._journal = journal
         self._fleet = fleet
         self._clock = clock
@@ -709,7 +717,9 @@ class Dispatcher:
             self.deferred += 1
             retry_at = self._clock.monotonic() + self.safety.reset_retry_s
             self.waiting[action_id] = _Waiting(action_id, incident.id, spec, retry_at, name)
-            await self._finish(action_id, "deferred", f"waiting: {outcome.detail}")
+            holders = self._holders(incident)
+            held = f"; held by {holders}" if holders else ""
+            await self._finish(action_id, "deferred", f"waiting: {outcome.detail}{held}")
             return outcome
         state = "refused" if outcome.refused else "succeeded" if outcome.ok else "failed"
         await self._finish(action_id, state, outcome.detail)
@@ -768,8 +778,26 @@ class Dispatcher:
             if wait.spec.name == "drain_node":
                 if not drains_blocked:
                     drains_blocked = await self._settle_drain(action_id, wait, *found)
-            elif self._clock.monotonic() >= wait.next_try:
+            elif self._clock.monotonic() >= wait.next_try or self._gpu_freed(found[0]):
                 await self._settle_reset(action_id, wait, *found)
+
+    def _ranks_on(self, incident: IncidentRow) -> list[tuple[str, int, str]]:
+        """The training ranks on the incident's GPU (none known: empty)."""
+        if self._gpu_ranks is None or "/gpu/" not in incident.target:
+            return []
+        node, _, rest = incident.target.partition("/gpu/")
+        index = rest.split("/", 1)[0]
+        return self._gpu_ranks(node, int(index)) if index.isdigit() else []
+
+    def _holders(self, incident: IncidentRow) -> str:
+        """``job J rank R (hung)``, ... for the ranks on the incident's GPU."""
+        ranks = self._ranks_on(incident)
+        return ", ".join(f"job {j} rank {r}" + (f" ({s})" if s else "") for j, r, s in ranks[:4])
+
+    def _gpu_freed(self, incident: IncidentRow) -> bool:
+        """Every rank process known on the incident's GPU has ended (ask for the reset now)."""
+        ranks = self._ranks_on(incident)
+        return bool(ranks) and all(state in GONE for _, _, state in ranks)
 
     async def _settle_drain(
         self, action_id: int, wait: _Waiting, incident: IncidentRow, rule: Rule

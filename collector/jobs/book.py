@@ -412,6 +412,23 @@ class JobBook:
             "lost_gpu_hours_per_hour": round(lost, 3),
         }
 
+    def on_gpu(self, node: str, index: int) -> list[tuple[str, int, str]]:
+        """(job, rank, its process's state or "") of the ranks on ``node``'s GPU ``index``."""
+        with self._lock:
+            held = self._fleet.view().get(node)
+            gpu = next((g for g in held.gpus.values() if g.index == index), None) if held else None
+            if gpu is None:
+                return []
+            out = []
+            for job_id, rank in self._placement.get((node, gpu.uuid), ()):
+                job = self.jobs.get(job_id)
+                where = job.ranks.get(rank) if job is not None else None
+                if job is None or where is None or (where.node, where.gpu_uuid) != (node, gpu.uuid):
+                    continue  # the rank moved, or the job is forgotten
+                process = job.processes.get(rank)
+                out.append((job_id, rank, process.state if process is not None else ""))
+            return sorted(out)
+
     def straggler_summary(self, job_id: str, rank: int) -> str:
         """The straggler incident's evidence: who, how slow, what it costs, what the node shows."""
         job = self.jobs.get(job_id)

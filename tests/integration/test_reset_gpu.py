@@ -1,6 +1,8 @@
 """reset_gpu from a rule to the agent and back, over the real stream."""
 
 import asyncio
+import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import MutableMapping
@@ -21,6 +23,14 @@ from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 
+# A training rank on GPU 5: it reports a step, then waits for a line before it exits.
+RANK = """
+import sys
+from fleetwatch.jobclient import report_step
+assert report_step("held", 0, 1, 1.0, gpu=5, socket_path=sys.argv[1])
+sys.stdin.readline()
+"""
+
 RULES = """\
 version: 1
 rules:
@@ -39,6 +49,8 @@ async def run(
     acts: ActionsConfig,
     text: str = RULES,
     names: tuple[str, ...] = ("n1",),
+    *,
+    job_sockets: Path | None = None,
 ) -> tuple[CollectorService, SimCluster]:
     rules = tmp_path / "rules.yaml"
     rules.write_text(text)
@@ -53,6 +65,7 @@ async def run(
         SystemClock(),
         f"127.0.0.1:{service.grpc_port}",
         poll_interval=0.05,
+        job_socket_dir=job_sockets,
     )
     cluster.start()
     # The first samples are applied once the stream's Hello is done: commands may go out.
@@ -141,6 +154,46 @@ class TestResetGpu:
             finally:
                 await cluster.stop()
                 await service.stop(grace=None)
+
+    async def test_a_reset_held_by_a_job_names_it_and_runs_once_its_rank_ends(
+        self, collector_config, tmp_path
+    ):
+        """Issue 40: a rank of job "held" runs on GPU 5 (a real process reporting to n1's job
+        socket). The reset waits, journaled with the job and rank that hold the GPU; when the
+        rank's process ends, the reset is asked for at once, not after reset_retry_s (10 min
+        here), and runs."""
+        acts = ActionsConfig(safety=SafetyConfig(reset_retry_s=600.0))
+        sockets = Path(tempfile.mkdtemp(prefix="fwreset", dir="/tmp"))
+        service, cluster = await run(collector_config, tmp_path, acts, job_sockets=sockets)
+        rank = None
+        try:
+            socket_path = cluster.job_sockets["n1"]
+            await wait_until(socket_path.exists, what="n1's job socket")
+            rank = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", RANK, str(socket_path), stdin=asyncio.subprocess.PIPE
+            )
+            await wait_until(lambda: bool(service.jobs.on_gpu("n1", 5)), what="the rank on GPU 5")
+            node = cluster.nodes["n1"]
+            node.gpus[5].processes = [rank.pid]
+            node.nvlink_down(5, 0)
+            await wait_until(lambda: len(service.dispatcher.waiting) == 1, what="waiting")
+            (waiting,) = await actions_of(service)
+            assert waiting[:2] == ("reset_gpu", "deferred")
+            assert "held by job held rank 0 (" in waiting[2], waiting
+            assert rank.stdin is not None
+            rank.stdin.write(b"end\n")
+            await rank.wait()
+            node.gpus[5].processes = []  # the GPU is free once its process is gone
+            await wait_until(lambda: node.gpus[5].resets == 1, 30, "reset once the rank ended")
+            assert await settled_actions_of(service) == [
+                ("reset_gpu", "succeeded", "n1 agent: GPU 5 reset")
+            ]
+        finally:
+            if rank is not None and rank.returncode is None:
+                rank.kill()
+                await rank.wait()
+            await cluster.stop()
+            await service.stop(grace=None)
 
     async def test_drain_first_drains_then_resets_when_idle(self, collector_config, tmp_path):
         """`reset_gpu: {drain_first: true}`: the node is drained (no new jobs) and the GPU is
