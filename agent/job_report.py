@@ -128,6 +128,11 @@ def _parse(data: bytes, inventory: NodeInventory, default_job: str) -> pb.JobSte
     compute = _field(report, "compute_time", float)
     if compute is not None:
         step.compute_time_s = compute
+    checkpointing = report.get("checkpointing")
+    if checkpointing is not None and not isinstance(checkpointing, bool):
+        msg = "step report field 'checkpointing' must be true or false"
+        raise JobReportError("bad_type", msg)
+    step.checkpointing = checkpointing is True
     checkpoint = _field(report, "checkpoint", list)
     if checkpoint is not None:
         if len(checkpoint) != 2 or not all(  # noqa: PLR2004 - a pair

@@ -24,6 +24,9 @@ What to pass:
   Stragglers are judged on it (in a synchronous job every rank's ``step_time`` is the same).
   Without it, the step time stands in and stragglers cannot be told apart.
 - ``checkpoint``: ``(start, end)`` in Unix seconds of a checkpoint written since the last report.
+- ``checkpointing``: True when the rank writes a checkpoint right after this report, before its
+  next step: a job whose steps stop while it checkpoints is not called hung for that (docs/jobs.md
+  "Hangs").
 - ``gpu``: the GPU this rank runs on, as the NVML index or the ``GPU-...`` UUID. Left out, it is
   taken from ``LOCAL_RANK`` (through ``CUDA_VISIBLE_DEVICES`` when that is set). CUDA numbers
   devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; pass the UUID to be exact
@@ -186,6 +189,7 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
     *,
     compute_time: float | None = None,
     checkpoint: tuple[float, float] | None = None,
+    checkpointing: bool = False,
     gpu: int | str | None = None,
     world_size: int | None = None,
     params: float | None = None,
@@ -212,6 +216,8 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
         }
         if checkpoint is not None:
             optional["checkpoint"] = [float(checkpoint[0]), float(checkpoint[1])]
+        if checkpointing:
+            optional["checkpointing"] = True
         unsent = _unsent[0]
         if unsent:
             optional["unsent"] = unsent

@@ -23,6 +23,7 @@ _POSITIVE = (
     "hang_factor",
     "hang_floor_s",
     "exit_grace_s",
+    "checkpoint_floor_s",
 )
 _COUNTS = (
     "straggler_window_steps",
@@ -74,6 +75,8 @@ class JobsConfig:
     hang_factor: float = 5.0
     hang_floor_s: float = 30.0
     exit_grace_s: float = 10.0
+    # An announced checkpoint adds max(3 x the job's longest checkpoint, this) to the deadline.
+    checkpoint_floor_s: float = 600.0
 
     def __post_init__(self) -> None:
         """Reject values that cannot work, naming the key."""

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collector.jobs.state import JobState
 
 HANG_MIN_STEPS: Final = 5  # finished steps before a job's step times can set its deadline
+CHECKPOINT_FACTOR: Final = 3.0  # an announced checkpoint may take 3 x the longest one so far
 STALE_S: Final = 60.0  # a process not described for this long says nothing any more
 STANDS_OUT: Final = {"stopped": "stopped", "disk_sleep": "in uninterruptible sleep (D state)"}
 
@@ -50,12 +51,21 @@ class Liveness:
 
 
 def deadline(job: JobState, config: JobsConfig) -> float:
-    """How long the job may go without finishing a step (0 before HANG_MIN_STEPS steps)."""
+    """How long the job may go without finishing a step (0 before HANG_MIN_STEPS steps).
+
+    While a checkpoint a rank announced since the last finished step is written, the deadline
+    grows by ``max(3 x the longest checkpoint the job reported, checkpoint_floor_s)``.
+    """
     times = sorted(s.step_time_s for s in job.steps)
     if len(times) < HANG_MIN_STEPS:
         return 0.0
     p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-    return max(config.hang_factor * p99, config.hang_floor_s)
+    limit = max(config.hang_factor * p99, config.hang_floor_s)
+    announced = job.checkpoint_announced
+    if announced is not None and announced >= job.steps[-1].at:
+        longest = max((end - start for start, end in job.checkpoints), default=0.0)
+        limit += max(CHECKPOINT_FACTOR * longest, config.checkpoint_floor_s)
+    return limit
 
 
 def judge(job: JobState, now: float, config: JobsConfig, *, active: bool) -> Liveness:

@@ -122,6 +122,7 @@ class JobState:
         self._max_ranks = config.max_ranks
         # each rank's process as its node's agent last described it (collector/jobs/liveness.py)
         self.processes: dict[int, RankProcess] = {}
+        self.checkpoint_announced: float | None = None  # a rank said it writes one now
 
     @property
     def expected_ranks(self) -> int:
@@ -174,14 +175,7 @@ class JobState:
         restarted smaller); the caller refuses ranks beyond the world (:meth:`beyond_world`).
         """
         self.last_seen = now
-        if report.world_size:
-            self._resize(report.world_size)
-        if report.params:
-            self.params = report.params
-        if report.flops_per_token:
-            self.flops_per_token = report.flops_per_token
-        if report.checkpoint_end_unix_ms:
-            self._checkpoint(report.checkpoint_start_unix_ms, report.checkpoint_end_unix_ms)
+        self._job_fields(report, now)
         rank = self.ranks.get(report.rank)
         if rank is None:
             if len(self.ranks) >= self._max_ranks:
@@ -228,6 +222,19 @@ class JobState:
             self.processes[rank] = RankProcess(
                 process.state, process.cpu_s, process.pid, now, gone_since, process.farewell
             )
+
+    def _job_fields(self, report: pb.JobStep, now: float) -> None:
+        """What a report says of the whole job: its size, model, checkpoints."""
+        if report.world_size:
+            self._resize(report.world_size)
+        if report.params:
+            self.params = report.params
+        if report.flops_per_token:
+            self.flops_per_token = report.flops_per_token
+        if report.checkpoint_end_unix_ms:
+            self._checkpoint(report.checkpoint_start_unix_ms, report.checkpoint_end_unix_ms)
+        if report.checkpointing:
+            self.checkpoint_announced = now
 
     def _resize(self, world: int) -> None:
         """The job declares ``world`` ranks: a smaller world (a restart) drops the ranks above."""

@@ -995,3 +995,19 @@ def test_a_node_describes_only_the_ranks_it_holds_and_a_live_successor_wins():
     job = w.book.jobs["j"]
     assert 7 not in job.processes
     assert (job.processes[0].state, job.processes[0].pid) == ("running", 9)
+
+
+def test_an_announced_checkpoint_extends_the_deadline_while_it_is_written():
+    """Rank 0 says it writes a checkpoint after step 19: 200 s without a step is no hang (the
+    deadline grows by the 600 s floor, the job's checkpoints having been short); past that it
+    is. A job that announced nothing is hung after 30 s."""
+    w = make_world()
+    w.run(range(19))
+    w.report(0, 19, checkpointing=True)
+    for rank in range(1, w.ranks):
+        w.report(rank, 19)
+    assert silent_for(w, 200)["state"] == "running"
+    assert w.job()["hang_deadline_s"] == 630.0
+    assert silent_for(w, 440)["state"] == "hung"
+    w.run(range(20, 30))  # the next steps: the announcement is spent
+    assert silent_for(w, 35)["state"] == "hung"

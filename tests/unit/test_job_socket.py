@@ -781,3 +781,18 @@ def test_a_report_of_too_many_rank_processes_is_refused():
     processes = [pb.RankProcess(job_id="j", rank=r, state="running") for r in range(1025)]
     with pytest.raises(WireError, match="1025 rank processes"):
         validate_job_report(pb.JobReport(processes=processes), Inventory({}))
+
+
+def test_a_checkpoint_announcement_is_sent_and_parsed(listener):
+    """checkpointing=True travels as "checkpointing": true and becomes the JobStep's flag; a
+    value other than true or false is refused."""
+    path, sock = listener
+    assert report_step("job-k", 0, 7, 1.0, checkpointing=True, socket_path=str(path))
+    data = sock.recv()
+    assert json.loads(data)["checkpointing"] is True
+    assert parse_report(data, INVENTORY).checkpointing
+    assert report_step("job-k", 0, 8, 1.0, socket_path=str(path))
+    later = sock.recv()
+    assert "checkpointing" not in json.loads(later)
+    assert not parse_report(later, INVENTORY).checkpointing
+    assert reason_of(with_(checkpointing="yes")) == "bad_type"

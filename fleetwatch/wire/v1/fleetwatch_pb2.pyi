@@ -277,7 +277,7 @@ class RankProcess(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., cpu_s: _Optional[float] = ..., pid: _Optional[int] = ..., farewell: _Optional[str] = ...) -> None: ...
 
 class JobStep(_message.Message):
-    __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms", "sender_uid", "scheduler_job", "sender_start_unix_ms")
+    __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms", "sender_uid", "scheduler_job", "sender_start_unix_ms", "checkpointing")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,7 @@ class JobStep(_message.Message):
     SENDER_UID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_JOB_FIELD_NUMBER: _ClassVar[int]
     SENDER_START_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     step: int
@@ -310,7 +311,8 @@ class JobStep(_message.Message):
     sender_uid: int
     scheduler_job: str
     sender_start_unix_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ..., sender_uid: _Optional[int] = ..., scheduler_job: _Optional[str] = ..., sender_start_unix_ms: _Optional[int] = ...) -> None: ...
+    checkpointing: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., step_time_s: _Optional[float] = ..., tokens: _Optional[float] = ..., compute_time_s: _Optional[float] = ..., gpu_uuid: _Optional[str] = ..., world_size: _Optional[int] = ..., params: _Optional[float] = ..., flops_per_token: _Optional[float] = ..., checkpoint_start_unix_ms: _Optional[int] = ..., checkpoint_end_unix_ms: _Optional[int] = ..., sender_uid: _Optional[int] = ..., scheduler_job: _Optional[str] = ..., sender_start_unix_ms: _Optional[int] = ..., checkpointing: _Optional[bool] = ...) -> None: ...
 
 class CollectorMessage(_message.Message):
     __slots__ = ("welcome", "ack", "command", "config", "preflight_task")
