@@ -53,16 +53,17 @@ class Liveness:
 def deadline(job: JobState, config: JobsConfig) -> float:
     """How long the job may go without finishing a step (0 before HANG_MIN_STEPS steps).
 
-    While a checkpoint a rank announced since the last finished step is written, the deadline
-    grows by ``max(3 x the longest checkpoint the job reported, checkpoint_floor_s)``.
+    While a checkpoint is written that a rank announced after a step no later than the last
+    finished one (until a later step finishes), the deadline grows by ``max(3 x the longest
+    checkpoint the job reported, checkpoint_floor_s)``.
     """
     times = sorted(s.step_time_s for s in job.steps)
     if len(times) < HANG_MIN_STEPS:
         return 0.0
     p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
     limit = max(config.hang_factor * p99, config.hang_floor_s)
-    announced = job.checkpoint_announced
-    if announced is not None and announced >= job.steps[-1].at:
+    announced = job.checkpoint_after
+    if announced is not None and job.steps[-1].step <= announced:
         longest = max((end - start for start, end in job.checkpoints), default=0.0)
         limit += max(CHECKPOINT_FACTOR * longest, config.checkpoint_floor_s)
     return limit

@@ -122,7 +122,7 @@ class JobState:
         self._max_ranks = config.max_ranks
         # each rank's process as its node's agent last described it (collector/jobs/liveness.py)
         self.processes: dict[int, RankProcess] = {}
-        self.checkpoint_announced: float | None = None  # a rank said it writes one now
+        self.checkpoint_after: int | None = None  # a rank writes a checkpoint after this step
 
     @property
     def expected_ranks(self) -> int:
@@ -175,7 +175,7 @@ class JobState:
         restarted smaller); the caller refuses ranks beyond the world (:meth:`beyond_world`).
         """
         self.last_seen = now
-        self._job_fields(report, now)
+        self._job_fields(report)
         rank = self.ranks.get(report.rank)
         if rank is None:
             if len(self.ranks) >= self._max_ranks:
@@ -223,7 +223,7 @@ class JobState:
                 process.state, process.cpu_s, process.pid, now, gone_since, process.farewell
             )
 
-    def _job_fields(self, report: pb.JobStep, now: float) -> None:
+    def _job_fields(self, report: pb.JobStep) -> None:
         """What a report says of the whole job: its size, model, checkpoints."""
         if report.world_size:
             self._resize(report.world_size)
@@ -233,8 +233,8 @@ class JobState:
             self.flops_per_token = report.flops_per_token
         if report.checkpoint_end_unix_ms:
             self._checkpoint(report.checkpoint_start_unix_ms, report.checkpoint_end_unix_ms)
-        if report.checkpointing:
-            self.checkpoint_announced = now
+        if report.checkpointing:  # it holds until a later step than this one finishes
+            self.checkpoint_after = max(self.checkpoint_after or 0, report.step)
 
     def _resize(self, world: int) -> None:
         """The job declares ``world`` ranks: a smaller world (a restart) drops the ranks above."""

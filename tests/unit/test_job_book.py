@@ -1004,6 +1004,7 @@ def test_an_announced_checkpoint_extends_the_deadline_while_it_is_written():
     w = make_world()
     w.run(range(19))
     w.report(0, 19, checkpointing=True)
+    w.clock.advance(0.5)  # the step finishes after the announcement came
     for rank in range(1, w.ranks):
         w.report(rank, 19)
     assert silent_for(w, 200)["state"] == "running"
