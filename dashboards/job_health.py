@@ -53,6 +53,24 @@ PANELS: Final = (
     ),
     _headline("GPUs", "GPUs (ranks) of the job.", "gpus"),
     _headline("Step", "Highest step finished.", "step"),
+    Table(
+        "State",
+        "running; hung (every rank process there, no step for longer than the job's deadline: "
+        "5 x its p99 step time, 30 s at least); failed (a rank process ended without saying "
+        "ok); finished; idle. `fleetwatch jobs JOB` names the ranks that stand out "
+        "(docs/jobs.md, Hangs).",
+        [f"fleetwatch_job_state{J} == 1"],
+        hide=(*SCRAPE, "Value", "training_job"),
+        width=8,
+        no_value="no report",
+    ),
+    Timeseries(
+        "Time since the last step",
+        "Seconds since the job last finished a step: a hung job's climbs past its deadline.",
+        [(f"fleetwatch_job_silent_seconds{J}", "since the last step")],
+        unit="s",
+        width=16,
+    ),
     Timeseries(
         "Tokens per second",
         "Throughput over the recent steps, and goodput: tokens of steps that moved the job "
