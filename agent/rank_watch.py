@@ -3,7 +3,10 @@
 A process is watched once it has reported a step on the job socket (the kernel named it, see
 :mod:`agent.job_socket`); no other process is ever looked at. Each poll reads its stat: the
 state (running, sleeping, in uninterruptible sleep, stopped, zombie), its CPU time, and its start,
-which tells the process from a later one that got the same pid. A process that is gone is
+which tells the process from a later one that got the same pid; and, while it sleeps, its
+wait channel (``/proc/<pid>/wchan``: the kernel function it waits in, such as
+``unix_stream_read_generic`` or ``hrtimer_nanosleep``), which tells a rank waiting in a
+collective from one that is not. A process that is gone is
 reported as ``exited`` for a few polls (so that a lost message does not lose it), then forgotten.
 The collector judges hung, failed and finished jobs from these (docs/jobs.md "Hangs").
 """
@@ -11,6 +14,7 @@ The collector judges hung, failed and finished jobs from these (docs/jobs.md "Ha
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -19,6 +23,7 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 if TYPE_CHECKING:
     from pathlib import Path
 
+_SYMBOL: Final = re.compile(r"[A-Za-z0-9_.]{1,64}")
 MAX_WATCHED: Final = 1024  # processes watched at once (the job socket holds at most 512)
 EXITED_REPORTS: Final = 3  # polls an exited process is reported in before it is forgotten
 # /proc/<pid>/stat's state letters (proc(5)); I (idle kernel thread) and others read as running.
@@ -99,6 +104,14 @@ class RankWatch:
             if (owner, start) == (pid, start_ticks):
                 watched.farewell = word
 
+    def _wchan(self, pid: int) -> str:
+        """The kernel function the process sleeps in ("" when running or not to be read)."""
+        try:
+            text = (self._root / str(pid) / "wchan").read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return text if _SYMBOL.fullmatch(text) and text != "0" else ""
+
     def _read(self, watched: _Watched) -> ProcStat | None:
         """The process's stat, or None when it is gone (or its pid names another process)."""
         try:
@@ -117,9 +130,10 @@ class RankWatch:
                 if watched.exited_reports > EXITED_REPORTS:
                     del self._watched[key]
                     continue
-                state, cpu = "exited", 0.0
+                state, cpu, wchan = "exited", 0.0, ""
             else:
                 state, cpu = stat.state, stat.cpu_ticks / self._ticks
+                wchan = self._wchan(watched.pid) if state != "running" else ""
             out.append(
                 pb.RankProcess(
                     job_id=watched.job_id,
@@ -128,6 +142,7 @@ class RankWatch:
                     cpu_s=cpu,
                     pid=watched.pid,
                     farewell=watched.farewell,
+                    wchan=wchan,
                 )
             )
         return out

@@ -17,8 +17,8 @@ Hangs (one rank, chosen in turn, unless said):
 * ``stop``: SIGSTOP (expect ``hung``, that rank named);
 * ``kill``: SIGKILL (expect ``failed``, that rank named);
 * ``raise``: an uncaught exception in that rank (expect ``failed``, that rank named);
-* ``sleep``: the rank sleeps before its collective (expect ``hung``; its process looks like the
-  others' from ``/proc``, so it is named only once stacks are read: counted, not localised);
+* ``sleep``: the rank sleeps before its collective (expect ``hung``, that rank named: it waits
+  in ``hrtimer_nanosleep`` while the others wait in the collective, here a pipe read);
 * ``stall``: every rank waits in the same place outside the collective (a data loader; expect
   ``hung`` and nobody named).
 

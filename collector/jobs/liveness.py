@@ -109,4 +109,32 @@ def suspects(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
         why = STANDS_OUT.get(process.state)
         if why is not None:
             out.append((rank, f"its process is {why}"))
+    if not out and liveness.state == "hung":
+        out += outliers(job, liveness)
+    return out
+
+
+def outliers(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
+    """In a hang where no process stands out by its state: the ranks that wait somewhere else.
+
+    The ranks are grouped by where their process waits (its state and wait channel). When one
+    group holds more than half of them, the ranks outside it are suspects: in a wedged
+    collective every healthy rank waits in the same place, and the one holding them elsewhere.
+    """
+    there = {r: p for r, p in job.processes.items() if r not in liveness.gone}
+    places: dict[tuple[str, str], list[int]] = {}
+    for rank, process in there.items():
+        places.setdefault((process.state, process.wchan), []).append(rank)
+    if len(places) < 2:  # noqa: PLR2004 - one place: nobody stands out
+        return []
+    (_, wchan), dominant = max(places.items(), key=lambda item: len(item[1]))
+    if 2 * len(dominant) <= len(there) or not wchan:
+        return []
+    out: list[tuple[int, str]] = []
+    for (their_state, their_wchan), ranks in sorted(places.items()):
+        if ranks is dominant:
+            continue
+        where = their_wchan or their_state
+        why = f"its process waits in {where} while {len(dominant)} others wait in {wchan}"
+        out.extend((rank, why) for rank in sorted(ranks))
     return out

@@ -18,3 +18,4 @@ class RankProcess:
     seen: float  # monotonic
     gone_since: float | None = None  # when it was first seen gone
     farewell: str = ""  # what it said as it ended: ok, error, or nothing
+    wchan: str = ""  # the kernel function it sleeps in ("" running or unknown)

@@ -220,7 +220,13 @@ class JobState:
                 was_gone = before is not None and before.gone_since is not None
                 gone_since = before.gone_since if was_gone and before else now
             self.processes[rank] = RankProcess(
-                process.state, process.cpu_s, process.pid, now, gone_since, process.farewell
+                process.state,
+                process.cpu_s,
+                process.pid,
+                now,
+                gone_since,
+                process.farewell,
+                process.wchan,
             )
 
     def _job_fields(self, report: pb.JobStep) -> None:

@@ -31,6 +31,7 @@ PROCESS_STATES: Final = frozenset(
 )
 MAX_CPU_S: Final = 1e10
 FAREWELLS: Final = frozenset({"", "ok", "error"})
+WCHAN: Final = re.compile(r"[A-Za-z0-9_.]{0,64}")  # a kernel symbol
 MAX_RANKS: Final = 1_000_000
 MAX_STEP: Final = 2**53
 MAX_SECONDS: Final = 7 * 86400.0  # a step or a checkpoint longer than a week is not a report
@@ -144,4 +145,9 @@ def validate_rank_process(process: pb.RankProcess) -> None:
         process.farewell in FAREWELLS,
         where,
         f"farewell {process.farewell[:40]!r} must be ok, error or nothing",
+    )
+    _check(
+        WCHAN.fullmatch(process.wchan) is not None,
+        where,
+        f"wchan {process.wchan[:40]!r} must be a kernel symbol of at most 64 characters",
     )

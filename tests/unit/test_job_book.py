@@ -856,14 +856,19 @@ def test_jobs_config_from_table_takes_known_keys():
 # ---- hung, failed, finished (collector/jobs/liveness.py) ---------------------------------------
 
 
-def describe(w: World, states: dict[int, str], job: str = "j") -> None:
+def describe(
+    w: World, states: dict[int, str], job: str = "j", wchans: dict[int, str] | None = None
+) -> None:
     """Each node's agent describes its ranks' processes (every rank, as ``states`` says or
-    sleeping)."""
+    sleeping, waiting where ``wchans`` says or in the collective's socket read)."""
     by_node: dict[str, list[pb.RankProcess]] = {}
     for rank in range(w.ranks):
         node, _ = w.place(rank)
         state = states.get(rank, "sleeping")
-        process = pb.RankProcess(job_id=job, rank=rank, state=state, cpu_s=1.0, pid=100 + rank)
+        wchan = (wchans or {}).get(rank, "unix_stream_read_generic")
+        process = pb.RankProcess(
+            job_id=job, rank=rank, state=state, cpu_s=1.0, pid=100 + rank, wchan=wchan
+        )
         by_node.setdefault(node, []).append(process)
     for node, processes in by_node.items():
         w.book.ingest(node, pb.JobReport(processes=processes))
@@ -1012,3 +1017,37 @@ def test_an_announced_checkpoint_extends_the_deadline_while_it_is_written():
     assert silent_for(w, 440)["state"] == "hung"
     w.run(range(20, 30))  # the next steps: the announcement is spent
     assert silent_for(w, 35)["state"] == "hung"
+
+
+def test_a_rank_waiting_elsewhere_than_the_others_is_named_in_a_hang():
+    """No process stands out by its state, but rank 6 sleeps in hrtimer_nanosleep while the 7
+    others wait in the collective's socket read: rank 6 is the suspect."""
+    w = make_world()
+    w.run(range(20))
+    for _ in range(35):
+        w.clock.advance(1.0)
+        describe(w, {}, wchans={6: "hrtimer_nanosleep"})
+    job = w.job()
+    assert job["state"] == "hung"
+    assert job["culprits"] == [
+        (
+            "rank 6 on node-d GPU 0: its process waits in hrtimer_nanosleep while 7 others "
+            "wait in unix_stream_read_generic"
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    "wchans",
+    [{}, {0: "pipe_read", 1: "pipe_read", 2: "pipe_read", 3: "pipe_read"}],
+    ids=["everyone in one place", "no place holds a majority"],
+)
+def test_no_rank_is_named_when_none_waits_apart_from_a_majority(wchans):
+    w = make_world()
+    w.run(range(20))
+    for _ in range(35):
+        w.clock.advance(1.0)
+        describe(w, {}, wchans=wchans)
+    job = w.job()
+    assert (job["state"], job["culprits"]) == ("hung", [])
+    assert "no rank's process stands out" in job["summary"]

@@ -77,3 +77,15 @@ def test_cpu_time_is_in_seconds(child):
     watch.saw("j", 0, os.getpid(), PeerResolver(Path("/proc")).started(os.getpid()))
     (mine,) = watch.snapshot()
     assert 0 < mine.cpu_s < time.process_time() + 60
+
+
+def test_a_sleeping_process_says_where_it_waits(child):
+    """The wait channel as the kernel gives it (a kernel that hides it gives nothing to test)."""
+    watch = RankWatch(Path("/proc"))
+    watch.saw("train", 0, child.pid, PeerResolver(Path("/proc")).started(child.pid))
+    wait_for_state(watch, ("train", 0), "sleeping")
+    shown = Path(f"/proc/{child.pid}/wchan").read_text().strip()
+    if shown in {"", "0"}:
+        pytest.skip("this kernel does not show wait channels")
+    (process,) = watch.snapshot()
+    assert process.wchan == shown == "hrtimer_nanosleep"

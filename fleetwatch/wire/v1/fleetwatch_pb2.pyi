@@ -261,20 +261,22 @@ class JobReport(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[JobStep, _Mapping]]] = ..., dropped: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ...) -> None: ...
 
 class RankProcess(_message.Message):
-    __slots__ = ("job_id", "rank", "state", "cpu_s", "pid", "farewell")
+    __slots__ = ("job_id", "rank", "state", "cpu_s", "pid", "farewell", "wchan")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     FAREWELL_FIELD_NUMBER: _ClassVar[int]
+    WCHAN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     state: str
     cpu_s: float
     pid: int
     farewell: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., cpu_s: _Optional[float] = ..., pid: _Optional[int] = ..., farewell: _Optional[str] = ...) -> None: ...
+    wchan: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., cpu_s: _Optional[float] = ..., pid: _Optional[int] = ..., farewell: _Optional[str] = ..., wchan: _Optional[str] = ...) -> None: ...
 
 class JobStep(_message.Message):
     __slots__ = ("job_id", "rank", "step", "time_unix_ms", "step_time_s", "tokens", "compute_time_s", "gpu_uuid", "world_size", "params", "flops_per_token", "checkpoint_start_unix_ms", "checkpoint_end_unix_ms", "sender_uid", "scheduler_job", "sender_start_unix_ms", "checkpointing")
