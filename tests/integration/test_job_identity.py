@@ -57,6 +57,16 @@ async def until_metric(service: CollectorService, value: float, name: str, **lab
         await asyncio.sleep(0.1)
 
 
+async def within_series_budget(service: CollectorService, node: str, jobs: set[str]) -> None:
+    """``node``'s series and its jobs' hold to the per-node budget (scraped off the loop)."""
+    per_family: Counter[str] = Counter()
+    for name, labels in await asyncio.to_thread(metrics, service):
+        label = dict(labels)
+        if label.get("node") == node or label.get("training_job") in jobs:
+            per_family[name] += 1
+    assert sum(per_family.values()) <= SERIES_PER_NODE_BUDGET, per_family.most_common(12)
+
+
 def queue(cluster: SimCluster, node: str) -> JobQueue:
     jobs = cluster.agents[node].jobs
     assert jobs is not None
@@ -146,12 +156,7 @@ async def test_one_users_flood_of_made_up_jobs_stays_within_the_nodes_series_bud
         await until_metric(service, flooded, AGENT_REFUSED, node="node-1", reason="uid_jobs_full")
         jobs = {j["id"] for j in service.jobs.publish()}
         assert JOB in jobs
-        per_family: Counter[str] = Counter()
-        for name, labels in await asyncio.to_thread(metrics, service):
-            label = dict(labels)
-            if label.get("node") == "node-1" or label.get("training_job") in jobs:
-                per_family[name] += 1
-        assert sum(per_family.values()) <= SERIES_PER_NODE_BUDGET, per_family.most_common(12)
+        await within_series_budget(service, "node-1", jobs)
 
 
 async def test_one_users_flood_of_made_up_ranks_stays_within_the_nodes_series_budget(
@@ -180,9 +185,4 @@ async def test_one_users_flood_of_made_up_ranks_stays_within_the_nodes_series_bu
         reason = "owner_ranks_full"
         await until_metric(service, refused, AGENT_REFUSED, node="node-1", reason=reason)
         jobs = {j["id"] for j in service.jobs.publish()}
-        per_family: Counter[str] = Counter()
-        for name, labels in await asyncio.to_thread(metrics, service):
-            label = dict(labels)
-            if label.get("node") == "node-1" or label.get("training_job") in jobs:
-                per_family[name] += 1
-        assert sum(per_family.values()) <= SERIES_PER_NODE_BUDGET, per_family.most_common(12)
+        await within_series_budget(service, "node-1", jobs)

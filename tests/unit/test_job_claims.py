@@ -53,10 +53,26 @@ def claims(procs):
     return JobClaims(procs.alive)
 
 
-def reason(claims: JobClaims, job: str, sender: Peer, now: float = 0.0) -> str:
+def reason(claims: JobClaims, job: str, sender: Peer, now: float = 0.0, rank: int = 0) -> str:
     with pytest.raises(JobReportError) as caught:
-        claims.admit(job, sender, now)
+        claims.admit(job, sender, now, rank)
     return caught.value.reason
+
+
+def agent_claims(tmp_path: Path, setting: str) -> tuple[AgentConfig, JobClaims, Peer]:
+    """A real agent built from an agent.toml holding ``setting``: its config, its job claims,
+    and this process as a sender."""
+    toml = tmp_path / "agent.toml"
+    toml.write_text(f"[agent]\n{setting}\n")
+    cfg = load_agent_config(toml, {})
+    clock = FakeClock()
+    node = SimNode("node-a", tmp_path / "sys", clock, gpus=1, nvlinks=1, ib_ports=1)
+    agent = build_agent(
+        replace(cfg, job_socket=tmp_path / "j.sock", state_dir=None), sim_hardware(node), clock
+    )
+    assert agent.jobs is not None
+    me = Peer(os.getpid(), 1000, 1000, PeerResolver(Path("/proc")).started(os.getpid()), 0, None)
+    return cfg, agent.jobs.senders.claims, me
 
 
 def test_owners_are_the_slurm_job_pods_of_a_uid_or_a_uid():
@@ -174,17 +190,8 @@ def test_the_node_bound_defaults_to_four_uids_worth(procs):
 
 def test_jobs_per_uid_is_an_agent_setting_that_reaches_the_claims(tmp_path):
     """``jobs_per_uid`` in agent.toml bounds a uid's job ids on the node; nonsense is refused."""
-    toml = tmp_path / "agent.toml"
-    toml.write_text("[agent]\njobs_per_uid = 2\n")
-    cfg = load_agent_config(toml, {})
+    cfg, claims, me = agent_claims(tmp_path, "jobs_per_uid = 2")
     assert cfg.jobs_per_uid == 2
-    clock = FakeClock()
-    node = SimNode("node-a", tmp_path / "sys", clock, gpus=1, nvlinks=1, ib_ports=1)
-    cfg = replace(cfg, job_socket=tmp_path / "j.sock", state_dir=None)
-    agent = build_agent(cfg, sim_hardware(node), clock)
-    assert agent.jobs is not None
-    claims = agent.jobs.senders.claims
-    me = Peer(os.getpid(), 1000, 1000, PeerResolver(Path("/proc")).started(os.getpid()), 0, None)
     claims.admit("a", me, 0.0)
     claims.admit("b", me, 0.0)
     assert reason(claims, "c", me) == "uid_jobs_full"
@@ -217,9 +224,9 @@ def test_a_rank_whose_sender_is_gone_frees_its_place(claims, procs):
     are gone, so the new ranks get their places, after at most one scan a RESCAN_S."""
     for rank in range(MAX_RANKS_PER_OWNER):
         claims.admit("elastic", peer(100 + rank, 1000), 0.0, rank)
-    assert reason_for_rank(claims, "elastic", peer(300, 1000), 0.5, 99) == "owner_ranks_full"
+    assert reason(claims, "elastic", peer(300, 1000), 0.5, 99) == "owner_ranks_full"
     procs.gone.update(range(100, 100 + MAX_RANKS_PER_OWNER))
-    assert reason_for_rank(claims, "elastic", peer(300, 1000), 0.6, 99) == "owner_ranks_full"
+    assert reason(claims, "elastic", peer(300, 1000), 0.6, 99) == "owner_ranks_full"
     claims.admit("elastic", peer(300, 1000), 0.5 + RESCAN_S, 99)
     assert claims.ranks_held() == 1
 
@@ -230,30 +237,15 @@ def test_all_owners_together_hold_at_most_the_nodes_ranks(procs):
         for rank in range(2):
             claims.admit(f"job-{uid}", peer(100 + uid, 1000 + uid), 0.0, rank)
     slurm = peer(500, 1000, SchedulerJob("slurm", "77"))
-    assert reason_for_rank(claims, "77", slurm, 0.0, 0) == "node_ranks_full"
-
-
-def reason_for_rank(claims: JobClaims, job: str, sender: Peer, now: float, rank: int) -> str:
-    with pytest.raises(JobReportError) as caught:
-        claims.admit(job, sender, now, rank)
-    return caught.value.reason
+    assert reason(claims, "77", slurm, 0.0, 0) == "node_ranks_full"
 
 
 def test_ranks_per_uid_is_an_agent_setting_that_reaches_the_claims(tmp_path):
-    toml = tmp_path / "agent.toml"
-    toml.write_text("[agent]\nranks_per_uid = 2\n")
-    cfg = load_agent_config(toml, {})
+    cfg, claims, me = agent_claims(tmp_path, "ranks_per_uid = 2")
     assert cfg.ranks_per_uid == 2
-    clock = FakeClock()
-    node = SimNode("node-a", tmp_path / "sys", clock, gpus=1, nvlinks=1, ib_ports=1)
-    cfg = replace(cfg, job_socket=tmp_path / "j.sock", state_dir=None)
-    agent = build_agent(cfg, sim_hardware(node), clock)
-    assert agent.jobs is not None
-    claims = agent.jobs.senders.claims
-    me = Peer(os.getpid(), 1000, 1000, PeerResolver(Path("/proc")).started(os.getpid()), 0, None)
     claims.admit("a", me, 0.0, 0)
     claims.admit("a", me, 0.0, 1)
-    assert reason_for_rank(claims, "a", me, 0.0, 2) == "owner_ranks_full"
+    assert reason(claims, "a", me, 0.0, 2) == "owner_ranks_full"
     for bad in (0, 2.5, "4", True):
         with pytest.raises(ConfigError, match="ranks_per_uid"):
             AgentConfig(ranks_per_uid=bad)  # type: ignore[arg-type]

@@ -90,6 +90,13 @@ def nothing_waiting(sock: SeqpacketListener) -> bool:
     return sock.poll() is None
 
 
+def accepted(listening: socket.socket) -> socket.socket:
+    """The next connection to ``listening``, waiting up to 2 s."""
+    listening.settimeout(2)
+    conn, _ = listening.accept()
+    return conn
+
+
 def send_raw(path: Path, *messages: bytes) -> None:
     """Send ``messages`` as they are, on one connection to the job socket at ``path``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sender:
@@ -330,10 +337,7 @@ def test_bind_replaces_a_stale_socket_file(tmp_path):
     sock = bind_job_socket(path, 0o660)
     try:
         send_raw(path, b"hello")
-        sock.setblocking(True)
-        sock.settimeout(2)
-        conn, _ = sock.accept()
-        with conn:
+        with accepted(sock) as conn:
             assert conn.recv(100) == b"hello"
     finally:
         sock.close()
@@ -347,13 +351,9 @@ def test_bind_refuses_to_take_over_a_live_socket(tmp_path):
         with pytest.raises(OSError, match="another process listens"):
             bind_job_socket(path, 0o660)
         send_raw(path, b"still mine")
-        live.setblocking(True)
-        live.settimeout(2)
-        probe, _ = live.accept()  # the second bind's probe: it connected and closed
-        with probe:
+        with accepted(live) as probe:  # the second bind's probe: it connected and closed
             assert probe.recv(100) == b""
-        conn, _ = live.accept()
-        with conn:
+        with accepted(live) as conn:
             assert conn.recv(100) == b"still mine"
     finally:
         live.close()
