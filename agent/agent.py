@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.exceptions import NoDriverError, NvmlError, OutboxFullError, SourceError
-from agent.job_socket import serve_job_socket
+from agent.jobs.listener import serve_job_socket
 from agent.sources.nvml import ERROR_LIBRARY_NOT_FOUND
-from agent.wakeup import MIN_EVENT_GAP_S, Wakeup
+from agent.sources.wakeup import MIN_EVENT_GAP_S, Wakeup
 from fleetwatch import PROTOCOL_VERSION, __version__
 from fleetwatch.clock import unix_ms
 from fleetwatch.model import Target
@@ -32,15 +32,16 @@ from fleetwatch.wire.validate import Inventory, WireError, validate_event, valid
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.backoff import Backoff
-    from agent.changes import LiveSamples
-    from agent.intervals import Intervals
-    from agent.job_socket import JobQueue, JobSocket
-    from agent.link import CollectorLink
-    from agent.outbox import Outbox
-    from agent.poll_bmc import BmcPoller
-    from agent.sampler import NodeInventory, PendingEvent, PollResult, Sampler
-    from agent.self_limits import SelfLimits
+    from agent.jobs.listener import JobQueue, JobSocket
+    from agent.link.backoff import Backoff
+    from agent.link.intervals import Intervals
+    from agent.link.stream import CollectorLink
+    from agent.outbox.changes import LiveSamples
+    from agent.outbox.queue import Outbox
+    from agent.poll.bmc import BmcPoller
+    from agent.poll.findings import PendingEvent, PollResult
+    from agent.poll.sampler import NodeInventory, Sampler
+    from agent.poll.self_limits import SelfLimits
     from fleetwatch.clock import Clock
     from fleetwatch.model import SampleKey, SampleValue
     from fleetwatch.sd_notify import SdNotifier

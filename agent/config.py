@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.bmc_config import BmcConfig, parse_bmc
-from agent.budget import DEFAULT_MAX_BYTES
-from agent.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
 from agent.exceptions import ConfigError
-from agent.job_claims import MAX_JOBS_PER_UID as DEFAULT_JOBS_PER_UID
-from agent.job_claims import MAX_RANKS_PER_OWNER as DEFAULT_RANKS_PER_UID
-from agent.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
+from agent.jobs.claims import MAX_JOBS_PER_UID as DEFAULT_JOBS_PER_UID
+from agent.jobs.claims import MAX_RANKS_PER_OWNER as DEFAULT_RANKS_PER_UID
+from agent.link.collector_list import DEFAULT_COLLECTOR, check_address, check_collectors, split_flag
+from agent.outbox.budget import DEFAULT_MAX_BYTES
+from agent.poll.self_limits import DEFAULT_MEMORY_MAX_BYTES, DEFAULT_POLL_CPU_MAX_SHARE
 from fleetwatch.config_file import (
     check_log_level,
     check_number,
@@ -34,7 +34,7 @@ MIN_MEMORY_MAX_BYTES = 64 << 20
 class AgentConfig:
     """Everything the agent can be told. Intervals are in seconds."""
 
-    # Where to stream: one collector, or several sharing one journal (agent/collector_list.py);
+    # Where to stream: one collector, or several sharing one journal (agent/link/collector_list.py);
     # not both. Neither: 127.0.0.1:7070. ``targets`` is the list in use.
     collector: str | None = None
     collectors: tuple[str, ...] | None = None

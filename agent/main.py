@@ -11,26 +11,28 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.agent import Agent, build_hello
-from agent.backoff import Backoff
 from agent.bmc_config import open_bmc
-from agent.budget import ByteBudget
-from agent.changes import LiveSamples
-from agent.collector_list import start_index
-from agent.commands import CommandRunner, NvidiaSmiReset
 from agent.exceptions import NoDriverError, SourceError
-from agent.intervals import Intervals
-from agent.job_claims import SenderCheck
-from agent.job_socket import JobQueue
-from agent.link import CollectorLink
-from agent.outbox import Outbox
-from agent.peer_identity import PeerResolver
-from agent.poll_bmc import BmcPoller
+from agent.jobs.claims import SenderCheck
+from agent.jobs.listener import JobQueue
+from agent.jobs.peer_identity import PeerResolver
+from agent.link.backoff import Backoff
+from agent.link.collector_list import start_index
+from agent.link.commands import CommandRunner, NvidiaSmiReset
+from agent.link.intervals import Intervals
+from agent.link.stream import CollectorLink
+from agent.link.tls import channel_credentials
+from agent.outbox.budget import ByteBudget
+from agent.outbox.changes import LiveSamples
+from agent.outbox.queue import Outbox
+from agent.outbox.spool import Spool
+from agent.poll.bmc import BmcPoller
+from agent.poll.sampler import Sampler
+from agent.poll.self_limits import ProcessUsage, SelfLimits
 from agent.preflight.executor import PreflightExecutor
 from agent.preflight.quick import QuickChecks
 from agent.preflight.real import real_runners
 from agent.preflight.runners import PreflightRunners
-from agent.sampler import Sampler
-from agent.self_limits import ProcessUsage, SelfLimits
 from agent.sources.kmsg import DevKmsgReader
 from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import NvmlSource, load_pynvml, nvml_library_installed
@@ -40,8 +42,6 @@ from agent.sources.sel_cursor import SelCursor
 from agent.sources.sysfs import SysfsReader
 from agent.sources.sysfs_io import FdBudget
 from agent.sources.udev import PyudevSource
-from agent.spool import Spool
-from agent.tls import channel_credentials
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 
     import grpc
 
-    from agent.commands import GpuReset
     from agent.config import AgentConfig
+    from agent.link.commands import GpuReset
     from agent.sources.bmc import BmcSource
     from agent.sources.kmsg import KmsgSource
     from agent.sources.nvml_api import NvmlLibrary

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from agent.changes import LiveSamples
-    from agent.intervals import Intervals
+    from agent.link.intervals import Intervals
+    from agent.outbox.changes import LiveSamples
     from fleetwatch.clock import Clock
     from fleetwatch.sd_notify import SdNotifier
 

@@ -37,8 +37,8 @@ import psutil
 
 from agent.config import AgentConfig
 from agent.main import Hardware, build_agent, fd_budget_for_process
-from agent.pci import normalize_bus_id
-from agent.poll_ib import IbPoller
+from agent.poll.ib import IbPoller
+from agent.probes.pci import normalize_bus_id
 from agent.sim.hardware import SimNode
 from agent.sim.sysfs_tree import SimSysfsTree
 from agent.sources.nvml import load_pynvml
@@ -48,6 +48,9 @@ from fleetwatch.model import sample_to_pb
 from fleetwatch.testing import FakeClock
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
+from bench.helpers.sim_nodes import move_hardware
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "sysfs" / "h100-cx7"
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
@@ -55,16 +58,6 @@ NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
-
-
-def move_hardware(node: SimNode, tree: SimSysfsTree, rng: random.Random) -> None:
-    """What changes on a busy node between two polls (not measured)."""
-    for i in range(8):
-        tree.add_ib_traffic(f"mlx5_{i}", 1, xmit_bytes=5 * 10**9, rcv_bytes=5 * 10**9)
-    for gpu in node.gpus:
-        gpu.temperature_c = 60 + rng.randrange(8)
-        gpu.power_mw = 600_000 + rng.randrange(50_000)
-        gpu.util_gpu = 95 + rng.randrange(5)
 
 
 def link_real_gpus(sysfs_root: Path) -> None:
@@ -170,7 +163,7 @@ def ib_polls(workdir: Path, polls: int, rounds: int) -> float:
     poller = IbPoller(reader, SystemClock())
     from collections import Counter
 
-    from agent.findings import PollResult
+    from agent.poll.findings import PollResult
 
     errors: Counter[str] = Counter()
     for _ in range(5):

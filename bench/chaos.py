@@ -11,7 +11,7 @@ What runs, all on loopback and all real but the hardware:
 
 * the collector, ``fleetwatch collector --config FILE`` with the built-in rules and a SQLite
   journal, its actions wired to a signed drain webhook and a signed ``default`` notify channel
-  served by :class:`fleetwatch.webhook_receiver.WebhookReceiver` in this process;
+  served by :class:`cli.dev.webhook_receiver.WebhookReceiver` in this process;
 * one process per node (``bench/helpers/chaos_node.py``): the real agent with its disk spool and
   kernel log cursor, on a simulated node whose kernel log is a file that this process appends to;
 * a relay between every agent and the collector (``bench/helpers/chaos_net.py``) that can cut
@@ -66,13 +66,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent.sim.devices import H100_BUSES, SimGpu
 from agent.sim.kmsg_file import KmsgFileWriter
+from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
-from fleetwatch.webhook_receiver import WebhookReceiver
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers.actions import webhook_actions_toml
-from helpers.chaos_journal import ChaosJournal, PostgresJournal, SqliteJournal
-from helpers.chaos_net import PartitionRelay
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
+from bench.helpers.chaos_journal import ChaosJournal, PostgresJournal, SqliteJournal
+from bench.helpers.chaos_net import PartitionRelay
+from bench.helpers.collector_config import webhook_actions_toml
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -13,7 +13,8 @@ What runs, all on loopback:
   ``bench/fault_to_action.py``);
 * for each fleet size, a fresh real collector process (``fleetwatch collector --config``: a
   SQLite journal, the built-in rules, every setting its default but the actions, which are
-  ``bench/fault_to_action.py``'s signed webhooks), pinned to one CPU;
+  ``bench/fault_to_action.py``'s signed webhooks, ``bench/helpers/collector_config.py``), pinned
+  to one CPU;
 * ``bench/ingest/load.py`` processes on the other CPU (one per ``--nodes-per-process`` nodes):
   each node its own gRPC channel and stream, replaying the recording as raw bytes prepared
   once (``bench/ingest/wire.py``): Hello, first Report, then one Report a second (``--interval``)
@@ -93,16 +94,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
-from fleetwatch.webhook_receiver import WebhookReceiver
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_to_action import SECRET
-from ingest.procs import Cores, log, record
-from ingest.reconnect import RECONNECT_TARGET, reconnect_figures, storm, storm_figures
-from ingest.scrape import measure as measure_scrape
-from ingest.scrape import measure_http
-from ingest.size import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
+from bench.helpers.collector_config import SECRET
+from bench.ingest.procs import Cores, log, record
+from bench.ingest.reconnect import RECONNECT_TARGET, reconnect_figures, storm, storm_figures
+from bench.ingest.scrape import measure as measure_scrape
+from bench.ingest.scrape import measure_http
+from bench.ingest.size import (
     GPUS_PER_NODE,
     GROWTH_LIMIT_MS,
     LAG_LIMIT_MS,
@@ -111,7 +112,7 @@ from ingest.size import (
     Context,
     run_size,
 )
-from ingest.wire import Recording
+from bench.ingest.wire import Recording
 
 SIZES = (256, 2048, 4096)
 QUICK_SIZES = (256, 1024)

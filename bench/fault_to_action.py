@@ -14,7 +14,7 @@ What runs, all on loopback:
   streaming over gRPC to the collector at the agent's production poll, heartbeat and counter
   intervals (printed, and in the JSON), started spread over one poll interval as a real fleet's
   agents are not in step (``--synchronized-start``: all at once);
-* in this process, :class:`fleetwatch.webhook_receiver.WebhookReceiver` (signatures checked)
+* in this process, :class:`cli.dev.webhook_receiver.WebhookReceiver` (signatures checked)
   and the orchestration.
 
 Once every agent is connected and its first report is in the collector's model, this process
@@ -38,470 +38,57 @@ while faults ran, and how busy the whole machine was.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import math
 import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import psutil
 
 from agent.config import AgentConfig
-from agent.sim.scenario import FaultKind
+from cli.dev.webhook_receiver import WebhookReceiver
 from collector.config import load_collector_config
 from fleetwatch.clock import SystemClock
-from fleetwatch.webhook_receiver import Delivery, WebhookReceiver
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers.actions import webhook_actions_toml
-from helpers.sim_fleet import node_names, percentile
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
+from bench.helpers.children import die_with_parent, stop_process, tail
+from bench.helpers.collector_api import api, http_get, journal_events, nodes_reported, wait_healthy
+from bench.helpers.collector_config import SECRET, write_collector_config
+from bench.helpers.cpu import cpu_phase, cpu_since
+from bench.helpers.faults import (
+    FAULTS,
+    PlannedFault,
+    add_stages,
+    first_arrivals,
+    latency_ms,
+    plan,
+    rule_of,
+    stage_figures,
+    summarise,
+)
+from bench.helpers.figures import figure
+from bench.helpers.pipe import FleetProcess
+from bench.helpers.sim_nodes import node_names
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM_FLEET = Path(__file__).resolve().parent / "helpers" / "sim_fleet.py"
-SECRET = b"fault-to-action-bench-secret"
-GPUS_PER_NODE = 8
 TARGET_P99_MS = 250.0
 # A run whose harness (the simulated fleet's loop, p99; the fault injection, max) was later than
 # this is not judged: its lateness would pass for the product's.
 HARNESS_LAG_BOUND_MS = 50.0
-PR_SET_PDEATHSIG = 1
-
-# name -> (simulator fault, its parameters besides the GPU, what the built-in rules do)
-FAULTS: dict[str, tuple[FaultKind, dict[str, int], str]] = {
-    "xid79_gpu_lost": (
-        FaultKind.GPU_LOST,
-        {},
-        "gpu_lost and xid_needs_reboot_or_rma: drain_node, notify",
-    ),
-    "xid61_pmu_breakpoint": (
-        FaultKind.XID,
-        {"xid": 61},
-        "xid_needs_reboot_or_rma: drain_node, notify",
-    ),
-    "xid119_gsp_timeout": (
-        FaultKind.XID,
-        {"xid": 119},
-        "xid_needs_gpu_reset: reset_gpu (through the agent), notify beside it",
-    ),
-    "xid120_gsp_error": (
-        FaultKind.XID,
-        {"xid": 120},
-        "xid_needs_gpu_reset: reset_gpu (through the agent), notify beside it",
-    ),
-    "xid13_application": (FaultKind.XID, {"xid": 13}, "xid_application_error: notify"),
-    "remap_failure": (
-        FaultKind.REMAP_FAILURE,
-        {},
-        "row_remap_failure: drain_node, notify (and Xid 64: reset_gpu, notify)",
-    ),
-}
 
 
 def log(*parts: object) -> None:
     print(*parts, flush=True)
-
-
-@dataclass(slots=True)
-class PlannedFault:
-    """One fault to inject, and what became of it."""
-
-    id: int
-    round: int
-    node: str
-    kind: str
-    gpu: int
-    injected_at: float | None = None  # the fleet process's time.time() just before applying it
-    sent_at: float | None = None  # when this process asked for it
-    arrival: Delivery | None = None  # the first webhook naming the node
-    stages: dict[str, float] = field(default_factory=dict)  # ms, see STAGES
-
-    def record(self) -> dict[str, Any]:
-        """This fault as one JSON object, for --faults-out."""
-        latency = latency_ms(self)
-        return {
-            "id": self.id,
-            "round": self.round,
-            "node": self.node,
-            "kind": self.kind,
-            "gpu": self.gpu,
-            "injected_at": self.injected_at,
-            "latency_ms": None if math.isinf(latency) else round(latency, 1),
-            "webhook": None
-            if self.arrival is None
-            else f"{self.arrival.body.get('kind')} ({rule_of(self.arrival)})",
-            "stages_ms": self.stages,
-        }
-
-
-@dataclass(slots=True)
-class Phase:
-    """CPU counters at the start of a phase."""
-
-    mono: float
-    children: dict[str, float]
-    machine_busy: float
-    machine_total: float
-
-
-# ---- child processes -------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the child when this process dies, however it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
-    """Terminate, wait, then kill if it is still there."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=grace_s)
-
-
-class FleetProcess:
-    """``bench/helpers/sim_fleet.py`` as a child: JSON lines to its stdin, JSON lines from stdout.
-
-    ``script`` and ``preexec`` let other benchmarks run another script that speaks the same
-    pipe (``bench/ingest/load.py``), e.g. pinned to a core.
-    """
-
-    def __init__(
-        self,
-        args: list[str],
-        stderr: IO[bytes],
-        *,
-        script: Path = SIM_FLEET,
-        preexec: Callable[[], None] = _die_with_parent,
-    ) -> None:
-        self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
-            [sys.executable, str(script), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            bufsize=1,
-            cwd=ROOT,
-            preexec_fn=preexec,  # noqa: PLW1509 - no locks are taken before exec
-        )
-        self._changed = threading.Condition()
-        self._messages: list[dict[str, Any]] = []
-        self.injected: dict[int, dict[str, Any]] = {}
-        self._reader = threading.Thread(target=self._read, name="fleet-stdout", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None  # noqa: S101 - set by Popen above
-        for line in self.proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            with self._changed:
-                if msg.get("op") == "injected":
-                    self.injected[int(msg["id"])] = msg
-                else:
-                    self._messages.append(msg)
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
-
-    def send(self, **msg: object) -> None:
-        """One message to the fleet process."""
-        assert self.proc.stdin is not None  # noqa: S101 - set by Popen above
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def wait_for(self, op: str, timeout_s: float) -> dict[str, Any]:
-        """The next message ``op``; RuntimeError if it does not come or the process ends."""
-
-        def found() -> dict[str, Any] | None:
-            for i, msg in enumerate(self._messages):
-                if msg.get("op") == op:
-                    return self._messages.pop(i)
-            return None
-
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while (got := found()) is None:
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    msg = f"fleet process: no {op!r} message (exit status {self.proc.poll()})"
-                    raise RuntimeError(msg)
-                self._changed.wait(min(left, 1.0))
-            return got
-
-    def stop(self) -> dict[str, Any] | None:
-        """Ask it to quit and return its closing stats; terminate or kill it if it will not."""
-        stats = None
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                self.send(op="quit")
-            with contextlib.suppress(RuntimeError):
-                stats = self.wait_for("stats", 30.0)
-        with contextlib.suppress(OSError, ValueError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30.0)  # it stops its agents after sending the stats
-        stop_process(self.proc)
-        return stats
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def write_collector_config(workdir: Path, receiver_url: str, nodes: int) -> Path:
-    secret_file = workdir / "webhook.secret"
-    secret_file.write_bytes(SECRET + b"\n")
-    path = workdir / "collector.toml"
-    path.write_text(
-        f"""\
-[collector]
-listen = "127.0.0.1:{free_port()}"
-http = "127.0.0.1:{free_port()}"
-journal = "{workdir / "journal.db"}"
-
-# The benchmark measures latency, not safety: every injected fault's drain must run; the
-# node cooldown must be > 0 and one fault per node means it hides nothing.
-{
-            webhook_actions_toml(
-                receiver_url,
-                secret_file,
-                max_drained_nodes=nodes,
-                breaker_max_drains=nodes * 10,
-                node_cooldown=0.001,
-            )
-        }""",
-    )
-    return path
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(text[-lines:])
-
-
-# ---- the collector's HTTP API ---------------------------------------------------------------
-
-
-def http_get(url: str, timeout_s: float = 10.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return bytes(resp.read())
-
-
-def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> bool:
-    """Wait until ``base``/healthz answers; False if ``proc`` ended or time ran out first."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            http_get(base + "/healthz", timeout_s=2)
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        else:
-            return True
-
-
-def api(base: str, path: str) -> Any:  # noqa: ANN401 - JSON
-    return json.loads(http_get(base + path))
-
-
-def nodes_reported(base: str) -> int:
-    """Nodes whose first report is in the collector's model (they have a GPU temperature)."""
-    text = http_get(base + "/metrics", timeout_s=30.0).decode()
-    seen = set()
-    for line in text.splitlines():
-        if line.startswith("fleetwatch_gpu_temperature_celsius{"):
-            labels = line[line.index("{") + 1 : line.index("}")]
-            for pair in labels.split(","):
-                name, _, value = pair.partition("=")
-                if name == "node":
-                    seen.add(value.strip('"'))
-    return len(seen)
-
-
-def journal_events(base: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    after = 0
-    while True:
-        page = api(base, f"/api/v1/events?after={after}&limit=1000&order=asc")
-        events.extend(page["events"])
-        if page["last_id"] is None or len(page["events"]) < 1000:  # noqa: PLR2004
-            return events
-        after = page["last_id"]
-
-
-# ---- CPU ----------------------------------------------------------------------------------
-
-
-def cpu_phase(children: dict[str, psutil.Process]) -> Phase:
-    times = psutil.cpu_times()
-    busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
-    used = {}
-    for name, proc in children.items():
-        try:
-            t = proc.cpu_times()
-            used[name] = t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            used[name] = math.nan
-    return Phase(time.monotonic(), used, busy, sum(times))
-
-
-def cpu_since(start: Phase, children: dict[str, psutil.Process], label: str) -> dict[str, Any]:
-    end = cpu_phase(children)
-    wall = end.mono - start.mono
-    out: dict[str, Any] = {}
-    for name in children:
-        cores = (end.children[name] - start.children[name]) / wall if wall > 0 else math.nan
-        out[f"cpu_cores_{name}_{label}"] = None if math.isnan(cores) else round(cores, 3)
-    total = end.machine_total - start.machine_total
-    share = (end.machine_busy - start.machine_busy) / total if total > 0 else math.nan
-    out[f"machine_cpu_busy_share_{label}"] = None if math.isnan(share) else round(share, 3)
-    return out
-
-
-# ---- the plan and the figures ---------------------------------------------------------------
-
-
-def plan(names: list[str], faults: int, rounds: int, seed: int) -> list[PlannedFault]:
-    rng = random.Random(seed)
-    nodes = rng.sample(names, faults * rounds)
-    kinds = list(FAULTS)
-    out = []
-    for r in range(rounds):
-        order = [kinds[i % len(kinds)] for i in range(faults)]
-        rng.shuffle(order)
-        for i, kind in enumerate(order):
-            fid = r * faults + i
-            out.append(PlannedFault(fid, r + 1, nodes[fid], kind, rng.randrange(GPUS_PER_NODE)))
-    return out
-
-
-def latency_ms(f: PlannedFault) -> float:
-    """Injection to first webhook; infinity when none came."""
-    if f.arrival is None or f.injected_at is None:
-        return math.inf
-    return (f.arrival.received_at - f.injected_at) * 1000
-
-
-def figure(values: list[float], share: float | None) -> float | None:
-    """A percentile (None: the maximum) in ms, rounded; None when it lands on a missing one."""
-    if not values:
-        return None
-    value = max(values) if share is None else percentile(values, share)
-    if value is None or math.isinf(value):
-        return None
-    return round(value, 1)
-
-
-def rule_of(d: Delivery) -> str:
-    """The rule behind a webhook: named in a notification, first in a drain's reason."""
-    payload = d.body.get("payload", {})
-    if "rule" in payload:
-        return str(payload["rule"])
-    reason = str(payload.get("reason", ""))  # "fleetwatch: <rule>: <evidence>"
-    return reason.removeprefix("fleetwatch:").strip().split(":", 1)[0] or "?"
-
-
-def first_arrivals(receiver: WebhookReceiver, start: int = 0) -> dict[str, Delivery]:
-    """The first webhook naming each node, among the receiver's deliveries from ``start`` on."""
-    first: dict[str, Delivery] = {}
-    for d in receiver.deliveries()[start:]:
-        node = str(d.body.get("payload", {}).get("node", ""))
-        if node and (node not in first or d.received_at < first[node].received_at):
-            first[node] = d
-    return first
-
-
-STAGES = (
-    "agent_poll_wait",  # injected -> the agent read it (the event's time)
-    "agent_to_collector",  # -> the collector received the event
-    "collector_to_incident_fired",  # -> the node's first incident fired (rules)
-    "incident_fired_to_webhook_sent",  # -> the first webhook's first attempt (journal, actions)
-    "webhook_http",  # -> the receiver had the request
-)
-
-
-def add_stages(
-    faults: list[PlannedFault], events: list[dict[str, Any]], incidents: list[dict[str, Any]]
-) -> None:
-    """Split each fault's latency into stages, from the journal: where the time goes."""
-    first_event: dict[str, dict[str, Any]] = {}
-    for e in events:
-        if e["node"] not in first_event and e.get("seq") is not None:
-            first_event[e["node"]] = e
-    fired: dict[str, int] = {}
-    for inc in incidents:
-        if inc.get("fired_ms") is not None:
-            node = inc["node"]
-            fired[node] = min(fired.get(node, inc["fired_ms"]), inc["fired_ms"])
-    for f in faults:
-        event = first_event.get(f.node)
-        if f.arrival is None or f.injected_at is None or event is None or f.node not in fired:
-            continue
-        sent_ms = float(f.arrival.body.get("sent_at", 0.0)) * 1000
-        marks = (
-            f.injected_at * 1000,
-            event["time_ms"],
-            event["received_ms"],
-            fired[f.node],
-            sent_ms,
-            f.arrival.received_at * 1000,
-        )
-        f.stages = {name: round(float(marks[i + 1] - marks[i]), 1) for i, name in enumerate(STAGES)}
-
-
-def stage_figures(faults: list[PlannedFault], share: float) -> dict[str, float | None]:
-    counted = [f.stages for f in faults if f.stages]
-    return {name: figure([s[name] for s in counted], share) for name in STAGES}
-
-
-def summarise(faults: list[PlannedFault], timeout_s: float) -> dict[str, Any]:
-    values = [latency_ms(f) for f in faults]
-    missing = sum(math.isinf(v) for v in values)
-    out: dict[str, Any] = {
-        "faults": len(faults),
-        "p50_ms": figure(values, 0.5),
-        "p99_ms": figure(values, 0.99),
-        "max_ms": figure(values, None),
-        "faults_without_webhook": missing,
-    }
-    nulls = [k for k in ("p50_ms", "p99_ms", "max_ms") if out[k] is None]
-    if nulls:
-        out["why"] = (
-            f"{missing} of {len(faults)} faults got no webhook within {timeout_s:g} s; "
-            f"{', '.join(nulls)} would be at least {timeout_s * 1000:.0f} ms"
-        )
-    return out
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -654,7 +241,7 @@ def measure(args: argparse.Namespace, run: Run) -> dict[str, Any]:  # noqa: PLR0
         stdout=collector_log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - no locks are taken before exec
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no locks are taken before exec
     )
     if not wait_healthy(base, run.collector):
         msg = "the collector did not come up"

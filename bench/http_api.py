@@ -43,8 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_to_action import FleetProcess, free_port, stop_process
+from fleetwatch.testing import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for bench.*
+from bench.helpers.children import stop_process
+from bench.helpers.pipe import FleetProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PR_SET_PDEATHSIG = 1
@@ -52,7 +55,7 @@ ENDPOINTS = ("/metrics", "/api/v1/nodes", "/api/v1/nodes/node-001", "/api/v1/eve
 HALF_REQUEST = b"GET /api/v1/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Still-Typ"
 HEALTH_PROBES = 10
 PROBE_TIMEOUT_S = 3.0
-RUN_COLLECTOR = "import sys; from fleetwatch.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN_COLLECTOR = "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def log(*parts: object) -> None:

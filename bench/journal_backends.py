@@ -7,7 +7,7 @@ Both backends run the collector's own store (:class:`collector.store.sqlite.Sqli
 :class:`collector.store.postgres.PostgresStore`) as the journal's writer thread does: one
 transaction per batch of events (group commit), each commit durable before it returns (SQLite
 ``synchronous=FULL`` in WAL mode; PostgreSQL with its default ``fsync`` and
-``synchronous_commit``, a throwaway server from :mod:`fleetwatch.pg_server` on loopback, its data
+``synchronous_commit``, a throwaway server from :mod:`cli.dev.pg_server` on loopback, its data
 on the same filesystem as the SQLite file). For each batch size (1: a quiet fleet, an event at a
 time; 100 and 1,000: a burst) it measures, interleaved round by round so both see the same
 machine, the events journaled per second and each commit's latency, and then the fleet-wide
@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli.dev.pg_server import PgServer
 from collector.store.events import EventRow, EventStore
 from collector.store.incidents import ActionRow, FleetActions
 from collector.store.postgres import PostgresStore
 from collector.store.sqlite import SqliteStore
-from fleetwatch.pg_server import PgServer
 
 BATCHES = (1, 100, 1000)
 ROUNDS = 5

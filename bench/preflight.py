@@ -55,13 +55,13 @@ import structlog
 from agent.sim.cluster import SimCluster
 from agent.sim.preflight import TOOL_SECONDS, SimFabric
 from agent.sim.scenario import Fault, FaultKind, apply_fault
+from cli.demo.preflight import UTIL_HOLD_S, address_by_name
+from cli.demo.wiring import demo_actions, write_secret
+from cli.dev.webhook_receiver import WebhookReceiver
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.preflight import UTIL_HOLD_S, address_by_name
-from fleetwatch.demo.wiring import demo_actions, write_secret
 from fleetwatch.preflight.vocabulary import Level
-from fleetwatch.webhook_receiver import WebhookReceiver
 
 if TYPE_CHECKING:
     from agent.sim.preflight import Spent

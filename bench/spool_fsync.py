@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.budget import DEFAULT_MAX_BYTES, ByteBudget
 from agent.exceptions import OutboxFullError
-from agent.findings import PendingEvent
-from agent.outbox import Outbox
-from agent.spool import Spool
+from agent.outbox.budget import DEFAULT_MAX_BYTES, ByteBudget
+from agent.outbox.queue import Outbox
+from agent.outbox.spool import Spool
+from agent.poll.findings import PendingEvent
 from fleetwatch.logs import configure_logging
 from fleetwatch.model import EventKind, Target
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
-from agent.commands import REFUSED
-from collector.actions.dispatcher import ActionOutcome, refused
 from collector.actions.guards import UnsafeArgumentError, parse_target
+from collector.actions.ports import ActionOutcome, refused
 from collector.ingest.session import StreamNotReadyError
+from fleetwatch.wire.settings import COMMAND_REFUSED
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import GPU_UUID
 
@@ -87,7 +87,8 @@ class CommandBroker:
             return ActionOutcome(ok=False, detail=f"{node}: {exc}", retry=True)
         except ConnectionError as exc:
             return ActionOutcome(ok=False, detail=f"{node}: {exc}")
-        said_no = not result.ok and not result.retry_later and result.detail.startswith(REFUSED)
+        refused_by_agent = result.detail.startswith(COMMAND_REFUSED)
+        said_no = not result.ok and not result.retry_later and refused_by_agent
         return ActionOutcome(
             ok=result.ok,
             detail=f"{node} agent: {result.detail}",

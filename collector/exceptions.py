@@ -10,6 +10,9 @@ Exception tree::
     │   ├── JournalUnreachableError  (the database server cannot be reached: not a config error)
     │   └── JournalFullError  (no disk space for a commit: nothing is acked until there is)
     └── SlurmError       (scontrol missing, timed out or failed; collector/actions/slurm.py)
+
+    LoopBusyError        (a RuntimeError: the event loop did not take an HTTP thread's request
+                          up, or finish it, in time; the API answers 503)
 """
 
 from __future__ import annotations
@@ -45,3 +48,19 @@ class JournalFullError(JournalError):
 
 class RowRefusedError(JournalError):
     """The database refused one row of a group commit; the other rows were committed."""
+
+
+class LoopBusyError(RuntimeError):
+    """The collector's event loop did not take a request up, or finish it, in time.
+
+    ``started`` says whether it began: a change that began may still take effect.
+    """
+
+    def __init__(self, what: str, *, waited_s: float, started: bool) -> None:
+        """Say what waited and whether what it asked for may still happen."""
+        if started:
+            detail = "began but did not finish; it may still take effect, so look before retrying"
+        else:
+            detail = "was not taken up (the event loop is busy); nothing was done, retry shortly"
+        super().__init__(f"{what}: the request {detail} (waited {waited_s:g} s)")
+        self.started = started

@@ -10,7 +10,7 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from collector.actions.actuators import LiveActuators, build_actuators
-from collector.actions.dispatcher import Dispatcher, GpuResetter
+from collector.actions.dispatcher import Dispatcher
 from collector.api.auth import ChangeGuard
 from collector.api.preflight import PreflightDesk
 from collector.api.server import ApiServer
@@ -25,13 +25,13 @@ from collector.export.preflight import PreflightCollector
 from collector.export.rules import RulesCollector
 from collector.gc_pauses import start_freezer
 from collector.incidents.evaluator import Evaluator
+from collector.incidents.history_restore import restore_history
 from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
 from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from collector.ingest.server import FleetServer, refuse_a_port_in_use
 from collector.ingest.tls import server_credentials
 from collector.jobs.book import JobBook
 from collector.model.fleet import FleetModel
-from collector.model.history_restore import restore_history
 from collector.model.liveness import LivenessMonitor
 from collector.model.node_states import NodeFlags
 from collector.model.target_keys import FLEET_KEY
@@ -50,11 +50,11 @@ from collector.stats import CollectorStats
 from collector.store.journal import Journal, open_store
 from collector.store.peers import PeerHolders, Peers
 from fleetwatch.config_file import short_repr
-from fleetwatch.preflight.gates import load_gates
 from fleetwatch.reload import ReloadTally, changed_keys, one_line
 from fleetwatch.tls import is_loopback
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.engine import Phase
+from rules.gates_file import load_gates
 from rules.loader import load_rules
 from rules.xid_catalog import load_catalog
 
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     import grpc
 
     from collector.actions.config import ActionsConfig
+    from collector.actions.ports import GpuResetter
     from collector.config import CollectorConfig
     from collector.reload import Candidate, ConfigSource
     from fleetwatch.clock import Clock
@@ -153,6 +154,7 @@ class CollectorService:
             stats=self.stats,
             clock=clock,
             config=config,
+            xid_class=self._xid_class,  # the catalog the rules read classes every event
             credentials=credentials,
             jobs=self.jobs,
             limits=cfg.ingest,

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from collector.actions.actuators import build_actuators
 from collector.config import CollectorConfig, load_collector_config
 from collector.exceptions import CollectorError, ConfigError
-from collector.export.catalog import BY_NAME, families
+from collector.export.catalog import catalog, families
 from collector.incidents.evaluator import Evaluator
 from collector.ingest.tls import tls_material
 from fleetwatch.config_lines import FileProblem, config_problem
@@ -64,7 +64,7 @@ LIVE_KEYS: Final = (
 RESTART_KEYS: Final = tuple(
     f.name for f in dataclasses.fields(CollectorConfig) if f.name not in LIVE_KEYS
 )
-NAMES: Final = tuple(s.name for s in BY_NAME.values() if s.group == "Configuration reloads")
+NAMES: Final = tuple(s.name for s in catalog() if s.group == "Configuration reloads")
 _XID_NUMBER: Final = re.compile(r"\bXid (?:key )?(\d+)")
 
 

@@ -60,7 +60,7 @@ SCOPE_VARIABLES: Final[dict[Scope, tuple[str, ...]]] = {
     Scope.FLEET: ("fleet",),
 }
 # The fields of each variable: the keys of the maps the collector builds
-# (collector.incidents.evaluator); their types are in rules.cel_types.
+# (collector.incidents.cel_data); their types are in rules.cel_types.
 VARIABLE_FIELDS: Final[dict[str, frozenset[str]]] = {
     variable: frozenset(fields) for variable, fields in VARIABLE_TYPES.items()
 }

@@ -37,7 +37,7 @@ __all__ = ["VARIABLE_TYPES", "ConditionTypes", "Kind"]
 
 
 class Kind(StrEnum):
-    """What a variable's field holds (``collector.incidents.evaluator`` and ``JobBook``)."""
+    """What a variable's field holds (``collector.incidents.cel_data`` and ``JobBook``)."""
 
     TEXT = "text"
     BOOL = "bool"

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import yaml
 
-from fleetwatch.config_file import short_repr, shown_path, utf8_line
+from fleetwatch.config_file import short_repr, shown_path
 from rules.cel_env import ConditionError, RuleEnvironment, field_problems, signal_references
 from rules.durations import parse_duration
 from rules.exceptions import RulesError
@@ -43,6 +42,7 @@ from rules.model import (
     Severity,
 )
 from rules.signals import known
+from rules.yaml_lines import YamlTextError, builtin_text, compose, key_lines, line_of, read_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -329,37 +329,6 @@ def _single_pair(item: object) -> tuple[object, object]:
     return (item if isinstance(item, str) else short_repr(item)), {}
 
 
-def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
-    """Parse YAML, keeping the node tree for line numbers."""
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 0)
-        problem = RuleProblem(source, line, "", f"not valid YAML: {exc}", column)
-        raise RulesFileError([problem]) from exc
-    except (ValueError, RecursionError) as exc:  # a huge integer; absurd nesting
-        problem = RuleProblem(source, 1, "", f"not valid YAML: {str(exc)[:200]}")
-        raise RulesFileError([problem]) from exc
-    if node is None:
-        raise RulesFileError([RuleProblem(source, 1, "", "the file is empty")])
-    return data, node
-
-
-def _top_line(node: yaml.Node, key: str) -> int:
-    """The line of a top-level key (the last one, as YAML reads it); 1 when there is none."""
-    if isinstance(node, yaml.MappingNode):
-        for k, _ in reversed(node.value):
-            if isinstance(k, yaml.ScalarNode) and k.value == key:
-                return int(k.start_mark.line) + 1
-    return 1
-
-
 def _rule_lines(node: yaml.Node) -> list[tuple[int, dict[str, int]]]:
     """Line of each rule and of each of its keys, in file order.
 
@@ -385,27 +354,40 @@ def _rule_lines(node: yaml.Node) -> list[tuple[int, dict[str, int]]]:
     return []
 
 
+def _compose(text: str, source: str) -> tuple[Any, yaml.Node]:
+    """Parse YAML, keeping the node tree for line numbers."""
+    try:
+        data, node = compose(text)
+    except YamlTextError as exc:
+        problem = RuleProblem(source, exc.line, "", exc.message, exc.column)
+        raise RulesFileError([problem]) from exc
+    if node is None:
+        raise RulesFileError([RuleProblem(source, 1, "", "the file is empty")])
+    return data, node
+
+
 def parse_rules(text: str, source: str, env: RuleEnvironment | None = None) -> RuleSet:
     """Parse and check a rule file; RulesFileError lists every problem found."""
     data, node = _compose(text, source)
+    top = key_lines(node)
     if not isinstance(data, dict) or data.get("version") != 1:
-        line = _top_line(node, "version")
+        line = line_of(top, ("version",))
         raise RulesFileError([RuleProblem(source, line, "", "expected 'version: 1' and 'rules'")])
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list):
-        line = _top_line(node, "rules")
+        line = line_of(top, ("rules",))
         raise RulesFileError([RuleProblem(source, line, "", "'rules' must be a list")])
     checker = _Checker(source, env or RuleEnvironment())
     for key in sorted(set(data) - TOP_KEYS, key=str):
-        line = _top_line(node, key) if isinstance(key, str) else 1
+        line = line_of(top, (key,)) if isinstance(key, str) else 1
         checker.problem(
             line, "", f"unknown top-level key {short_repr(key)}; a rule file has version and rules"
         )
     lines = _rule_lines(node)
     rules: list[Rule] = []
     seen: dict[str, int] = {}
-    for raw, (line, key_lines) in zip(raw_rules, lines, strict=True):
-        rule = checker.rule(raw, line, key_lines)
+    for raw, (line, rule_keys) in zip(raw_rules, lines, strict=True):
+        rule = checker.rule(raw, line, rule_keys)
         if rule is None:
             continue
         if rule.name in seen:
@@ -416,10 +398,6 @@ def parse_rules(text: str, source: str, env: RuleEnvironment | None = None) -> R
     if checker.problems:
         raise RulesFileError(checker.problems)
     return RuleSet(tuple(rules))
-
-
-def _builtin_text() -> str:
-    return resources.files(BUILTIN[0]).joinpath(BUILTIN[1]).read_text("utf-8")
 
 
 def load_rules(
@@ -434,20 +412,16 @@ def load_rules(
     """
     env = env or RuleEnvironment()
     if not paths:
-        return parse_rules(_builtin_text(), BUILTIN_SOURCE, env)
+        return parse_rules(builtin_text(BUILTIN), BUILTIN_SOURCE, env)
     rules: list[Rule] = []
     problems: list[RuleProblem] = []
     if builtin:
-        rules.extend(parse_rules(_builtin_text(), BUILTIN_SOURCE, env).rules)
+        rules.extend(parse_rules(builtin_text(BUILTIN), BUILTIN_SOURCE, env).rules)
     for path in paths:
         try:
-            text = path.read_text("utf-8")
-        except OSError as exc:
-            problems.append(RuleProblem(shown_path(path), 0, "", f"cannot read: {exc.strerror}"))
-            continue
-        except UnicodeDecodeError as exc:
-            line, why = utf8_line(exc), f"not UTF-8 text: {exc.reason} at byte {exc.start}"
-            problems.append(RuleProblem(shown_path(path), line, "", why))
+            text = read_text(path)
+        except YamlTextError as exc:
+            problems.append(RuleProblem(shown_path(path), exc.line, "", exc.message))
             continue
         try:
             rules.extend(parse_rules(text, str(path), env).rules)

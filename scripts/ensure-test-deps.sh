@@ -4,7 +4,7 @@
 # tests/integration/test_prometheus.py, systemd's offline tools (systemd-analyze,
 # systemd-sysusers) for tests/integration/test_systemd_units.py, OpenIPMI's BMC simulator
 # (ipmi_sim) and ipmitool for tests/integration/test_bmc_ipmi.py, and the PostgreSQL server for
-# the shared-journal tests (fleetwatch/pg_server.py starts a throwaway one from
+# the shared-journal tests (cli/dev/pg_server.py starts a throwaway one from
 # /usr/lib/postgresql/<version>/bin; the package's own cluster is not used), and perftest's
 # ib_write_bw for the pre-flight runner test (tests/unit/test_preflight_real.py runs it on a
 # machine without RDMA devices and expects a clean failure).

@@ -18,7 +18,7 @@ for nvml in real sim; do
 done > "$out/agent_poll.txt"
 {
     echo "## dmesg | fleetwatch scan -"
-    dmesg 2>&1 | python3 -c "import sys; from fleetwatch.cli import main; sys.exit(main())" scan -
+    dmesg 2>&1 | python3 -c "import sys; from cli.main import main; sys.exit(main())" scan -
     echo "## dmesg | grep -i nvrm (last 40)"
     dmesg 2>&1 | grep -i -e nvrm -e xid | tail -40
 } > "$out/misc.txt" 2>&1

@@ -52,7 +52,7 @@ from agent.sources.nvml_probe import call_times_us, differences, probe  # noqa: 
 from fleetwatch.clock import SystemClock  # noqa: E402
 from fleetwatch.testing import free_port  # noqa: E402
 
-CLI = [sys.executable, "-c", "import sys; from fleetwatch.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
 
 
 def log(*parts: object) -> None:

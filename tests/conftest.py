@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import structlog
 
+from cli.dev.pg_server import PgServer
 from collector.config import CollectorConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import configure_logging
-from fleetwatch.pg_server import PgServer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,7 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _keep_logging_config() -> Iterator[None]:
-    """Tests that call ``fleetwatch.cli.main`` in-process reconfigure structlog (a level filter);
+    """Tests that call ``cli.main.main`` in-process reconfigure structlog (a level filter);
     put back what was there so later tests' log assertions see every level."""
     saved = structlog.get_config()
     yield

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.sampler import NodeInventory
+from agent.poll.sampler import NodeInventory
 from agent.sources.nvml import GpuIdentity
 
 UUIDS = tuple(f"GPU-{i:08x}-aaaa-bbbb-cccc-1234567890ab" for i in range(8))

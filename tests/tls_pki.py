@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fleetwatch import certs
+from cli import issue_certs as certs
 
 if TYPE_CHECKING:
     from pathlib import Path

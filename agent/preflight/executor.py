@@ -49,8 +49,8 @@ from fleetwatch.wire.validate_preflight import measurement_to_pb, validate_task
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent.job_socket import JobQueue
-    from agent.sampler import Sampler
+    from agent.jobs.listener import JobQueue
+    from agent.poll.sampler import Sampler
     from agent.sources.nvml import NvmlSource
 
 log = structlog.get_logger("agent.preflight")

@@ -24,7 +24,7 @@ from fleetwatch.preflight.vocabulary import LEVEL_OF, Check, Level, Measurement,
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from agent.sampler import NodeInventory
+    from agent.poll.sampler import NodeInventory
     from agent.sources.nvml import GpuFacts, GpuIdentity, GpuReading, NvmlSource
     from agent.sources.pci_sysfs import PciLink, PciSysfsReader
     from agent.sources.sysfs import SysfsReader

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
+from fleetwatch.wire.validate import MAX_DETAIL
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ __all__ = [
     "AerLineKind",
     "AerReport",
     "AerSeverity",
+    "aer_detail",
     "group_reports",
     "parse_aer_line",
 ]
@@ -92,7 +94,7 @@ class AerLine:
     ``reporter_bus_id`` is the device that printed the line (its ``driver bdf:`` prefix) and
     ``driver`` the driver name in that prefix. ``device_bus_id`` is the device the error is
     about: the error source a port names in ``SOURCE`` and ``NO_DETAILS`` lines, else the
-    printing device itself. Bus ids are normalised with :func:`agent.pci.normalize_bus_id`.
+    printing device itself. Bus ids are normalised with :func:`agent.probes.pci.normalize_bus_id`.
     """
 
     kind: AerLineKind
@@ -475,3 +477,23 @@ class _Builder:
 def _flush(builder: _Builder | None, reports: list[AerReport]) -> None:
     if builder is not None:
         reports.append(builder.build())
+
+
+def aer_detail(reports: list[AerReport]) -> str:
+    """One line for a device's AER reports of one severity in one poll, at most ``MAX_DETAIL``.
+
+    A storm of distinct error names would make it longer than an event may carry (and the event
+    would be refused); the line is cut instead, so the event still goes out.
+    """
+    first = reports[0]
+    errors = sorted({e for r in reports for e in r.errors})
+    layer = first.error_type.value if first.error_type else "unknown layer"
+    parts = [f"AER {first.severity.value if first.severity else 'unknown'}: {layer}"]
+    if errors:
+        parts.append(", ".join(errors))
+    if len(reports) > 1:
+        parts.append(f"{len(reports)} reports")
+    if first.reporter_bus_id and first.reporter_bus_id != first.device_bus_id:
+        parts.append(f"reported by {first.reporter_bus_id}")
+    detail = "; ".join(parts)
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 3] + "..."

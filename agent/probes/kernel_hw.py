@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from fleetwatch.model import EventKind
 from fleetwatch.wire.validate import DEVICE_NAME, MAX_DETAIL
 

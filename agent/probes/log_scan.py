@@ -28,8 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from agent.poll_kernel_log import aer_detail
-from agent.probes.aer import AerSeverity, group_reports, parse_aer_line
+from agent.probes.aer import AerSeverity, aer_detail, group_reports, parse_aer_line
 from agent.probes.kernel_hw import AerOutcome, parse_hw_line
 from agent.probes.xid import parse_xid_line
 from fleetwatch.model import EventKind

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from fleetwatch.wire.validate import MAX_DETAIL
 
 # The driver prints an unsigned 32-bit number; a longer run of digits is not an Xid it printed.

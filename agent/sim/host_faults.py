@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final
 
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from agent.sim.kmsg import LEVEL_ERR
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from agent.sources.kmsg import KmsgRecord, parse_record
 
 if TYPE_CHECKING:
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
     from fleetwatch.clock import Clock
 
 LOG_KERN = 0

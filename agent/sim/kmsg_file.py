@@ -19,7 +19,7 @@ from agent.sources.kmsg import MAX_RECORDS_PER_READ, KmsgRecord, parse_record
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
 
 FIRST_SEQ: Final = 1200  # where a booted kernel's sequence numbers might be
 LOG_KERN: Final = 0

@@ -14,13 +14,13 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from agent.pci import normalize_bus_id
 from agent.probes.counters import (
     DEFAULT_SPEC,
     IB_COUNTER_SPECS,
     IB_COUNTER_WIDTH_BITS,
     MLX5_HW_COUNTER_SPECS,
 )
+from agent.probes.pci import normalize_bus_id
 from agent.sources.pci_sysfs import AER_FILES, ROOTPORT_FILES, parse_aer_counts
 
 if TYPE_CHECKING:

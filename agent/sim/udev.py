@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent.sources.udev import UdevEvent
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
 
 
 class SimUdev:

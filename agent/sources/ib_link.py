@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.exceptions import SourceError
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from agent.sources.sysfs_io import list_dir, read_files
 from fleetwatch.wire.validate import MAX_TEXT
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from agent.exceptions import SourceError
 
 if TYPE_CHECKING:
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
 
 READ_SIZE = 16 * 1024  # must be at least 8 KiB or the kernel answers EINVAL
 MAX_RECORDS_PER_READ = 10_000

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
-from agent.atomic_file import replace_atomically
+from agent.sources.atomic_file import replace_atomically
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -11,9 +11,10 @@ way. What is supported is found once, at :meth:`NvmlSource.identify`, and rememb
 later says NOT_SUPPORTED is dropped for good. No call on the poll path blocks (no 20 ms PCIe
 throughput sampling).
 
-Every public method runs its NVML calls on the worker thread of an :class:`~agent.nvml_guard.
-NvmlGuard` and waits at most ``call_timeout_s`` for them: a call that hangs raises
-:class:`~agent.nvml_guard.NvmlHungError`, and so does every call after it until it returns.
+Every public method runs its NVML calls on the worker thread of an
+:class:`~agent.sources.nvml_guard.NvmlGuard` and waits at most ``call_timeout_s`` for them: a call
+that hangs raises :class:`~agent.sources.nvml_guard.NvmlHungError`, and so does every call after it
+until it returns.
 :meth:`NvmlSource.guarded` runs a caller's batch (every GPU of a poll) in one hand-off.
 """
 
@@ -25,9 +26,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from agent.exceptions import GpuLostError, NvmlError
-from agent.nvml_guard import DEFAULT_TIMEOUT_S, NvmlGuard
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from agent.sources import nvml_fields as fi
+from agent.sources.nvml_guard import DEFAULT_TIMEOUT_S, NvmlGuard
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -177,7 +178,7 @@ class NvmlSource:
     def guarded(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` (which may call this source's methods) under the deadline, in one hand-off.
 
-        Raises :class:`~agent.nvml_guard.NvmlHungError` when it does not return in time, or
+        Raises :class:`~agent.sources.nvml_guard.NvmlHungError` when it does not return in time, or
         at once while an earlier call is still stuck.
         """
         return self.guard.run(what, fn)

@@ -20,7 +20,7 @@ import structlog
 
 if TYPE_CHECKING:
     from agent.sources.nvml_api import NvmlLibrary
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent.nvml_events")

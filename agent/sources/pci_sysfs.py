@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 import structlog
 
 from agent.exceptions import SourceError
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from agent.sources.sysfs import parse_counter
 from agent.sources.sysfs_io import FileBatch, read_files
 

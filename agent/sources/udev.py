@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.exceptions import SourceError
 
 if TYPE_CHECKING:
-    from agent.wakeup import Waker
+    from agent.sources.wakeup import Waker
 
 SUBSYSTEMS = ("pci", "infiniband")
 MAX_EVENTS_PER_POLL = 10_000

@@ -2,7 +2,7 @@
 
 Each kind says what the collectors' config needs (:meth:`config_lines`) and reads back, beside the
 running collectors, how many journal rows carry each injected marker and how many nodes the
-journal knows. The PostgreSQL one also owns the server (:class:`fleetwatch.pg_server.PgServer`,
+journal knows. The PostgreSQL one also owns the server (:class:`cli.dev.pg_server.PgServer`,
 durable: fsync on, as in production), which the chaos run kills with SIGKILL and stops cleanly,
 then starts again on the same data.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import psycopg
 
-from fleetwatch.pg_server import PgServer
+from cli.dev.pg_server import PgServer
 
 if TYPE_CHECKING:
     from pathlib import Path

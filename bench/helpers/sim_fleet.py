@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import gc
 import json
-import math
 import os
 import random
 import sys
@@ -39,29 +38,16 @@ from agent.sim.scenario import Fault, FaultKind
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import configure_logging
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for bench.*
+from bench.helpers.figures import percentile
+from bench.helpers.pipe import say, stdin_lines
+from bench.helpers.sim_nodes import node_names
+
 if TYPE_CHECKING:
     from agent.agent import Agent
 
 LAG_PROBE_S = 0.1
 BUSY_FABRIC_BYTES_PER_S = 20e9  # --busy-fabric: what the demo uses (a training job's traffic)
-
-
-def say(**fields: object) -> None:
-    """One line to the parent."""
-    sys.stdout.write(json.dumps(fields, sort_keys=True) + "\n")
-    sys.stdout.flush()
-
-
-def node_names(count: int) -> list[str]:
-    return [f"node-{i:03d}" for i in range(1, count + 1)]
-
-
-def percentile(values: list[float], share: float) -> float | None:
-    """Nearest-rank percentile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(len(ordered) * share)) - 1]
 
 
 class LoopLag:
@@ -138,13 +124,6 @@ def _round(value: float | None) -> float | None:
 def cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
-
-
-async def stdin_lines() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 20)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
 
 
 def status(cluster: SimCluster) -> dict[str, Any]:

@@ -14,7 +14,8 @@ Nodes connect at most ``--connecting`` at a time: a node counts as connecting fr
 until the ack of an event sent right after its first Report (so the collector is never handed
 thousands of 80 kB first Reports at once, and the time the fleet takes to connect is measured).
 
-The pipe (as ``bench/helpers/sim_fleet.py``'s): JSON lines on stdin, JSON lines on stdout.
+The pipe (``bench/helpers/pipe.py``, as ``bench/helpers/sim_fleet.py``'s): JSON lines on stdin,
+JSON lines on stdout.
 
 * ``{"op": "status"}`` -> ``{"op": "status", "connected": .., "ready": .., "failed": ..}``;
 * ``{"op": "record"}``: start counting (the measurement window);
@@ -22,7 +23,7 @@ The pipe (as ``bench/helpers/sim_fleet.py``'s): JSON lines on stdin, JSON lines 
 * ``{"op": "fault", "id": .., "node": .., "kind": ..}`` -> ``{"op": "injected", "id": ..,
   "t": <time.time() just before the fault's first message was written>}``: the recorded
   messages an agent sent after that fault, as this node's (``kind``: a key of
-  ``bench/fault_to_action.py``'s ``FAULTS``);
+  ``bench/helpers/faults.py``'s ``FAULTS``);
 * ``{"op": "reconnect"}`` -> ``{"op": "reconnect"}``: from now on as ``--reconnect`` (each node
   reconnects with an agent's backoff when its stream ends, with no pacing of ours): a fleet
   measured without it can then be measured coming back after its collector's restart;
@@ -59,17 +60,16 @@ from typing import Any
 
 import grpc
 
-from agent.backoff import Backoff
 from agent.config import AgentConfig
-from agent.link import HEALTHY_AFTER_S, WELCOME_TIMEOUT_S
+from agent.link.backoff import Backoff
+from agent.link.stream import HEALTHY_AFTER_S, WELCOME_TIMEOUT_S
 from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-from helpers.sim_fleet import say, stdin_lines
-
-from ingest.wire import NodeWire, Recording, report_message
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for bench.*
+from bench.helpers.pipe import say, stdin_lines
+from bench.ingest.wire import NodeWire, Recording, report_message
 
 HIST_CAP_MS = 60_000
 # The process's own event loop is timed with a sleep this long, over and over: how late it wakes
@@ -152,7 +152,7 @@ class Load:
     async def run_node(self, node: Node) -> None:
         """Run the node's stream; with ``--reconnect``, again after each end, as an agent does.
 
-        An agent's pacing (``agent/link.py`` with one collector): a delay drawn from its
+        An agent's pacing (``agent/link/stream.py`` with one collector): a delay drawn from its
         backoff's window before each new try, the window grown after each failed one and
         started small again after a stream that lasted ``HEALTHY_AFTER_S``. Without it, the
         first stream's end is the node's, unless the ``reconnect`` op came meanwhile.

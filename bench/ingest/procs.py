@@ -1,9 +1,10 @@
 """The processes of ``bench/collector_ingest.py``: the collector and the load, each on its CPU.
 
-The collector (``fleetwatch collector --config``, the config ``bench/fault_to_action.py``
-writes) runs on one CPU; the load processes (``bench/ingest/load.py``, spoken to over
-``bench/fault_to_action.py``'s :class:`FleetProcess` pipe), the recording and everything else on
-the other. A child is pinned before it execs, so every thread it starts is pinned too.
+The collector (``fleetwatch collector --config``, the config
+``bench/helpers/collector_config.py`` writes) runs on one CPU; the load processes
+(``bench/ingest/load.py``, spoken to over ``bench/helpers/pipe.py``'s :class:`FleetProcess`
+pipe), the recording and everything else on the other. A child is pinned before it execs, so
+every thread it starts is pinned too.
 """
 
 from __future__ import annotations
@@ -19,19 +20,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
+from bench.helpers.children import die_with_parent, stop_process, tail
+from bench.helpers.collector_api import wait_healthy
+from bench.helpers.collector_config import write_collector_config as write_config
+from bench.helpers.pipe import FleetProcess
+from bench.ingest.wire import node_name
 from collector.config import load_collector_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-from fault_to_action import (
-    FleetProcess,
-    _die_with_parent,
-    stop_process,
-    tail,
-    wait_healthy,
-)
-from fault_to_action import write_collector_config as write_config
-
-from ingest.wire import node_name
 
 if TYPE_CHECKING:
     import argparse
@@ -52,7 +46,7 @@ def pinned(cores: set[int]) -> Callable[[], None]:
     """A ``preexec_fn``: die with this process, run on ``cores`` (threads inherit it)."""
 
     def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
-        _die_with_parent()
+        die_with_parent()
         os.sched_setaffinity(0, cores)
 
     return preexec

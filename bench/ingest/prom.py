@@ -19,8 +19,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
+from bench.ingest.procs import pinned
 from fleetwatch.testing import free_port
-from ingest.procs import pinned
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -1,8 +1,8 @@
 """The reconnect storm of ``bench/collector_ingest.py``: a fleet back in the model after a restart.
 
 A collector (pinned to its CPU) takes a fleet of replayed nodes (``bench/ingest/load.py
---reconnect``: each node reconnects with an agent's backoff, as ``agent/link.py`` paces it, and
-never gives up); once every node's first Report is in, the collector is killed (SIGKILL) and
+--reconnect``: each node reconnects with an agent's backoff, as ``agent/link/stream.py`` paces
+it, and never gives up); once every node's first Report is in, the collector is killed (SIGKILL) and
 started again on the same config and journal. ``reconnect_s``: from the restarted collector's
 first accepted TCP connection to every node's first Report in its model (the ack of an event
 sent right after that Report). Meanwhile the nodes already back keep sending a Report a second
@@ -32,12 +32,13 @@ from typing import IO, Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-from fault_to_action import FleetProcess, tail, wait_healthy
-
-from ingest.procs import LOAD, ROOT, Collector, Cores, log, pinned, record
-from ingest.size import hist_percentile, profile_start, profile_summary
-from ingest.wire import node_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for bench.*
+from bench.helpers.children import tail
+from bench.helpers.collector_api import wait_healthy
+from bench.helpers.pipe import FleetProcess
+from bench.ingest.procs import LOAD, ROOT, Collector, Cores, log, pinned, record
+from bench.ingest.size import hist_percentile, profile_start, profile_summary
+from bench.ingest.wire import node_name
 
 STORM_LIMIT_S = 240.0  # a restart whose fleet is not back by then is reported as not back
 # The probes that say whether the nodes already back are slowed come from a process of their
@@ -352,7 +353,7 @@ def main() -> None:
         command = [str(Path(sys.executable).parent / "fleetwatch")]
         if args.code is not None:
             boot = f"import sys; sys.path.insert(0, {str(args.code)!r}); "
-            boot += "from fleetwatch.cli import main; sys.exit(main())"
+            boot += "from cli.main import main; sys.exit(main())"
             command = [sys.executable, "-c", boot]
         row = measure(
             args.nodes,

@@ -9,13 +9,14 @@ second, with a heartbeat every second (so a node reports once a second, the inte
 benchmark loads the collector at) and the production counter interval:
 
 * one busy node, as a node of a running training job: between polls its GPUs' temperature,
-  power and utilisation move and its IB ports carry traffic (``bench/agent_poll.py``'s
-  ``move_hardware``); it keeps the production self limits, so it also reports its own CPU and
-  memory. Once, its kernel log gets a corrected PCIe AER error (lines from
-  ``tests/fixtures/kmsg/aer-corrected.txt``): the event the benchmark sends now and then;
-* one node per fault of ``bench/fault_to_action.py`` (Xid 79, 61, 119, 120, 13, a row-remap
-  failure): the fault is applied a few seconds in, and the messages of the next two seconds
-  are its script.
+  power and utilisation move and its IB ports carry traffic (``move_hardware`` of
+  ``bench/helpers/sim_nodes.py``, as in ``bench/agent_poll.py``); it keeps the production
+  self limits, so it also reports its own CPU and memory. Once, its kernel log gets a corrected
+  PCIe AER error (lines from ``tests/fixtures/kmsg/aer-corrected.txt``): the event the benchmark
+  sends now and then;
+* one node per fault of ``bench/fault_to_action.py`` (``bench/helpers/faults.py``: Xid 79, 61,
+  119, 120, 13, a row-remap failure): the fault is applied a few seconds in, and the messages of
+  the next two seconds are its script.
 
 The agents run on a clock ``--speed`` times faster than the real one (their polls, heartbeats
 and counter reads come that much sooner; the times in the messages are rewritten on replay),
@@ -47,11 +48,10 @@ from fleetwatch.wire import settings
 from fleetwatch.wire.grouped import keyed_samples, sample_count
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-from agent_poll import move_hardware
-from fault_to_action import FAULTS
-
-from ingest.wire import FaultScript, Recording, check_rendering, samples_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for bench.*
+from bench.helpers.faults import FAULTS
+from bench.helpers.sim_nodes import move_hardware
+from bench.ingest.wire import FaultScript, Recording, check_rendering, samples_of
 
 if TYPE_CHECKING:
     from agent.sim.hardware import SimNode

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from bench.ingest.wire import NodeWire
 from collector.config import CollectorConfig
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.exposition import (
@@ -36,14 +37,13 @@ from collector.model.fleet import FleetModel
 from collector.stats import CollectorStats
 from fleetwatch.clock import SystemClock
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from ingest.wire import NodeWire
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from prometheus_client.metrics_core import Metric
 
-    from ingest.wire import Recording
+    from bench.ingest.wire import Recording
 
 ACCEPT: Final = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 NODE_FAMILY_NAMES: Final = frozenset(spec.name.removesuffix("_total") for spec in NODE_FAMILIES)

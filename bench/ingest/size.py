@@ -20,36 +20,29 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-from fault_to_action import (
+from bench.helpers.collector_api import api, http_get, journal_events
+from bench.helpers.cpu import cpu_phase, cpu_since
+from bench.helpers.faults import (
     FAULTS,
     PlannedFault,
     add_stages,
-    api,
-    cpu_phase,
-    cpu_since,
-    figure,
     first_arrivals,
-    http_get,
-    journal_events,
     latency_ms,
     plan,
     stage_figures,
     summarise,
 )
-from helpers.sim_fleet import percentile
-
-from ingest.procs import Collector, Cores, Load, core_busy_s, log, pinned, wait_connected
-from ingest.prom import Prometheus
-from ingest.wire import node_name
+from bench.helpers.figures import figure, percentile
+from bench.ingest.procs import Collector, Cores, Load, core_busy_s, log, pinned, wait_connected
+from bench.ingest.prom import Prometheus
+from bench.ingest.wire import node_name
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-    from fault_to_action import FleetProcess
-
-    from fleetwatch.webhook_receiver import WebhookReceiver
+    from bench.helpers.pipe import FleetProcess
+    from cli.dev.webhook_receiver import WebhookReceiver
 
     # Kill a running fleet's collector, start it again, and time the fleet coming back.
     Storm = Callable[[Collector, list[FleetProcess]], dict[str, Any]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
-from collector.actions.dispatcher import ActionOutcome, Drainer, Notifier
+from collector.actions.ports import ActionOutcome, Drainer, Notifier
 from collector.actions.slurm import SlurmNodes
 from fleetwatch.config_file import shown_key
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from collector.actions.dispatcher import ActionOutcome
+from collector.actions.ports import ActionOutcome
 from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError, SlurmRefusedError
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The drain and reset checks made against every collector's actions (a shared journal).
 
 Pure functions of :class:`FleetActions`, the view the journal builds under its fleet lock; the
-dispatcher's own checks (:mod:`collector.actions.dispatcher`) see only what this collector did.
+collector's own checks (:mod:`collector.actions.local_checks`) see only what this collector did.
 Each answers (state, why, open the fleet-wide breaker until ms or 0); "planned" lets it run.
 """
 

@@ -1,7 +1,8 @@
 """The limits on what fleetwatch may do on its own (``[collector.actions]``, docs/rules.md).
 
-Read by the dispatcher (what this collector did) and by the fleet-wide checks over a shared
-journal (:mod:`collector.actions.fleet_checks`); :mod:`collector.actions.config` parses them.
+Read by this collector's own checks (:mod:`collector.actions.local_checks`) and by the
+fleet-wide checks over a shared journal (:mod:`collector.actions.fleet_checks`);
+:mod:`collector.actions.config` parses them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ loopback, nobody may change anything until a token is configured. Reads are neve
 Every refusal is counted by reason (``fleetwatch_api_requests_refused_total``) and logged with
 the client's address, never with what it sent as a token. :class:`Refusals` does the counting
 and logging for the API's other refusals too (:mod:`collector.api.browsers`,
-:mod:`collector.api.connections`), so one counter holds every reason.
+:mod:`collector.api.connections`), so one counter holds every reason; the reasons are listed in
+:data:`collector.export.catalog.API_REFUSAL_REASONS`, each exposed at 0 until it happens.
 """
 
 from __future__ import annotations
@@ -29,27 +30,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector.http")
 
-# Every reason a request can be refused for; each is exposed, at 0 until it happens.
-REASONS: Final = (
-    # a change without the right token, or from where none may come (401, 403)
-    "missing_token",
-    "bad_token",
-    "no_token_configured",
-    "not_loopback",
-    # what a web page could make a browser send (collector.api.browsers): 403, 403, 415
-    "bad_host",
-    "cross_origin",
-    "not_json",
-    # a request that cannot be read (400, 411, 413, and the server's own 4xx)
-    "bad_request",
-    # connections (collector.api.connections): too slow to send their request, closed for a
-    # newcomer while still sending it, or refused at the cap (503)
-    "read_timeout",
-    "evicted",
-    "too_many_connections",
-    # the event loop did not take a change or a drain read up in time (503)
-    "loop_busy",
-)
 _SCHEME: Final = "bearer "
 
 

@@ -42,22 +42,6 @@ class ApiError(ValueError):
         self.status = status
 
 
-class LoopBusyError(RuntimeError):
-    """The collector's event loop did not take a request up, or finish it, in time.
-
-    ``started`` says whether it began: a change that began may still take effect.
-    """
-
-    def __init__(self, what: str, *, waited_s: float, started: bool) -> None:
-        """Say what waited and whether what it asked for may still happen."""
-        if started:
-            detail = "began but did not finish; it may still take effect, so look before retrying"
-        else:
-            detail = "was not taken up (the event loop is busy); nothing was done, retry shortly"
-        super().__init__(f"{what}: the request {detail} (waited {waited_s:g} s)")
-        self.started = started
-
-
 class DrainKeeper(Protocol):
     """Lists and releases fleetwatch's drains (thread-safe; LoopBusyError when it cannot)."""
 

@@ -40,7 +40,7 @@ from collector.api import preflight as preflight_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
-from collector.exceptions import CollectorError, ConfigError, PortInUseError
+from collector.exceptions import CollectorError, ConfigError, LoopBusyError, PortInUseError
 from collector.export.exposition import OPENMETRICS, TEXT, gzip_body
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
@@ -364,7 +364,7 @@ class ApiServer:
             self._refuse(req, Refusal(exc.status, "bad_request", str(exc)))
         elif isinstance(exc, incidents_api.ApiError):
             self._json(req, exc.status, {"error": str(exc)})
-        elif isinstance(exc, incidents_api.LoopBusyError):
+        elif isinstance(exc, LoopBusyError):
             refusal = Refusal(HTTPStatus.SERVICE_UNAVAILABLE, "loop_busy", str(exc))
             retry = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
             self._refuse(req, refusal, retry, started=exc.started)

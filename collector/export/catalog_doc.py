@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from collector.export.catalog import CATALOG, NODE_STATES, SERIES_PER_NODE_BUDGET
+from collector.export.catalog import NODE_STATES, SERIES_PER_NODE_BUDGET, catalog
 from collector.export.fleet import PORT_ERRORS, PORT_HW_COUNTERS, THROTTLE_REASONS
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def render() -> str:
     hw = "\n".join(f"  - `{name}`" for name in PORT_HW_COUNTERS)
     out = [INTRO.replace("{port_errors}", _port_errors()).replace("{hw_counters}", hw)]
     group = ""
-    for spec in CATALOG:
+    for spec in catalog():
         if spec.group != group:
             group = spec.group
             out.append(f"\n## {group}\n\n{HEADER}")

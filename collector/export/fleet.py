@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
-from agent.job_report import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
-from agent.poll_ib import RATE_HW_COUNTERS
-from collector.api.auth import REASONS
-from collector.export.catalog import BY_NAME, NODE_STATES, families
+from collector.export.catalog import API_REFUSAL_REASONS, NODE_STATES, catalog, families
 from collector.model.node_states import NodeFlags, node_state
 from collector.model.state import OTHER_XIDS
+from fleetwatch.signals import RATE_HW_COUNTERS, REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -167,7 +165,7 @@ AGENT_SIGNALS: Final = (
 AGENT_SOURCES: Final = ("nvml", "sysfs", "kmsg", "udev", "bmc")
 
 FLEET_FAMILIES: Final = tuple(
-    s.name for s in BY_NAME.values() if s.group in ("Nodes", "GPUs", "InfiniBand ports")
+    s.name for s in catalog() if s.group in ("Nodes", "GPUs", "InfiniBand ports")
 )
 _NOT_HERE: Final = frozenset({"fleetwatch_node_failures_total"})  # rendered by RulesCollector
 
@@ -313,11 +311,11 @@ class FleetCollector(Collector):
 
     def _self_metrics(self) -> Iterator[Metric]:
         stats = self._stats
-        f = families(s.name for s in BY_NAME.values() if s.group == "The collector itself")
+        f = families(s.name for s in catalog() if s.group == "The collector itself")
         f["fleetwatch_collector_streams_active"].add_metric([], stats.streams_active)
         for reason, count in sorted(stats.rejected_snapshot().items()):
             f["fleetwatch_collector_messages_rejected_total"].add_metric([reason], count)
-        refused = dict.fromkeys(REASONS, 0) | stats.api_refused_snapshot()
+        refused = dict.fromkeys(API_REFUSAL_REASONS, 0) | stats.api_refused_snapshot()
         for reason, count in sorted(refused.items()):
             f["fleetwatch_api_requests_refused_total"].add_metric([reason], count)
         for name, value in (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
-from collector.export.catalog import BY_NAME, families
+from collector.export.catalog import catalog, families
 from collector.ingest.throttle import BUDGETS
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class IngestCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
-        f = families(s.name for s in BY_NAME.values() if s.group == GROUP)
+        f = families(s.name for s in catalog() if s.group == GROUP)
         totals = dict.fromkeys(BUDGETS, 0)
         views = self._throttle.snapshot()
         for node in views:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
-from collector.export.catalog import BY_NAME, families
+from collector.export.catalog import catalog, families
 from collector.jobs.book import REFUSALS
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ _RANK_GAUGES: Final = (
     ("fleetwatch_job_rank_step_time_seconds", "step_time_s"),
     ("fleetwatch_job_rank_compute_seconds", "compute_time_s"),
 )
-_NAMES: Final = tuple(s.name for s in BY_NAME.values() if s.group == "Training jobs")
+_NAMES: Final = tuple(s.name for s in catalog() if s.group == "Training jobs")
 
 
 class JobsCollector(Collector):

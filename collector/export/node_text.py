@@ -12,8 +12,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
-from agent.job_report import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
-from collector.export.catalog import BY_NAME, NODE_STATES, MetricSpec
+from collector.export.catalog import NODE_STATES, MetricSpec, by_name
 from collector.export.fleet import (
     AGENT_SIGNALS,
     AGENT_SOURCES,
@@ -27,6 +26,7 @@ from collector.export.fleet import (
     THROTTLE_REASONS,
     not_here,
 )
+from fleetwatch.signals import REFUSAL_REASONS, REFUSED_SIGNAL_PREFIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 # The per-node families, in the order a scrape gives them (the catalog's).
 NODE_FAMILIES: Final[tuple[MetricSpec, ...]] = tuple(
-    BY_NAME[n] for n in FLEET_FAMILIES if not not_here(n)
+    by_name()[n] for n in FLEET_FAMILIES if not not_here(n)
 )
 _INDEX: Final = {spec.name: i for i, spec in enumerate(NODE_FAMILIES)}
 
@@ -74,7 +74,7 @@ _GPU_GAUGE_ROWS: Final = tuple(
     (_INDEX[metric], metric, signal, scale) for metric, signal, scale in GPU_GAUGES
 )
 _GPU_LABELLED_ROWS: Final = tuple(
-    (_INDEX[metric], f'{metric}{{{{{{}},{BY_NAME[metric].labels[-1]}="{kind}"}}}} ', signal)
+    (_INDEX[metric], f'{metric}{{{{{{}},{by_name()[metric].labels[-1]}="{kind}"}}}} ', signal)
     for metric, rows in GPU_LABELLED
     for kind, signal in rows
 )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client.registry import Collector
 
-from collector.export.catalog import BY_NAME, families
+from collector.export.catalog import catalog, families
 from fleetwatch.preflight.vocabulary import RANK, Verdict
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class PreflightCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Render every family."""
-        f = families(s.name for s in BY_NAME.values() if s.group == GROUP)
+        f = families(s.name for s in catalog() if s.group == GROUP)
         service = self._service
         for node, (verdict, finished_ms) in sorted(dict(service.node_latest).items()):
             f["fleetwatch_preflight_node_verdict"].add_metric([node], verdict_code(verdict))

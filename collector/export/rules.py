@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.registry import Collector
 
 from collector.actions.tally import metric_node
-from collector.export.catalog import BY_NAME, families
+from collector.export.catalog import catalog, families
 from rules.engine import Phase
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collector.incidents.evaluator import Evaluator
 
 _NAMES = (
-    *(s.name for s in BY_NAME.values() if s.group == "Rules, incidents and actions"),
+    *(s.name for s in catalog() if s.group == "Rules, incidents and actions"),
     "fleetwatch_node_failures_total",
 )
 

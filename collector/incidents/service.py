@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import structlog
 
-from collector.api.incidents import LoopBusyError
+from collector.exceptions import LoopBusyError
 from collector.store.incidents import IncidentRow, SilenceRow
 from fleetwatch.clock import wait_for_event
 from rules.engine import Incident, Phase
@@ -26,8 +26,10 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Generator
 
-    from collector.actions.dispatcher import Dispatcher, FirePlan
-    from collector.incidents.evaluator import Evaluator, Outcome, Verdict
+    from collector.actions.dispatcher import Dispatcher
+    from collector.actions.journaling import FirePlan
+    from collector.incidents.evaluator import Evaluator
+    from collector.incidents.verdict import Outcome, Verdict
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
     from rules.model import ActionSpec, Rule

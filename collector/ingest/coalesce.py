@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Final
 from fleetwatch.wire.repeats import mark_repeats, occurrences
 
 if TYPE_CHECKING:
-    from fleetwatch.model import Target
-    from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+    from collector.ingest.node_event import EventKey, NodeEvent
 
-EventKey = tuple[int, "Target", int]  # wire kind, target, Xid
 MAX_KEYS: Final = 4096
 
 
@@ -77,7 +75,7 @@ class HeldRun:
     """Consecutive alike events of one stream, not journaled yet."""
 
     key: EventKey
-    first: pb.Event
+    first: NodeEvent
     last_seq: int
     last_time_ms: int
     last_detail: str
@@ -87,10 +85,10 @@ class HeldRun:
     deadline: float  # monotonic: journal it then at the latest
 
     @classmethod
-    def start(cls, key: EventKey, event: pb.Event, stamp: Stamp, hold_s: float) -> HeldRun:
+    def start(cls, event: NodeEvent, stamp: Stamp, hold_s: float) -> HeldRun:
         """A run of one event, to be journaled by ``hold_s`` after ``stamp.now``."""
         return cls(
-            key=key,
+            key=event.key,
             first=event,
             last_seq=event.seq,
             last_time_ms=stamp.time_ms,
@@ -101,7 +99,7 @@ class HeldRun:
             deadline=stamp.now + hold_s,
         )
 
-    def add(self, event: pb.Event, stamp: Stamp) -> None:
+    def add(self, event: NodeEvent, stamp: Stamp) -> None:
         """One more event of the run (the next in sequence)."""
         self.last_seq = event.seq
         self.last_time_ms = stamp.time_ms

@@ -26,6 +26,8 @@ from fleetwatch.wire import settings
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from collector.ingest.throttle import IngestLimits
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
@@ -52,17 +54,23 @@ class FleetServer:
         stats: CollectorStats,
         clock: Clock,
         config: pb.Config,
+        xid_class: Callable[[int], str],
         credentials: grpc.ServerCredentials | None = None,
         jobs: JobBook | None = None,
         limits: IngestLimits = DEFAULT_LIMITS,
     ) -> None:
-        """Build the server; call :meth:`start` with an address. ``limits``: per-node budgets."""
+        """Build the server; call :meth:`start` with an address. ``limits``: per-node budgets.
+
+        ``xid_class``: an Xid's class in the collector's catalog in use now; it classes every
+        event (the class an agent sends is evidence only).
+        """
         self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
         self._stats = stats
         self._clock = clock
         self._config = config
+        self._xid_class = xid_class
         self._credentials = credentials
         self.registry = SessionRegistry(limits)
         self.health = health.aio.HealthServicer()
@@ -103,6 +111,7 @@ class FleetServer:
             registry=self.registry,
             clock=self._clock,
             config=self._config,
+            xid_class=self._xid_class,
             jobs=self._jobs,
             # With TLS, an agent speaks only for the node its client certificate names.
             verify_identity=self._credentials is not None,

@@ -31,7 +31,7 @@ from collector.exceptions import JournalFullError
 from collector.ingest.session_events import StreamEvents, Warnings
 from collector.ingest.throttle import DEFAULT_LIMITS, IngestThrottle
 from collector.ingest.turns import TurnShare
-from collector.store.sqlite import EventRow, NodeRow
+from collector.store.events import NodeRow, collector_event
 from fleetwatch import __version__
 from fleetwatch.clock import unix_ms
 from fleetwatch.model import EventKind, Target
@@ -43,6 +43,8 @@ from fleetwatch.wire.validate_jobs import validate_job_report
 from fleetwatch.wire.validate_preflight import ScreenedResult, screen_result
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from collector.ingest.throttle import Budget, IngestLimits, NodeIngest
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
@@ -167,15 +169,18 @@ class StreamSession:
         registry: SessionRegistry,
         clock: Clock,
         config: pb.Config,
+        xid_class: Callable[[int], str],
         jobs: JobBook | None = None,
         verify_identity: bool = False,
     ) -> None:
         """Share the collector's model, journal and counters (and its jobs, if it keeps any).
 
+        ``xid_class``: an Xid's class in the collector's catalog, the one that classes events.
         ``verify_identity``: the stream is mTLS, and its Hello must name a node that the client
         certificate names (see :func:`check_identity`).
         """
         self._verify_identity = verify_identity
+        self._xid_class = xid_class
         self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
@@ -405,6 +410,7 @@ class StreamSession:
             ack=self._ack,
             track_write=self._registry.track_write,
             warnings=self._warnings,
+            xid_class=self._xid_class,
         )
         log.info(
             "stream_open",
@@ -543,21 +549,6 @@ def check_identity(
         shown = ", ".join(repr(n) for n in names[:8]) or "no name"
         msg = f"the Hello is for node {node!r}, but the client certificate names {shown}"
         raise WireError("identity", msg)
-
-
-def collector_event(node: str, kind: EventKind, clock: Clock, detail: str) -> EventRow:
-    """An event the collector raises itself (no boot id, no sequence number)."""
-    now = unix_ms(clock)
-    return EventRow(
-        node=node,
-        boot_id="",
-        seq=None,
-        time_ms=now,
-        received_ms=now,
-        kind=kind.value,
-        target_kind="node",
-        detail=detail,
-    )
 
 
 async def handle_stream(

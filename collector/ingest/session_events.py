@@ -5,8 +5,11 @@ skipped or repeated number ends the stream); the first after a Hello may repeat 
 journaled (a replay after a reconnect), and those are acked again and dropped, but it may not
 skip a number the journal lacks (``seq_gap``: the ack for it would cover events never journaled)
 unless the Hello declared that number settled for the agent (``resume_seq``).
-Each new event is journaled and acked once committed (the ack is cumulative: everything up to its
-number is safe). An event the database refuses (``journal_refused``) ends its own stream only.
+Each new event is read off the wire once, after it is checked, into a
+:class:`~collector.ingest.node_event.NodeEvent` classed by the collector's Xid catalog (the class
+the agent sent is logged where it differs, and decides nothing); it is journaled and acked once
+committed (the ack is cumulative: everything up to its number is safe). An event the database
+refuses (``journal_refused``) ends its own stream only.
 
 A flood of alike events is held and journaled as one row (:mod:`collector.ingest.coalesce`); the
 ack then stops before the held run until its row is committed. An event stamped by a clock that
@@ -24,9 +27,9 @@ import structlog
 
 from collector.exceptions import RowRefusedError
 from collector.ingest.coalesce import HeldRun, RepeatWindows, Stamp
-from collector.store.sqlite import EventRow
+from collector.ingest.node_event import node_event
+from collector.store.events import EventRow
 from fleetwatch.clock import unix_ms
-from fleetwatch.model import Target, event_kind_from_pb
 from fleetwatch.wire.plausible import time_problem
 from fleetwatch.wire.repeats import occurrences
 from fleetwatch.wire.validate import MAX_DETAIL, WireError, validate_event
@@ -34,7 +37,7 @@ from fleetwatch.wire.validate import MAX_DETAIL, WireError, validate_event
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from collector.ingest.coalesce import EventKey
+    from collector.ingest.node_event import NodeEvent
     from collector.ingest.throttle import IngestLimits, NodeIngest
     from collector.model.fleet import FleetModel
     from collector.stats import CollectorStats
@@ -87,10 +90,12 @@ class StreamEvents:
         ack: Callable[[int], Awaitable[None]],
         track_write: Callable[[str, asyncio.Future[None]], None],
         warnings: Warnings,
+        xid_class: Callable[[int], str],
     ) -> None:
         """Start after ``journaled``, the boot's highest number already in the journal.
 
         ``resume_seq``: the Hello's; the first event may skip numbers below it (0: none).
+        ``xid_class``: an Xid's class in the collector's catalog in use now.
         """
         self._node = node
         self._boot_id = boot_id
@@ -105,6 +110,7 @@ class StreamEvents:
         self._ack = ack
         self._track_write = track_write
         self._warnings = warnings
+        self._xid_class = xid_class
         self._hold_s = limits.hold_s
         self._windows = RepeatWindows(limits.repeat_window_s, limits.repeat_burst)
         self._run: HeldRun | None = None
@@ -114,25 +120,33 @@ class StreamEvents:
         """When the held run must be journaled (monotonic), or None when none is held."""
         return None if self._run is None else self._run.deadline
 
-    async def take(self, event: pb.Event, inventory: Inventory) -> None:
+    async def take(self, wire: pb.Event, inventory: Inventory) -> None:
         """Check, journal (or hold) and ack one event from the stream."""
-        validate_event(event, inventory)
-        self._check_order(event.seq)
-        if event.seq <= self._journaled:
+        validate_event(wire, inventory)
+        self._check_order(wire.seq)
+        if wire.seq <= self._journaled:
             # Sent again after a reconnect. A coalesced row covers numbers it does not hold
             # itself, so the journal's highest number (not its unique key) is the test.
             self._stats.events_duplicate += 1
-            await self._ack(event.seq)
+            await self._ack(wire.seq)
             return
+        event = node_event(wire, node=self._node, boot_id=self._boot_id, xid_class=self._xid_class)
+        if event.classes_differ:
+            self._warnings.warn(
+                "xid_class_differs",
+                xid=event.xid,
+                agent_said=event.agent_xid_class,
+                xid_class=event.xid_class,
+            )
         stamp = self._stamp(event)
-        key: EventKey = (event.kind, Target.from_pb(event.target), event.xid)
+        key = event.key
         alone = self._windows.admit(key, stamp.time_ms)
         run = self._run
         if run is not None and (alone or run.key != key):
             await self.flush()
         if not alone:
             if self._run is None:
-                self._run = HeldRun.start(key, event, stamp, self._hold_s)
+                self._run = HeldRun.start(event, stamp, self._hold_s)
             else:
                 self._run.add(event, stamp)
             return
@@ -186,29 +200,29 @@ class StreamEvents:
         )
         raise WireError("seq_gap", msg)
 
-    def _stamp(self, event: pb.Event) -> Stamp:
+    def _stamp(self, event: NodeEvent) -> Stamp:
         """The event's time and detail as journaled: the receipt time when its own is wrong."""
         received = unix_ms(self._clock)
         now = self._clock.monotonic()
-        problem = time_problem(event.time_unix_ms, received)
+        problem = time_problem(event.time_ms, received)
         if problem is None:
-            return Stamp(event.time_unix_ms, event.detail, now)
+            return Stamp(event.time_ms, event.detail, now)
         self._stats.bad_times[f"event_time_{problem}"] += 1
         self._warnings.warn(
-            "event_time_wrong", problem=problem, seq=event.seq, time_unix_ms=event.time_unix_ms
+            "event_time_wrong", problem=problem, seq=event.seq, time_unix_ms=event.time_ms
         )
-        note = f" [agent time {event.time_unix_ms} ms is in the {problem}; time of receipt used]"
+        note = f" [agent time {event.time_ms} ms is in the {problem}; time of receipt used]"
         return Stamp(received, event.detail[: MAX_DETAIL - len(note)] + note, now)
 
-    def _row(self, event: pb.Event, seq: int, time_ms: int, detail: str) -> EventRow:
-        target = Target.from_pb(event.target)
+    def _row(self, event: NodeEvent, seq: int, time_ms: int, detail: str) -> EventRow:
+        target = event.target
         return EventRow(
-            node=self._node,
-            boot_id=self._boot_id,
+            node=event.node,
+            boot_id=event.boot_id,
             seq=seq,
             time_ms=time_ms,
             received_ms=unix_ms(self._clock),
-            kind=event_kind_from_pb(event.kind).value,
+            kind=event.kind.value,
             target_kind=target.kind,
             gpu_uuid=target.gpu_uuid,
             target_index=target.index,
@@ -218,7 +232,7 @@ class StreamEvents:
             detail=detail,
         )
 
-    async def _commit(self, row: EventRow, event: pb.Event, *, events: int, count: int) -> None:
+    async def _commit(self, row: EventRow, event: NodeEvent, *, events: int, count: int) -> None:
         """Journal ``row``, standing for ``events`` events and ``count`` occurrences.
 
         The write runs in a task of its own, shielded: if the stream is cancelled meanwhile the
@@ -236,19 +250,17 @@ class StreamEvents:
             msg = f"event seq {row.seq} could not be journaled: {exc}"
             raise WireError("journal_refused", msg) from exc
 
-    async def _write(self, row: EventRow, event: pb.Event, *, events: int, count: int) -> None:
+    async def _write(self, row: EventRow, event: NodeEvent, *, events: int, count: int) -> None:
         row_id = await self._journal.append(row)
         seq = row.seq or 0
         self._journaled = max(self._journaled, seq)
         if not row_id:
             self._stats.events_duplicate += events
             return
-        kind = event_kind_from_pb(event.kind)
-        target = Target.from_pb(event.target)
         self._stats.events_journaled += events
-        self._fleet.apply_event(self._node, kind, target, event.xid, count)
+        self._fleet.apply_event(event.node, event.kind, event.target, event.xid, count)
         if events == 1:
-            log.info("event_journaled", node=self._node, seq=seq, kind=kind.value, id=row_id)
+            log.info("event_journaled", node=self._node, seq=seq, kind=event.kind.value, id=row_id)
             return
         self._stats.events_coalesced += events
         self._ingest.coalesced += events
@@ -256,7 +268,7 @@ class StreamEvents:
             "events_coalesced",
             node=self._node,
             seq=seq,
-            kind=kind.value,
+            kind=event.kind.value,
             events=events,
             occurrences=count,
             id=row_id,

@@ -24,6 +24,14 @@ from fleetwatch.model import (
     known_ib_state,
     target_from_key,
 )
+from fleetwatch.signals import (
+    GPU_PRESENT,
+    IB_LINK_DOWNED,
+    IB_PHYS_STATE,
+    IB_STATE,
+    NVLINK_UP,
+    PCIE_REPLAY_COUNT,
+)
 from fleetwatch.wire.grouped import keyed_sample, keyed_samples
 from fleetwatch.wire.plausible import is_counter
 
@@ -377,12 +385,12 @@ def _bounded_set(
 def _apply_gpu(gpu: GpuState, target: Target, signal: str, value: SampleValue) -> int:
     if target.kind == TargetKind.NVLINK:
         gpu.link_generation += 1
-        if signal == "nvlink_up":
+        if signal == NVLINK_UP:
             gpu.nvlink_up[target.index] = bool(value)
         return _bounded_set(gpu.link_signals.setdefault(target.index, {}), signal, value)
-    if signal == "gpu_present":
+    if signal == GPU_PRESENT:
         gpu.present = bool(value)
-    elif signal == "pcie_replay_count":
+    elif signal == PCIE_REPLAY_COUNT:
         gpu.pcie_replay_count = int(value)
     return _bounded_set(gpu.signals, signal, value)
 
@@ -397,11 +405,11 @@ def _apply_value(node: NodeState, target: Target, signal: str, value: SampleValu
     if gpu is not None:
         return _apply_gpu(gpu, target, signal, value)
     if port is not None:
-        if signal == "ib_state":
+        if signal == IB_STATE:
             value = port.state = known_ib_state(value, IB_PORT_STATES)
-        elif signal == "ib_phys_state":
+        elif signal == IB_PHYS_STATE:
             value = port.phys_state = known_ib_state(value, IB_PHYS_STATES)
-        elif signal == "ib_link_downed":
+        elif signal == IB_LINK_DOWNED:
             port.link_downed = int(value)
         return _bounded_set(port.signals, signal, value)
     key = f"{target.label()}:{signal}"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from collector.ingest.session import collector_event
+from collector.store.events import collector_event
 from fleetwatch.model import EventKind, Target
 
 if TYPE_CHECKING:

@@ -14,6 +14,15 @@ from typing import TYPE_CHECKING, Final
 
 from collector.model.target_keys import gpu_key, link_key, node_key, port_key
 from fleetwatch.model import SampleValue, Target, TargetKey, TargetKind, target_from_key
+from fleetwatch.signals import (
+    GPU_PRESENT,
+    IB_LINK_DOWNED,
+    IB_PHYS_STATE,
+    IB_STATE,
+    NVLINK_ERROR_COUNTERS,
+    NVLINK_UP,
+    PCIE_REPLAY_COUNT,
+)
 
 if TYPE_CHECKING:
     from collector.model.state import NodeState
@@ -22,16 +31,13 @@ if TYPE_CHECKING:
 # the general path, which knows those fields.
 MODEL_FIELDS: Final = frozenset(
     {
-        "gpu_present",
-        "nvlink_up",
-        # the link error counters move the GPU's link_generation (see _apply_gpu)
-        "nvlink_replay_errors",
-        "nvlink_recovery_errors",
-        "nvlink_crc_errors",
-        "pcie_replay_count",
-        "ib_state",
-        "ib_phys_state",
-        "ib_link_downed",
+        GPU_PRESENT,
+        NVLINK_UP,
+        *NVLINK_ERROR_COUNTERS,  # they move the GPU's link_generation (see _apply_gpu)
+        PCIE_REPLAY_COUNT,
+        IB_STATE,
+        IB_PHYS_STATE,
+        IB_LINK_DOWNED,
     },
 )
 # A node declares a few hundred targets; past this many (made-up PCI addresses, say) a target's

@@ -2,10 +2,10 @@
 
 Three passes over a run's measurements:
 
-1. :meth:`GateBook.judge <fleetwatch.preflight.gates.GateBook.judge>` for every measurement,
+1. :meth:`GateBook.judge <rules.gates.GateBook.judge>` for every measurement,
    with the node's GPU model and NIC generation (from its Hello); no result is never a pass.
 2. Consistency: driver, CUDA, VBIOS and HCA firmware must be the same on every node qualified;
-   the odd one out fails, named (:func:`~fleetwatch.preflight.gates.odd_ones_out`).
+   the odd one out fails, named (:func:`~rules.gates.odd_ones_out`).
 3. Outliers: each measured check's values across the run (every node, every component) by a
    robust z-score (:meth:`GateBook.outliers`); an outlier's verdict is at least the gates file's
    outlier verdict (warn, or fail with ``fail_z``), whatever its fixed gate said.
@@ -24,13 +24,13 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from fleetwatch.preflight.gates import odd_ones_out
 from fleetwatch.preflight.vocabulary import RANK, Check, Measurement, Verdict, worst
+from rules.gates import odd_ones_out
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from fleetwatch.preflight.gates import GateBook
+    from rules.gates import GateBook
 
 VERSIONS: Final = (
     Check.DRIVER_VERSION,

@@ -71,8 +71,8 @@ if TYPE_CHECKING:
     from collector.preflight.holds import PreflightHolds
     from collector.store.journal import Journal
     from fleetwatch.clock import Clock
-    from fleetwatch.preflight.gates import GateBook
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+    from rules.gates import GateBook
 
 log = structlog.get_logger("collector.preflight")
 

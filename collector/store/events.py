@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.store.incidents import IncidentStore
 from collector.store.preflight import PreflightStore
+from fleetwatch.clock import unix_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from collector.store.sql import SqlConn
+    from fleetwatch.clock import Clock
+    from fleetwatch.model import EventKind
 
 T = TypeVar("T")
 
@@ -41,6 +44,21 @@ class EventRow:
     xid_class: str = ""
     detail: str = ""
     id: int = 0
+
+
+def collector_event(node: str, kind: EventKind, clock: Clock, detail: str) -> EventRow:
+    """An event the collector raises itself (no boot id, no sequence number)."""
+    now = unix_ms(clock)
+    return EventRow(
+        node=node,
+        boot_id="",
+        seq=None,
+        time_ms=now,
+        received_ms=now,
+        kind=kind.value,
+        target_kind="node",
+        detail=detail,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""gRPC settings shared by both ends of the stream: method path, size limits and keepalive."""
+"""What both ends of the stream agree on: method path, size limits, keepalive, result wording."""
 
 from __future__ import annotations
 
@@ -68,3 +68,8 @@ def server_options() -> ChannelOptions:
         ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
         ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
     ]
+
+
+# A command result's detail starts with this when the agent refused the command as unsafe (the
+# collector counts those as refused, not failed).
+COMMAND_REFUSED: Final = "refused: "

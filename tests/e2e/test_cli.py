@@ -15,7 +15,7 @@ from fleetwatch.testing import free_port
 
 pytestmark = pytest.mark.e2e
 
-FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+FLEETWATCH = [sys.executable, "-m", "cli.main"]
 
 
 def test_demo_runs_and_summarises(tmp_path: Path):

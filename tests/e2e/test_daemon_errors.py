@@ -23,7 +23,7 @@ from fleetwatch.testing import free_port
 
 pytestmark = pytest.mark.e2e
 
-FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+FLEETWATCH = [sys.executable, "-m", "cli.main"]
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+FLEETWATCH = [sys.executable, "-m", "cli.main"]
 
 
 def test_demo_preflight_finds_the_planted_problems_and_holds_them_out(tmp_path: Path):

@@ -18,7 +18,7 @@ from tests.notify_socket import Notification, NotifySocket
 
 pytestmark = pytest.mark.e2e
 
-FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+FLEETWATCH = [sys.executable, "-m", "cli.main"]
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 RULES = """\
 version: 1

@@ -16,7 +16,7 @@ from tests.notify_socket import NotifySocket
 
 pytestmark = pytest.mark.e2e
 
-FLEETWATCH = [sys.executable, "-m", "fleetwatch.cli"]
+FLEETWATCH = [sys.executable, "-m", "cli.main"]
 
 
 def notify_env(address: str, watchdog_usec: int) -> dict[str, str]:

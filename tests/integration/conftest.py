@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
-from fleetwatch.webhook_receiver import WebhookReceiver
 from tests.integration.fleet_harness import SECRET, actions, start
 
 if TYPE_CHECKING:

@@ -29,9 +29,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Final
 
+from cli.main import main
 from collector.store.events import EventStore
 from collector.store.incidents import IncidentStore
-from fleetwatch.cli import main
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import sys
 
-from fleetwatch.cli import main
+from cli.main import main
 
 if __name__ == "__main__":
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

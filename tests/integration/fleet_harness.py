@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.sim.cluster import SimCluster
+from cli.demo.wiring import demo_rules
 from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.safety import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.wiring import demo_rules
 from fleetwatch.testing import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 SECRET = b"test-secret"
 NODES = [f"node-{i}" for i in range(1, 5)]

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from agent.sim.cluster import SimCluster
+from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_until
-from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ secret_file = "{secret}"
 
 def start(step: str | None, cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m"]
-    argv += ["fleetwatch.cli"] if step is None else ["tests.integration.crashing_collector", step]
+    argv += ["cli.main"] if step is None else ["tests.integration.crashing_collector", step]
     argv += ["collector", "--config", str(cfg)]
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=out, cwd=ROOT)

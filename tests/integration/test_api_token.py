@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from cli.main import main
 from collector.main import CollectorService
-from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
 from tests.integration.fleet_harness import api
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.poll_bmc import BmcPoller
+from agent.poll.bmc import BmcPoller
 from agent.sources.bmc_ipmi import IpmiBmc
 from agent.sources.sel_cursor import SelCursor
 from fleetwatch.model import EventKind, Target

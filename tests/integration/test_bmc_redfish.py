@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.poll_bmc import BmcPoller
+from agent.poll.bmc import BmcPoller
 from agent.sim.bmc import SimBmc, write_mockup
 from agent.sources.bmc import BmcError
 from agent.sources.bmc_redfish import HttpsTransport, RedfishBmc

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fleetwatch.cli import main
+from cli.main import main
 from fleetwatch.testing import wait_until
 
 pytestmark = pytest.mark.integration

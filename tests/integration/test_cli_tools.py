@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from fleetwatch.cli import main
+from cli.main import main
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions, start
 

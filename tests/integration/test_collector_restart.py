@@ -27,7 +27,7 @@ def start_collector(port: int, journal: Path, log: Path) -> subprocess.Popen[byt
             [
                 sys.executable,
                 "-m",
-                "fleetwatch.cli",
+                "cli.main",
                 "collector",
                 "--listen",
                 f"127.0.0.1:{port}",

@@ -153,7 +153,7 @@ class Daemons:
             [
                 sys.executable,
                 "-m",
-                "fleetwatch.cli",
+                "cli.main",
                 "demo",
                 "--nodes",
                 "4",

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent.sim.scenario import Fault, FaultKind
-from collector.main import CollectorService
-from fleetwatch.clock import SystemClock
-from fleetwatch.demo.fleet_procs import (
+from cli.demo.fleet_procs import (
     FleetProcessError,
     FleetProcesses,
     FleetSpec,
     demo_intervals,
     groups_for,
 )
+from collector.main import CollectorService
+from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 
 if TYPE_CHECKING:

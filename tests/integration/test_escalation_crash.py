@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_for_more, wait_until
-from fleetwatch.webhook_receiver import WebhookReceiver
 from tests.integration.test_action_crash import died, journal, one_node, start, terminate
 from tests.integration.test_reset_gpu import RULES as RESET_RULES
 

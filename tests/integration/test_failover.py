@@ -13,9 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.agent import Agent
-from agent.collector_list import start_index
 from agent.config import AgentConfig
-from agent.link import (
+from agent.link.collector_list import start_index
+from agent.link.stream import (
     AWAY_SIGNAL,
     CONNECT_FAILED,
     FAILOVERS_SIGNAL,

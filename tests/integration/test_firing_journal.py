@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
-    from collector.actions.dispatcher import Dispatcher, FirePlan
+    from cli.dev.webhook_receiver import WebhookReceiver
+    from collector.actions.dispatcher import Dispatcher
+    from collector.actions.journaling import FirePlan
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

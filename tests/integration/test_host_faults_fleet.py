@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.sim.scenario import Fault, FaultKind
-from fleetwatch.demo.wiring import demo_rules
+from cli.demo.wiring import demo_rules
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions, api, kinds, start
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fleetwatch.webhook_receiver import WebhookReceiver
+    from cli.dev.webhook_receiver import WebhookReceiver
 
 
 def notified(receiver: WebhookReceiver) -> set[tuple[str, str]]:

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.job_claims import MAX_JOBS_PER_UID, MAX_RANKS_PER_OWNER
+from agent.jobs.claims import MAX_JOBS_PER_UID, MAX_RANKS_PER_OWNER
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import api, job_fleet
 from tests.rank_process import deliver, ranks, step_reports
 
 if TYPE_CHECKING:
-    from agent.job_socket import JobQueue
+    from agent.jobs.listener import JobQueue
     from agent.sim.cluster import SimCluster
     from collector.main import CollectorService
 

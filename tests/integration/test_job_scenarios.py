@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent.sim.training import SimTrainingJob
-from fleetwatch.cli import main
+from cli.main import main
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import api, job_fleet

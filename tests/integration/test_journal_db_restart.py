@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from agent.sim.cluster import SimCluster
+from cli.dev.pg_server import PgServer
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.pg_server import PgServer
 from fleetwatch.testing import free_port, wait_until
 from tests.integration.fleet_harness import actions
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +181,7 @@ def test_a_collector_started_while_the_database_is_down_waits_for_it(
     log = tmp_path / "c.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetwatch.cli", "collector", "--config", str(config)],
+            [sys.executable, "-m", "cli.main", "collector", "--config", str(config)],
             stdout=out,
             stderr=out,
         )

@@ -7,11 +7,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.backoff import Backoff
-from agent.changes import LiveSamples
-from agent.intervals import Intervals
-from agent.link import CollectorLink
-from agent.outbox import Outbox
+from agent.link.backoff import Backoff
+from agent.link.intervals import Intervals
+from agent.link.stream import CollectorLink
+from agent.outbox.changes import LiveSamples
+from agent.outbox.queue import Outbox
 from fleetwatch.clock import SystemClock
 from fleetwatch.model import SampleKey, SampleValue, Target
 from fleetwatch.testing import wait_until

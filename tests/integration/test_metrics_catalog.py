@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.sim.training import SimTrainingJob
-from collector.export.catalog import BY_NAME, NODE_STATES, SERIES_PER_NODE_BUDGET
+from collector.export.catalog import NODE_STATES, SERIES_PER_NODE_BUDGET, by_name
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import job_fleet
@@ -63,8 +63,8 @@ def check_against_catalog(text: str) -> None:
     """Every family is in the catalog with its type, and every sample has its labels."""
     for family in text_string_to_metric_families(text):
         name = exposed_name(family.name, family.type)
-        assert name in BY_NAME, f"{name} is exposed but not in the catalog"
-        spec = BY_NAME[name]
+        assert name in by_name(), f"{name} is exposed but not in the catalog"
+        spec = by_name()[name]
         assert family.type == spec.kind, name
         for sample in family.samples:
             if sample.name.endswith("_created"):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.job_socket import JobQueue
+from agent.jobs.listener import JobQueue
 from agent.sim.cluster import SimCluster
 from collector.main import CollectorService
 from collector.model.state import NodeState

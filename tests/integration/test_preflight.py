@@ -18,9 +18,9 @@ import pytest
 from agent.preflight import executor
 from agent.preflight.runners import Group, PreflightRunners, Rail
 from agent.sim.cluster import SimCluster
+from cli import preflight as cli_preflight
 from collector.main import CollectorService
 from collector.preflight.plan import PlanTimes
-from fleetwatch import cli_preflight
 from fleetwatch.clock import SystemClock
 from fleetwatch.preflight.vocabulary import Check, Measurement
 from fleetwatch.testing import wait_until
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from agent.sim.devices import SimGpu
     from agent.sim.hardware import SimNode
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from agent.preflight import executor
 from agent.sim.cluster import SimCluster
 from agent.sim.preflight import MEET_WAIT_S, SimFabric
 from agent.sim.scenario import Fault, FaultKind, apply_fault
+from cli.demo.preflight import address_by_name
 from collector.main import CollectorService
 from collector.preflight.plan import PlanTimes
 from fleetwatch.clock import SystemClock
-from fleetwatch.demo.preflight import address_by_name
 from fleetwatch.preflight.vocabulary import Level
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import actions, kinds
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from agent.sim.devices import SimGpu
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

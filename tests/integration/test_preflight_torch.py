@@ -12,8 +12,8 @@ import pytest
 
 from agent.preflight.real import real_runners
 from agent.preflight.runners import Group
-from fleetwatch.preflight.gates import load_gates
 from fleetwatch.preflight.vocabulary import Check, Measurement, Verdict
+from rules.gates_file import load_gates
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ from structlog.testing import capture_logs
 from agent.config import load_agent_config
 from agent.reload import FAILURES_SIGNAL, OK_SIGNAL, AgentReloader
 from agent.sim.cluster import SimCluster
+from cli.dev.webhook_receiver import WebhookReceiver
 from collector.main import CollectorService
 from collector.reload import ConfigSource
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
-from fleetwatch.webhook_receiver import WebhookReceiver
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -13,13 +13,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.sim.cluster import SimCluster
+from cli.dev.webhook_receiver import WebhookReceiver
 from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.safety import SafetyConfig
 from collector.commands import CommandBroker
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_for_more, wait_until
-from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 
-from agent.collector_list import start_index
+from agent.link.collector_list import start_index
 from agent.sim.cluster import SimCluster
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def start_victim(port: int, dsn: str, receiver_url: str, tmp_path: Path) -> subp
     )
     with (tmp_path / "c1.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetwatch.cli", "collector", "--config", str(config)],
+            [sys.executable, "-m", "cli.main", "collector", "--config", str(config)],
             stdout=log,
             stderr=log,
         )

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
     from collector.main import CollectorService
     from collector.store.incidents import ActionRow
-    from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.sim.scenario import Fault, FaultKind
 from agent.sim.training import SimTrainingJob
-from fleetwatch.cli import main
+from cli.main import main
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import job_fleet

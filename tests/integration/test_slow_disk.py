@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig
-from agent.job_socket import JobQueue
+from agent.jobs.listener import JobQueue
 from agent.main import build_agent
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig
+from cli.config import DEFAULT_FILES
 from collector.api.connections import ConnectionLimits
 from collector.config import CollectorConfig
-from fleetwatch.cli_config import DEFAULT_FILES
 
 pytestmark = pytest.mark.integration
 

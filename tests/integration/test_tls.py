@@ -16,9 +16,9 @@ from agent.exceptions import ConfigError as AgentConfigError
 from agent.main import build_agent
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode
+from cli.main import main
 from collector.exceptions import ConfigError
 from collector.main import CollectorService
-from fleetwatch.cli import main
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_for_more, wait_until
 from fleetwatch.wire import settings

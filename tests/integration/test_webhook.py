@@ -9,10 +9,10 @@ import pytest
 from structlog.testing import capture_logs
 
 import fleetwatch
+from cli.dev.webhook_receiver import WebhookReceiver
 from collector.actions.webhook import WebhookSender, verify
 from fleetwatch.clock import Clock, SystemClock
 from fleetwatch.testing import FakeClock, free_port
-from fleetwatch.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 

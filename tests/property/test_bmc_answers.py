@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.changes import refusal
-from agent.poll_bmc import BmcPoller
+from agent.outbox.changes import refusal
+from agent.poll.bmc import BmcPoller
 from agent.sim.bmc import CHASSIS, ROOT, SEL_ENTRIES, SimBmc, SimRedfishService
 from agent.sources.bmc import BmcError, BmcReading, SelEntry, SelRead
 from agent.sources.bmc_ipmi import IpmiBmc, parse_power_supplies, parse_sel_list, parse_sensor_list
@@ -27,7 +27,7 @@ from tests.property.hostile import HUGE_INTS, SCALARS, WEIRD_TEXT, assert_clear,
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from agent.findings import PollResult
+    from agent.poll.findings import PollResult
     from agent.sources.bmc import Fan, PowerSupply, Temperature
     from agent.sources.sel_cursor import SelCursor
 

@@ -8,9 +8,9 @@ import json
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.job_report import JobReportError, parse_report, unsent_count
-from agent.job_socket import JobQueue
-from agent.sampler import NodeInventory
+from agent.jobs.listener import JobQueue
+from agent.jobs.report import JobReportError, parse_report, unsent_count
+from agent.poll.sampler import NodeInventory
 from agent.sources.nvml import GpuIdentity
 from fleetwatch.wire.validate_jobs import validate_job_step
 from tests.property.hostile import NUMBERS, WEIRD_TEXT, assert_clear, deep, nested, tried

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.findings import PollResult
-from agent.poll_kernel_log import KernelLogPoller, aer_detail
-from agent.probes.aer import group_reports, parse_aer_line
+from agent.poll.findings import PollResult
+from agent.poll.kernel_log import KernelLogPoller
+from agent.probes.aer import aer_detail, group_reports, parse_aer_line
 from agent.probes.xid import parse_xid_line
 from agent.probes.xid_merge import XidMerger
 from agent.sources.kmsg import MAX_TEXT, KmsgRecord, parse_record

@@ -13,9 +13,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agent.exceptions import SourceError
-from agent.findings import PollResult
-from agent.poll_ib import IbPoller
-from agent.poll_pcie import pcie_samples
+from agent.poll.findings import PollResult
+from agent.poll.ib import IbPoller
+from agent.poll.pcie import pcie_samples
 from agent.sources.pci_sysfs import PciSysfsReader, parse_aer_counts, parse_link_speed
 from agent.sources.sysfs import SysfsReader
 from agent.sources.sysfs_io import U64_MAX, parse_uint

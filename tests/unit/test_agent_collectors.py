@@ -6,20 +6,20 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.backoff import Backoff
-from agent.changes import LiveSamples
-from agent.collector_list import (
+from agent.config import AgentConfig, load_agent_config
+from agent.exceptions import ConfigError
+from agent.link.backoff import Backoff
+from agent.link.collector_list import (
     MAX_COLLECTORS,
     CollectorRotation,
     check_collectors,
     split_flag,
     start_index,
 )
-from agent.config import AgentConfig, load_agent_config
-from agent.exceptions import ConfigError
-from agent.intervals import Intervals
+from agent.link.intervals import Intervals
+from agent.link.tls import tls_material
+from agent.outbox.changes import LiveSamples
 from agent.reload import AgentReloader
-from agent.tls import tls_material
 from fleetwatch.config_lines import config_problem
 from fleetwatch.testing import FakeClock
 

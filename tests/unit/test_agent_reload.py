@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.changes import LiveSamples
 from agent.config import AgentConfig, load_agent_config
-from agent.intervals import Intervals
+from agent.link.intervals import Intervals
+from agent.outbox.changes import LiveSamples
 from agent.reload import FAILURES_SIGNAL, LIVE_KEYS, OK_SIGNAL, RESTART_KEYS, AgentReloader
 from fleetwatch.model import Target
 from fleetwatch.testing import FakeClock

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agent.poll_bmc import BmcPoller
+from agent.poll.bmc import BmcPoller
 from agent.sim.bmc import SimBmc, SimRedfishService
 from agent.sources.bmc import BmcError, SelEntry, Severity, new_entries
 from agent.sources.bmc_redfish import RedfishBmc, parse_fan, parse_psu, parse_sel_entry
@@ -19,7 +19,7 @@ from fleetwatch.testing import wait_until
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agent.findings import PollResult
+    from agent.poll.findings import PollResult
 
 NODE = Target.node()
 

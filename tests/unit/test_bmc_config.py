@@ -11,7 +11,7 @@ from agent.config import load_agent_config
 from agent.exceptions import ConfigError
 from agent.sources.bmc_ipmi import IpmiBmc
 from agent.sources.bmc_redfish import RedfishBmc
-from fleetwatch.cli import main
+from cli.main import main
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agent.poll_bmc import BmcPoller
+from agent.poll.bmc import BmcPoller
 from agent.sim.bmc import SimBmc, SimRedfishService
 from agent.sources.bmc import BmcError
 from agent.sources.bmc_redfish import RedfishBmc, decode_answer, parse_sel_entry

@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from collector.incidents.evaluator import (
-    Evaluator,
-    cel_view,
-    reads_named_signals,
-    rule_words,
-)
+from collector.incidents.cel_data import WindowContext, cel_view
+from collector.incidents.evaluator import Evaluator
+from collector.incidents.rule_reads import reads_named_signals, rule_words
 from collector.model.fleet import FleetModel
 from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
@@ -26,7 +23,7 @@ from rules.loader import load_rules, parse_rules
 from rules.xid_catalog import load_catalog
 
 if TYPE_CHECKING:
-    from collector.incidents.evaluator import Outcome
+    from collector.incidents.verdict import Outcome
     from rules.model import Rule
 
 VALUES = (0, 1, 2, 3, 5, 40, 80, 90, 95, 400, 10**6, 0.5, 99.5)
@@ -122,9 +119,7 @@ def test_every_builtin_rule_decides_the_same_on_the_cut(seed: int):
 
 
 def ev_context(ev: Evaluator, key: str, clock: FakeClock) -> Any:
-    from collector.incidents.evaluator import _Context  # noqa: PLC0415
-
-    return _Context(ev, key, clock.monotonic())
+    return WindowContext(ev, key, clock.monotonic())
 
 
 def test_a_rule_that_walks_or_indexes_a_signals_map_gets_it_whole():

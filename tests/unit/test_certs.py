@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fleetwatch import certs
-from fleetwatch.cli import main
+from cli import issue_certs as certs
+from cli.main import main
 from fleetwatch.tls import certificate_names
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

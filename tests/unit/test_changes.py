@@ -1,6 +1,6 @@
 import math
 
-from agent.changes import LiveSamples
+from agent.outbox.changes import LiveSamples
 from fleetwatch.model import Target
 
 GPU = Target.gpu("GPU-00000000-0000")

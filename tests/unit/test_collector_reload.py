@@ -5,7 +5,7 @@ import pytest
 from prometheus_client.registry import CollectorRegistry
 
 from collector.actions.actuators import Actuators, LiveActuators
-from collector.actions.dispatcher import ActionOutcome
+from collector.actions.ports import ActionOutcome
 from collector.config import CollectorConfig, load_collector_config
 from collector.incidents.evaluator import Evaluator
 from collector.model.fleet import FleetModel

@@ -11,6 +11,7 @@ from collector.store.journal import Journal
 from collector.store.sqlite import SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.xid_catalog import load_catalog
 
 
 async def test_a_reset_for_a_stream_still_saying_hello_is_asked_again(tmp_path: Path):
@@ -28,6 +29,7 @@ async def test_a_reset_for_a_stream_still_saying_hello_is_asked_again(tmp_path: 
         registry=registry,
         clock=clock,
         config=pb.Config(),
+        xid_class=load_catalog().class_of,
     )
 
     async def half_open_stream() -> None:

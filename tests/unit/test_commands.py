@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.commands import REFUSED, CommandRunner, GpuReset, NvidiaSmiReset
-from agent.sampler import Sampler
+from agent.link.commands import CommandRunner, GpuReset, NvidiaSmiReset
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import GpuIdentity, NvmlSource
 from agent.sources.sysfs import SysfsReader
 from fleetwatch.testing import FakeClock
+from fleetwatch.wire.settings import COMMAND_REFUSED
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.xid_catalog import load_catalog
 
@@ -59,7 +60,7 @@ class TestCommandRunner:
             result = await commands.run(reset(other.gpus[0].uuid))
         assert not result.ok
         assert not result.retry_later  # asking again would not help
-        assert result.detail == f"{REFUSED}no GPU {other.gpus[0].uuid!r} on this node"
+        assert result.detail == f"{COMMAND_REFUSED}no GPU {other.gpus[0].uuid!r} on this node"
         assert commands.refused == {"unknown_gpu": 1}
         assert [e["reason"] for e in logs if e["event"] == "command_refused"] == ["unknown_gpu"]
         assert [g.resets for g in node.gpus + other.gpus] == [0, 0, 0, 0]
@@ -78,7 +79,7 @@ class TestCommandRunner:
     async def test_resets_off_and_other_kinds(self, node: SimNode):
         """An agent without resets, and commands it does not know, refuse with a reason."""
         off = await runner(node, reset=False).run(reset(node.gpus[0].uuid))
-        assert off.detail == f"{REFUSED}GPU resets are turned off on this agent"
+        assert off.detail == f"{COMMAND_REFUSED}GPU resets are turned off on this agent"
         other = await runner(node).run(
             pb.Command(command_id="c2", kind=pb.COMMAND_KIND_RUN_DIAGNOSTIC)
         )
@@ -171,7 +172,7 @@ class TestNothingRunsFromCommandText:
             for force in (False, True):
                 result = await commands.run(reset(uuid, force=force))
                 assert (result.ok, result.retry_later) == (False, False)
-                assert result.detail.startswith(REFUSED)
+                assert result.detail.startswith(COMMAND_REFUSED)
         assert calls_of(fake_nvidia_smi) == []
         assert sum(commands.refused.values()) == 2
         assert len([e for e in logs if e["event"] == "command_refused"]) == 2
@@ -197,11 +198,11 @@ class TestNothingRunsFromCommandText:
             commands = CommandRunner(sampler, resetter)
             result = await commands.run(reset(gpus[0].uuid, force=True))
             assert not result.ok
-            assert result.detail.startswith(f"{REFUSED}GPU 0 has PCI bus id {bus_id!r}")
+            assert result.detail.startswith(f"{COMMAND_REFUSED}GPU 0 has PCI bus id {bus_id!r}")
             assert commands.refused == {"bad_bus_id": 1}
         assert ran == []
         ok, detail = NvidiaSmiReset()(gpus[0])
-        assert (ok, detail.startswith(REFUSED)) == (False, True)
+        assert (ok, detail.startswith(COMMAND_REFUSED)) == (False, True)
         assert calls_of(fake_nvidia_smi) == []
         with pytest.raises(ValueError, match=r"not dddd:bb:dd\.f"):
             NvidiaSmiReset().argv(gpus[0])

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from collector.incidents.cel_data import WindowContext
 from collector.incidents.condition_memo import MEMO_LIMIT, ConditionMemo, memo_plan
-from collector.incidents.evaluator import Evaluator, _Context
+from collector.incidents.evaluator import Evaluator
 from collector.model.fleet import FleetModel
 from fleetwatch.model import EventKind, Target, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello
@@ -166,7 +167,7 @@ def test_every_builtin_rule_answers_alike_for_alike_keys(seed: int):
     answers: dict[tuple[str, Any], tuple[bool, bool]] = {}
     compared = 0
     for rule, key, data in ev.seen:
-        context = _Context(ev, key, clock.monotonic())
+        context = WindowContext(ev, key, clock.monotonic())
         seen = memo.key(rule.name, data, context)
         if seen is None:
             continue

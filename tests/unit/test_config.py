@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.backoff import Backoff
 from agent.config import load_agent_config
 from agent.exceptions import ConfigError as AgentConfigError
+from agent.link.backoff import Backoff
 from collector.config import load_collector_config
 from collector.exceptions import ConfigError as CollectorConfigError
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from cli import config as cli_config
+from cli.main import main
 from collector.config import load_collector_config
 from collector.exceptions import ConfigError
 from collector.main import CollectorService
-from fleetwatch import cli_config
-from fleetwatch.cli import main
 from fleetwatch.testing import FakeClock
 from tests.tls_pki import make_pki
 

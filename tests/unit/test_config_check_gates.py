@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from fleetwatch.cli import main
+from cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,10 +5,10 @@ import pytest
 
 from agent.config import AgentConfig, load_agent_config
 from agent.exceptions import ConfigError as AgentConfigError
+from cli import issue_certs as certs
+from cli.main import main
 from collector.config import CollectorConfig
 from collector.exceptions import ConfigError
-from fleetwatch import certs
-from fleetwatch.cli import main
 from tests.tls_pki import Pki, make_pki
 
 

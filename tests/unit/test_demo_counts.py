@@ -5,7 +5,7 @@ notify goes beside its drain); first-seen order made one run print ``drain_reque
 notification 12`` and the next ``notification 12, drain_request 1``.
 """
 
-from fleetwatch.demo.view import count_by
+from cli.demo.view import count_by
 
 
 def test_counts_are_by_name_not_by_arrival():

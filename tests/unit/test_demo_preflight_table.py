@@ -1,8 +1,8 @@
 """The demo's pre-flight table shows, for each failed node, the drain that holds it out."""
 
+from cli.demo.preflight import table
 from collector.store.incidents import ActionRow
 from collector.store.preflight import RunRow
-from fleetwatch.demo.preflight import table
 
 
 def _drain(node: str, incident: str, state: str, detail: str, at_ms: int) -> ActionRow:

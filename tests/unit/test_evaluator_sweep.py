@@ -1,6 +1,9 @@
 """The evaluator spreads its sweep of the whole fleet over ticks, and events evaluate at once."""
 
-from collector.incidents.evaluator import TALLY_CHUNK, Evaluator, paced_signals, watched_signals
+from collector.incidents.cel_data import TALLY_CHUNK
+from collector.incidents.changes import paced_signals
+from collector.incidents.evaluator import Evaluator
+from collector.incidents.rule_reads import watched_signals
 from collector.model.fleet import FleetModel
 from collector.model.target_keys import gpu_key
 from fleetwatch.model import EventKind, Target, sample_to_pb
@@ -569,12 +572,12 @@ rules:
         ev.tick(urgent=True)
         assert ev.evaluations == before  # no readings yet: nothing of n1
         first_report(fleet, "n1")
-        assert ev._dirty == {("n1", "n1")}
-        assert ev._touched == {}
+        assert ev.changes.dirty == {("n1", "n1")}
+        assert ev.changes.touched == {}
         clock.advance(1.0)
         ev.tick()
         assert ev.evaluations - before == 8 * 2  # all of n1: no_growth and hot on 8 GPUs
-        assert ev._whole_next == set()  # once only
+        assert ev.changes.whole_next == set()  # once only
 
     def test_a_node_that_leaves_before_its_first_report_is_not_waited_for(self):
         """A node that said Hello and went away before its first Report leaves the list of
@@ -585,16 +588,16 @@ rules:
         ev.tick()
         fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
         ev.tick()
-        assert ev._whole_next == {"n1"}
+        assert ev.changes.whole_next == {"n1"}
         fleet.on_disconnect("n1")
         ev.tick()
-        assert ev._whole_next == set()
+        assert ev.changes.whole_next == set()
         fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
         fleet.apply_samples("n1", [])
         before = ev.evaluations
         ev.tick()
         assert ev.evaluations - before == 8 * 2
-        assert ev._whole_next == set()
+        assert ev.changes.whole_next == set()
 
     def test_a_first_report_marks_its_node_not_each_target(self):
         """The first Report after a Hello (evaluated whole anyway) marks only its node, and
@@ -605,8 +608,8 @@ rules:
         ev.tick()
         fleet.on_hello(made_up_hello("n1", gpus=8, nvlinks=18, ib_ports=0), 0.0, 0.0)
         first_report(fleet, "n1")
-        assert ev._dirty == {("n1", "n1")}
-        assert ev._touched == {}
+        assert ev.changes.dirty == {("n1", "n1")}
+        assert ev.changes.touched == {}
         before = ev.evaluations
         ev.tick(urgent=True)
         assert ev.evaluations - before == 8 * 2  # all of n1: no_growth and hot on 8 GPUs
@@ -644,11 +647,11 @@ def test_the_fleet_tally_comes_in_parts_and_share_of_ports_from_it():
     ev = evaluator(CONGESTION, fleet, clock, 30.0)
     fired = {o.transition.incident.rule for o in ev.tick()}  # the first: asked, counted at once
     assert fired == {"congested"}
-    direct = ev.share_now("ib_port_xmit_wait_per_second", 1000.0)
+    direct = ev.tally.share_now("ib_port_xmit_wait_per_second", 1000.0)
     assert abs(direct - (TALLY_CHUNK * 2 + 10 + 2) // 3 / count) < 1e-9
     clock.advance(1.0)
     parts = list(ev.steps())
     # the tally's parts (one per TALLY_CHUNK nodes), then the fleet rule's (no node has rules)
     assert parts == [[]] * -(-count // TALLY_CHUNK) + [[]]
-    assert ev.shares == {("ib_port_xmit_wait_per_second", 1000.0): direct}
+    assert ev.tally.shares == {("ib_port_xmit_wait_per_second", 1000.0): direct}
     assert {e.rule for e in ev.engine.open_incidents()} == {"congested"}

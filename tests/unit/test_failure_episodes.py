@@ -12,8 +12,8 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from agent.findings import PollResult
-from agent.poll_pcie import PciePoller
+from agent.poll.findings import PollResult
+from agent.poll.pcie import PciePoller
 from agent.sources.nvml import GpuIdentity
 from agent.sources.pci_sysfs import PciSysfsReader
 

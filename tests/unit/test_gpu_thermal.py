@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS
-from agent.sampler import Sampler
+from agent.poll.gpu_signals import CLOCK_REASON_SIGNALS
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
 from agent.sources.sysfs import SysfsReader

@@ -3,10 +3,11 @@
 from pathlib import Path
 
 from collector.incidents.evaluator import Evaluator
+from collector.incidents.history_restore import restore_history
 from collector.model.fleet import FleetModel
-from collector.model.history_restore import restore_history
+from collector.store.events import EventRow
 from collector.store.journal import Journal
-from collector.store.sqlite import EventRow, SqliteStore
+from collector.store.sqlite import SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from rules.loader import parse_rules
 from rules.xid_catalog import load_catalog

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.findings import PollResult
-from agent.poll_ib_link import IbLinkPoller
-from agent.sampler import Sampler
+from agent.poll.findings import PollResult
+from agent.poll.ib_link import IbLinkPoller
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sim.sysfs_tree import SimSysfsTree
 from agent.sources.ib_link import IbLinkReader, parse_ib_rate

@@ -7,7 +7,7 @@ import pytest
 
 from agent.config import AgentConfig, load_agent_config
 from agent.exceptions import ConfigError
-from agent.job_claims import (
+from agent.jobs.claims import (
     MAX_JOBS_PER_POD,
     MAX_JOBS_PER_UID,
     MAX_RANKS_PER_OWNER,
@@ -17,9 +17,9 @@ from agent.job_claims import (
     Owner,
     owner_of,
 )
-from agent.job_report import JobReportError
+from agent.jobs.peer_identity import Peer, PeerResolver, SchedulerJob
+from agent.jobs.report import JobReportError
 from agent.main import build_agent
-from agent.peer_identity import Peer, PeerResolver, SchedulerJob
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode
 from fleetwatch.testing import FakeClock

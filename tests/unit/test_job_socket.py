@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from agent.job_report import JobReportError, parse_report
-from agent.job_socket import JobQueue, bind_job_socket, serve_job_socket
-from agent.sampler import NodeInventory
+from agent.jobs.listener import JobQueue, bind_job_socket, serve_job_socket
+from agent.jobs.report import JobReportError, parse_report
+from agent.poll.sampler import NodeInventory
 from fleetwatch import jobclient
 from fleetwatch.jobclient import report_step
 from fleetwatch.testing import wait_until

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.job_claims import MAX_JOBS_PER_UID, SenderCheck
-from agent.job_report import JobReportError
-from agent.job_socket import CONNECTIONS_PER_UID, JobQueue, serve_job_socket
-from agent.peer_identity import PeerResolver
+from agent.jobs.claims import MAX_JOBS_PER_UID, SenderCheck
+from agent.jobs.listener import CONNECTIONS_PER_UID, JobQueue, serve_job_socket
+from agent.jobs.peer_identity import PeerResolver
+from agent.jobs.report import JobReportError
 from fleetwatch import jobclient
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_until

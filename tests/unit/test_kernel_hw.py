@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.poll.sampler import Sampler
 from agent.probes.kernel_hw import AerOutcome, parse_hw_line
 from agent.probes.xid import parse_xid_line
-from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
 from agent.sources.pci_sysfs import PciSysfsReader

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.probes.log_scan import MAX_AER_BLOCK, LogScanner, split_prefix
-from fleetwatch.cli_scan import EXIT_CLEAN, EXIT_FAULTS, EXIT_UNREADABLE, scan
+from cli.scan import EXIT_CLEAN, EXIT_FAULTS, EXIT_UNREADABLE, scan
 from rules.xid_catalog import load_catalog
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "logs"
@@ -272,7 +272,7 @@ class TestStorm:
 class TestCommand:
     def run(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "fleetwatch.cli", "scan", *args],
+            [sys.executable, "-m", "cli.main", "scan", *args],
             input=stdin,
             capture_output=True,
             text=True,

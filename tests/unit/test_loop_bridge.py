@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from collector.api.incidents import LoopBusyError
+from collector.exceptions import LoopBusyError
 from collector.incidents.service import DrainDesk
 from fleetwatch.testing import wait_until
 

@@ -1,7 +1,7 @@
 import re
 from pathlib import Path
 
-from collector.export.catalog import CATALOG
+from collector.export.catalog import NODE_STATES, by_name, catalog
 from collector.export.catalog_doc import main, render
 
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
@@ -16,16 +16,16 @@ def test_the_committed_catalog_page_is_current():
 
 def test_every_metric_is_in_the_page_with_its_labels():
     page = render()
-    for spec in CATALOG:
+    for spec in catalog():
         row = next(line for line in page.splitlines() if line.startswith(f"| `{spec.name}` |"))
         for label in spec.labels:
             assert f"`{label}`" in row, (spec.name, label)
 
 
 def test_names_follow_the_prometheus_conventions():
-    names = [s.name for s in CATALOG]
+    names = [s.name for s in catalog()]
     assert len(names) == len(set(names))
-    for spec in CATALOG:
+    for spec in catalog():
         assert re.fullmatch(r"fleetwatch_[a-z0-9_]+", spec.name), spec.name
         assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
         assert spec.unit in BASE_UNITS, spec.name
@@ -36,6 +36,11 @@ def test_names_follow_the_prometheus_conventions():
         assert "milli" not in spec.name, spec.name
         assert spec.help.endswith("."), spec.name
         assert not {"le", "quantile"} & set(spec.labels), spec.name
+
+
+def test_the_node_state_help_names_every_state():
+    """metrics.toml spells the states out in fleetwatch_node_state's help: they are NODE_STATES."""
+    assert ", ".join(NODE_STATES) in by_name()["fleetwatch_node_state"].help
 
 
 def test_the_writer_writes_the_page(tmp_path):

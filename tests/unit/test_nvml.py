@@ -6,8 +6,8 @@ from typing import TypeVar
 import pytest
 
 from agent.exceptions import GpuLostError
+from agent.poll.sampler import Sampler
 from agent.probes.xid_merge import XidMerger
-from agent.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
 from agent.sources.nvml_events import NvmlEventWatcher

@@ -9,11 +9,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.exceptions import SourceError
-from agent.nvml_guard import NvmlGuard, NvmlHungError
-from agent.sampler import Sampler
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
 from agent.sources.nvml_events import NvmlEventWatcher
+from agent.sources.nvml_guard import NvmlGuard, NvmlHungError
 from agent.sources.sysfs import SysfsReader
 from fleetwatch.clock import SystemClock
 from fleetwatch.model import EventKind, SampleKey, SampleValue, Target

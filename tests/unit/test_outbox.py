@@ -1,5 +1,5 @@
-from agent.findings import PendingEvent
-from agent.outbox import Outbox
+from agent.outbox.queue import Outbox
+from agent.poll.findings import PendingEvent
 from fleetwatch.model import EventKind, Target
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.budget import ByteBudget
 from agent.config import AgentConfig
 from agent.exceptions import ConfigError, OutboxFullError
-from agent.findings import PendingEvent
-from agent.job_socket import JobQueue
-from agent.outbox import Outbox
-from agent.spool import Spool, record_size
+from agent.jobs.listener import JobQueue
+from agent.outbox.budget import ByteBudget
+from agent.outbox.queue import Outbox
+from agent.outbox.spool import Spool, record_size
+from agent.poll.findings import PendingEvent
 from fleetwatch.model import EventKind, Target
 from fleetwatch.testing import wait_until
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -203,9 +203,9 @@ class TestDiskThread:
 STUCK_AT_EXIT = """
 import asyncio, os, sys, threading
 from pathlib import Path
-from agent.findings import PendingEvent
-from agent.outbox import Outbox
-from agent.spool import Spool
+from agent.poll.findings import PendingEvent
+from agent.outbox.queue import Outbox
+from agent.outbox.spool import Spool
 from fleetwatch.model import EventKind, Target
 
 stuck = threading.Event()

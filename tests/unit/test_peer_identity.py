@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.peer_identity import (
+from agent.jobs.peer_identity import (
     Credentials,
     PeerGoneError,
     PeerResolver,

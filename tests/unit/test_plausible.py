@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from agent.poll_ib_link import IB_LINK_SIGNALS, NODE_LINK_SIGNALS
-from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
+from agent.poll.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
 from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.signals import IB_LINK_SIGNALS, NODE_LINK_SIGNALS
 from fleetwatch.wire.plausible import (
     ANY,
     COUNTER,

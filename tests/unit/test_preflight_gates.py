@@ -2,19 +2,9 @@ import textwrap
 
 import pytest
 
-from fleetwatch.preflight.gates import (
-    GPU_MODELS,
-    NICS,
-    GateKind,
-    GatesFileError,
-    OutlierRule,
-    load_gates,
-    model_of,
-    odd_ones_out,
-    outliers,
-    parse_gates,
-)
 from fleetwatch.preflight.vocabulary import Check, Measurement, Verdict
+from rules.gates import GPU_MODELS, NICS, GateKind, OutlierRule, model_of, odd_ones_out, outliers
+from rules.gates_file import GatesFileError, load_gates, parse_gates
 
 BOOK = load_gates()
 

@@ -9,8 +9,8 @@ from collector.preflight.judge import (
     ladder_efficiency,
     node_verdicts,
 )
-from fleetwatch.preflight.gates import load_gates
 from fleetwatch.preflight.vocabulary import Check, Measurement, Verdict
+from rules.gates_file import load_gates
 
 H100 = NodeKind("NVIDIA H100 80GB HBM3", "NDR")
 NODES = [f"gpu-{i:02d}" for i in range(1, 7)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
+from agent.poll.sampler import NodeInventory
 from agent.preflight.quick import NO_HCA, NO_NVLINK, QUICK_CHECKS, QuickChecks
-from agent.sampler import NodeInventory
 from agent.sim.hardware import SimNode
 from agent.sources.nvml import NvmlSource
 from agent.sources.pci_sysfs import PciSysfsReader

@@ -20,8 +20,8 @@ from agent.preflight.real import nccl_tests, nvbandwidth, perftest, real_runners
 from agent.preflight.real.process import ToolRun, run_tool
 from agent.preflight.real.torch_runners import RESULT_PREFIX, TorchLadder
 from agent.preflight.runners import Group, Rail
-from fleetwatch.preflight.gates import load_gates
 from fleetwatch.preflight.vocabulary import Check, Measurement, Verdict
+from rules.gates_file import load_gates
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
 GATES = load_gates()

@@ -15,8 +15,8 @@ import pytest
 
 from agent.preflight.real.torch_runners import TorchCopies, TorchLadder
 from agent.preflight.runners import Group
-from fleetwatch.preflight.gates import load_gates
 from fleetwatch.preflight.vocabulary import Check, Verdict
+from rules.gates_file import load_gates
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "preflight"
 RECORD = FIXTURES / "real-h200-torch-2.11-cu130"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.peer_identity import PeerResolver
-from agent.rank_watch import EXITED_REPORTS, RankWatch, parse_stat
+from agent.jobs.peer_identity import PeerResolver
+from agent.jobs.rank_watch import EXITED_REPORTS, RankWatch, parse_stat
 
 
 def states(watch: RankWatch) -> dict[tuple[str, int], str]:

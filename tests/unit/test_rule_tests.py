@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from collector.incidents.rule_tests import RuleTestError, run_file
-from fleetwatch.cli import main
 from rules.loader import load_rules
 
 BUILTIN_TESTS = Path(__file__).parents[2] / "rules" / "default_test.yaml"

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.incidents.evaluator import NO_DRAINS, Evaluator, _Sweep
+from collector.incidents.evaluator import NO_DRAINS, Evaluator
+from collector.incidents.sweep import Sweep
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
 from collector.model.fleet import FleetModel
@@ -349,8 +350,8 @@ class TestConditionFields:
             job_id="j", rank=0, step=1, time_unix_ms=1, step_time_s=1.0, gpu_uuid=uuid
         )
         jobs.ingest("n1", pb.JobReport(steps=[step]))
-        fleet_map = {**evaluator._fleet_counts(), **evaluator.fleet_extras()}
-        sweep = _Sweep(fleet=fleet_map, now=0.0, wanted=set(), swept=set(), whole={"n1"})
+        fleet_map = {**evaluator.tally.counts_now(), **evaluator.fleet_extras()}
+        sweep = Sweep(fleet=fleet_map, now=0.0, wanted=set(), swept=set(), whole={"n1"})
         seen: dict[str, set[str]] = {}
         targets = [(scope, data) for _n, _k, scope, _r, data in evaluator._targets(sweep)]
         targets += [(Scope.JOB, {"job": m, "fleet": sweep.fleet}) for m in jobs.publish()]

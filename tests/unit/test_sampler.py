@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.probes.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
-from agent.sampler import Sampler
+from agent.poll.gpu_signals import CLOCK_REASON_SIGNALS, GPU_SIGNALS, NVLINK_SIGNALS
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sources.kmsg_cursor import KmsgCursor
 from agent.sources.nvml import GpuIdentity, GpuReading, NvmlSource

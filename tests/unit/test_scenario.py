@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from agent.sampler import Sampler
+from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import (
     PARAMS,

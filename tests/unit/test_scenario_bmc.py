@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.poll_bmc import BmcPoller
+from agent.poll.bmc import BmcPoller
 from agent.sim.bmc import SimRedfishService
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import Fault, FaultKind, ScenarioError, apply_fault, parse_scenario

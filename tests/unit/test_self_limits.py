@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 from agent.config import AgentConfig, load_agent_config
 from agent.exceptions import ConfigError
 from agent.main import build_agent
-from agent.self_limits import MAX_STRETCH, ProcessUsage, SelfLimits
+from agent.poll.self_limits import MAX_STRETCH, ProcessUsage, SelfLimits
 from agent.sim.cluster import sim_hardware
 from agent.sim.hardware import SimNode
 from fleetwatch.model import Target

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from collector.ingest.session import SessionRegistry, StreamSession
 from collector.ingest.throttle import IngestLimits
@@ -20,6 +21,7 @@ from collector.store.sqlite import JournalReader, SqliteStore
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from fleetwatch.wire.repeats import occurrences, parse_repeats, seqs_covered
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
+from rules.xid_catalog import load_catalog, parse_catalog
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -84,6 +86,7 @@ class Collector:
         self.journal = Journal(SqliteStore(tmp_path / "journal.db"))
         self.reader = JournalReader(tmp_path / "journal.db")
         self.registry = SessionRegistry(limits)
+        self.catalog = load_catalog()
 
     async def stream(self, *messages: pb.AgentMessage, hello: pb.Hello = HELLO) -> FakeContext:
         """Run a stream that sends ``messages`` after its Hello, then closes its side."""
@@ -97,6 +100,7 @@ class Collector:
             registry=self.registry,
             clock=self.clock,
             config=pb.Config(),
+            xid_class=self.catalog.class_of,
         )
         with contextlib.suppress(grpc.aio.AbortError):
             await asyncio.wait_for(session.run(context), 10)  # type: ignore[arg-type]
@@ -332,6 +336,31 @@ class TestJournalRefusal:
         assert context.acks() == [1]
         assert c.seqs() == [1]
         assert c.stats.rejected["journal_refused"] == 1
+
+
+class TestXidClass:
+    async def test_the_collector_s_catalog_classes_events_and_the_agent_s_is_only_logged(
+        self, make
+    ):
+        """An agent whose catalog is not the collector's (Xid 13 sent as "bus", the collector's
+        copy says "memory"): the journal holds the collector's class, for a coalesced row too,
+        and the agent's is logged as what it said."""
+        c = make(repeat_burst=1)
+        c.catalog = parse_catalog(
+            "version: 1\nxids:\n"
+            "  13: {name: Graphics engine exception, class: memory, action: IGNORE, fatal: false}\n"
+        )
+        sent = [xid(n) for n in range(1, 4)]
+        for message in sent:
+            message.event.xid_class = "bus"
+        with capture_logs() as logs:
+            await c.stream(*sent)
+        rows = c.reader.events(node=NODE)
+        assert [(r.seq, r.xid_class) for r in rows] == [(1, "memory"), (3, "memory")]
+        said = [e for e in logs if e["event"] == "xid_class_differs"]
+        assert [(e["xid"], e["agent_said"], e["xid_class"]) for e in said] == [
+            (13, "bus", "memory")
+        ]
 
 
 class TestSettle:

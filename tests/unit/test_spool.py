@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.findings import PendingEvent
-from agent.spool import Spool
-from agent.spool_format import (
+from agent.outbox.spool import Spool
+from agent.outbox.spool_format import (
     EVENT,
     MAGIC,
     SegmentHeader,
@@ -17,6 +16,7 @@ from agent.spool_format import (
     scan_segment,
     segment_name,
 )
+from agent.poll.findings import PendingEvent
 from fleetwatch.model import EventKind, Target
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 

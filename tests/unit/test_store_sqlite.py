@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from collector.exceptions import JournalError
-from collector.store.sqlite import EventRow, JournalReader, NodeRow, SqliteStore
+from collector.store.events import EventRow, NodeRow
+from collector.store.sqlite import JournalReader, SqliteStore
 
 
 def row(seq: int | None, node: str = "n1", boot: str = "b1", kind: str = "xid") -> EventRow:

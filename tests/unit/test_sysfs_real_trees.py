@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from structlog.testing import capture_logs
 
-from agent.findings import PollResult
-from agent.poll_ib import IbPoller
-from agent.poll_ib_link import IbLinkPoller
+from agent.poll.findings import PollResult
+from agent.poll.ib import IbPoller
+from agent.poll.ib_link import IbLinkPoller
 from agent.probes.counters import IB_COUNTER_WIDTH_BITS
 from agent.sim.sysfs_tree import SimSysfsTree
 from agent.sources.ib_link import IbLinkReader

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.pci import normalize_bus_id
+from agent.probes.pci import normalize_bus_id
 from agent.probes.xid import parse_xid_line
 from rules.exceptions import CatalogError
 from rules.xid_catalog import load_catalog, parse_catalog

@@ -2,8 +2,8 @@ from collections import Counter
 
 import pytest
 
-from agent.findings import PollResult
-from agent.poll_kernel_log import KernelLogPoller
+from agent.poll.findings import PollResult
+from agent.poll.kernel_log import KernelLogPoller
 from agent.probes.xid_merge import MAX_UNPAIRED, XidMerger, XidRepeats
 from agent.sim.kmsg import SimKmsg
 from agent.sources.nvml import GpuIdentity

@@ -1,0 +1,1 @@
+"""The stream to the collector: connecting, replaying the outbox, heartbeats, its commands."""

@@ -1,0 +1,1 @@
+"""What waits for the collector: numbered events (memory and disk spool), the newest samples."""

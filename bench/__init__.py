@@ -1,0 +1,1 @@
+"""The benchmarks: one script per figure, their shared parts in ``helpers/`` and ``ingest/``."""

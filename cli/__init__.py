@@ -1,0 +1,1 @@
+"""The roof: the ``fleetwatch`` command, the demo and the dev servers (imports both programs)."""

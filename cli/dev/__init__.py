@@ -1,0 +1,1 @@
+"""Servers for trying fleetwatch out on one machine: a throwaway PostgreSQL, a webhook receiver."""
