@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The straggler test (tests/unit/test_torch_job.py) runs a real torch.distributed job
+# The straggler test (tests/unit/collector/jobs/test_torch_job.py) runs a real torch.distributed job
 # (tests/jobs/torch_job.py: 4 gloo ranks on the CPU), so the tests need torch, and mypy, which
 # checks that script, too. It is no dependency of fleetwatch: installed into the venv only when
 # missing, pinned to the version whose CPU build this machine has (plain `torch` would pull GBs of

@@ -73,7 +73,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from collector.incidents.evaluator import NO_DRAINS, Evaluator
+from collector.incidents.evaluator import Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
 from collector.model.fleet import FleetModel
@@ -275,11 +275,11 @@ class Simulation:
                 name, gpus=RANKS_PER_NODE, ib_ports=IB_PORTS, model=GPU_MODEL, boot_id="bench"
             )
             self.fleet.on_hello(node, self.clock.monotonic(), self.clock.now())
-        self.evaluator = Evaluator(rules=rules, fleet=self.fleet, catalog=catalog, clock=self.clock)
-        self.fleet.observer = self.evaluator
         self.book = JobBook(config=JobsConfig(), fleet=self.fleet, clock=self.clock)
-        self.evaluator.attach_jobs(self.book)
-        self.evaluator.fleet_extras = lambda: dict(NO_DRAINS)
+        self.evaluator = Evaluator(
+            rules=rules, fleet=self.fleet, catalog=catalog, clock=self.clock, jobs=self.book
+        )
+        self.fleet.observer = self.evaluator
         self.outcome = Outcome(case)
         self.compute_factor = dict.fromkeys(range(case.ranks), 1.0)
         self.comm_factor = 1.0

@@ -159,16 +159,6 @@ class CollectorService:
             jobs=self.jobs,
             limits=cfg.ingest,
         )
-        self.ruleset = load_rules(list(cfg.rules))
-        self.evaluator = Evaluator(
-            rules=self.ruleset,
-            fleet=self.fleet,
-            catalog=load_catalog(cfg.xid_catalog),
-            clock=clock,
-            jobs=self.jobs,
-        )
-        self.fleet.observer = self.evaluator
-        self.registry.register(JobsCollector(self.jobs))
         broker = CommandBroker(self.grpc.registry, self.fleet)
         self.actuators = LiveActuators(build_actuators(cfg.actions, clock, environ))
         self.dispatcher = build_dispatcher(
@@ -180,7 +170,19 @@ class CollectorService:
             actuators=self.actuators,
             gpu_ranks=self.jobs.on_gpu,
         )
-        self.evaluator.fleet_extras = self.dispatcher.status
+        self.ruleset = load_rules(list(cfg.rules))
+        self.evaluator = Evaluator(
+            rules=self.ruleset,
+            fleet=self.fleet,
+            catalog=load_catalog(cfg.xid_catalog),
+            clock=clock,
+            jobs=self.jobs,
+            fleet_extras=self.dispatcher.status,
+        )
+        # Callback slot: the fleet model exists before the evaluator that reads it, and a
+        # reload swaps the evaluator (reload_config), so the model is told whom to notify.
+        self.fleet.observer = self.evaluator
+        self.registry.register(JobsCollector(self.jobs))
         self.registry.register(
             FleetCollector(
                 self.fleet,
@@ -209,17 +211,19 @@ class CollectorService:
         self.registry.register(self._rule_metrics)
         self.registry.register(ReloadCollector(self.reloads))
         self.registry.register(IngestCollector(self.grpc.registry.throttle, self.stats))
+        holds = PreflightHolds(self.dispatcher, self.journal, clock)
+        # Callback slots set by the incident service itself: the evaluator exists before the
+        # service whose event and silences it calls (evaluator.on_event, evaluator.silencer).
         self.incidents = IncidentService(
             evaluator=self.evaluator,
             journal=self.journal,
             clock=clock,
             sink=self.dispatcher,
             interval_s=cfg.rules_interval,
+            extra_firing=holds.firing,  # its drains wait under the cap like others
         )
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
-        holds = PreflightHolds(self.dispatcher, self.journal, clock)
-        self.incidents.extra_firing = holds.firing  # its drains wait under the cap like others
         self.preflight = PreflightService(
             fleet=self.fleet,
             sessions=self.grpc.registry,
@@ -313,6 +317,7 @@ class CollectorService:
             await self.peers.beat()
         await self._restore_nodes()
         if self.peers.shared:  # take up only the incidents and actions of the nodes watched here
+            # Callback slot: which nodes are watched here is known only once they are restored.
             held = frozenset(self.fleet.node_names())
             self.dispatcher.owns = self.incidents.owns = lambda node: (
                 node in held or node == FLEET_KEY or node.startswith("job/")

@@ -215,7 +215,14 @@ def successor(
     evaluated again); the others end with their rule, as after a restart. Call it only when
     the swap will happen: it moves the history's windows and the jobs' hooks to the successor.
     """
-    new = Evaluator(rules=rules, fleet=old.fleet, catalog=catalog, clock=old.clock, env=old.env)
+    new = Evaluator(
+        rules=rules,
+        fleet=old.fleet,
+        catalog=catalog,
+        clock=old.clock,
+        env=old.env,
+        fleet_extras=old.fleet_extras,
+    )
     dropped: list[Incident] = []
     for incident in old.engine.open_incidents():
         rule, was = rules.get(incident.rule), old.engine.rules[incident.rule]
@@ -229,7 +236,6 @@ def successor(
     new.errors = {name: n for name, n in old.errors.items() if name in new.engine.rules}
     new.failures = old.failures
     new.silencer, new.on_event = old.silencer, old.on_event
-    new.fleet_extras = old.fleet_extras
     if old.jobs is not None:
         new.attach_jobs(old.jobs)
     return new, dropped

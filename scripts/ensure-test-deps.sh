@@ -6,7 +6,7 @@
 # (ipmi_sim) and ipmitool for tests/integration/test_bmc_ipmi.py, and the PostgreSQL server for
 # the shared-journal tests (cli/dev/pg_server.py starts a throwaway one from
 # /usr/lib/postgresql/<version>/bin; the package's own cluster is not used), and perftest's
-# ib_write_bw for the pre-flight runner test (tests/unit/test_preflight_real.py runs it on a
+# ib_write_bw for the pre-flight runner test (tests/unit/agent/preflight/test_preflight_real.py runs it on a
 # machine without RDMA devices and expects a clean failure).
 # Idempotent and quiet: does nothing when every command is already there, and installs only the
 # packages of the commands that are missing.

@@ -82,8 +82,13 @@ class Evaluator:
         full_sweep_s: float = 30.0,
         env: RuleEnvironment | None = None,
         jobs: JobBook | None = None,
+        fleet_extras: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """Compile every rule once; ``jobs`` gives job and rank variables (none: no jobs)."""
+        """Compile every rule once; ``jobs`` gives job and rank variables (none: no jobs).
+
+        ``fleet_extras`` gives more ``fleet`` variables from elsewhere (the dispatcher's drain
+        counts); without it the drain counts are zero.
+        """
         self.rules = rules
         self.fleet = fleet
         self.catalog = catalog
@@ -120,8 +125,7 @@ class Evaluator:
         self.silencer: Callable[[Incident, Rule], str | None] = lambda _i, _r: None
         # Called when an event arrives, so the incident service evaluates at once.
         self.on_event: Callable[[], None] = lambda: None
-        # More ``fleet`` variables from elsewhere: the dispatcher's drain counts.
-        self.fleet_extras: Callable[[], dict[str, Any]] = lambda: dict(NO_DRAINS)
+        self.fleet_extras: Callable[[], dict[str, Any]] = fleet_extras or (lambda: dict(NO_DRAINS))
         self.jobs: JobBook | None = None
         if jobs is not None:
             self.attach_jobs(jobs)

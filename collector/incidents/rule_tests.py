@@ -195,19 +195,19 @@ class _Run:
             )
             self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
             self.fleet.apply_report(name, pb.Report())  # an agent's first Report follows
+        self.extras = dict(NO_DRAINS)
+        self.book = JobBook(config=JobsConfig(), fleet=self.fleet, clock=self.clock)
         self.evaluator = Evaluator(
             rules=load_rules(rule_paths, builtin=builtin),
             fleet=self.fleet,
             catalog=load_catalog(),
             clock=self.clock,
+            jobs=self.book,
+            fleet_extras=lambda: self.extras,
         )
         self.fleet.observer = self.evaluator
         self.nodes = nodes
         self.jobs: dict[str, _Job] = {}
-        self.book = JobBook(config=JobsConfig(), fleet=self.fleet, clock=self.clock)
-        self.evaluator.attach_jobs(self.book)
-        self.extras = dict(NO_DRAINS)
-        self.evaluator.fleet_extras = lambda: self.extras
         self.actions: list[str] = []
 
     def advance_to(self, at: float) -> None:

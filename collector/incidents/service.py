@@ -118,7 +118,7 @@ def _close_unstarted(step: Coroutine[object, object, None]) -> None:
 class IncidentService:
     """Ticks the evaluator and journals what comes of it."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the service's collaborators
         self,
         *,
         evaluator: Evaluator,
@@ -126,8 +126,13 @@ class IncidentService:
         clock: Clock,
         sink: ActionSink | None = None,
         interval_s: float = 1.0,
+        extra_firing: Callable[[str], tuple[IncidentRow, Rule] | None] | None = None,
     ) -> None:
-        """Nothing runs until :meth:`start`."""
+        """Nothing runs until :meth:`start`.
+
+        ``extra_firing`` finds firing incidents raised outside the rules (a node pre-flight
+        holds out), so their drains that wait under the cap are not dropped as no longer firing.
+        """
         self.evaluator = evaluator
         self._journal = journal
         self._clock = clock
@@ -138,9 +143,7 @@ class IncidentService:
         # Whose open incidents :meth:`start` takes back: every node's on a journal of its own;
         # on a shared one, the collector sets it to the nodes it watches.
         self.owns: Callable[[str], bool] = lambda _node: True
-        # Firing incidents raised outside the rules (a node pre-flight holds out), so their
-        # drains that wait under the cap are not dropped as no longer firing.
-        self.extra_firing: Callable[[str], tuple[IncidentRow, Rule] | None] = lambda _id: None
+        self.extra_firing = extra_firing or (lambda _id: None)
         self._event = asyncio.Event()
         # Actions run beside the evaluation, so a slow webhook delays no other incident; an
         # incident's own steps (fire, then resolve) still run in order, chained by its id.

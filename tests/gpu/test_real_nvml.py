@@ -61,7 +61,8 @@ def test_real_event_thread_starts_waits_and_stops(source: NvmlSource):
 
 def test_the_simulator_answers_as_this_gpu_does(source: NvmlSource):
     """Every call and field the agent uses: same status and type from the simulator given a GPU
-    like this one (tests/unit/test_sim_matches_real_gpu.py checks the same against records)."""
+    like this one (tests/unit/agent/sim/test_sim_matches_real_gpu.py checks the same against
+    records)."""
     lib = load_pynvml()
     real = probe(lib)
     sim_lib = SimNvmlLibrary([gpu_from_probe(real)])

@@ -15,23 +15,22 @@ import contextlib
 import functools
 import signal
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agent.sim.cluster import SimCluster
 from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_until
+from tests.integration.crash_harness import NODE, died, journal, one_node, start, terminate
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
 
 pytestmark = pytest.mark.integration
 
 SECRET = b"crash-test-secret"
-NODE = "node-1"
-ROOT = Path(__file__).resolve().parents[2]
 RULE = "xid_application_error"
 
 
@@ -78,47 +77,6 @@ secret_file = "{secret}"
 """
     )
     return cfg
-
-
-def start(step: str | None, cfg: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m"]
-    argv += ["cli.main"] if step is None else ["tests.integration.crashing_collector", step]
-    argv += ["collector", "--config", str(cfg)]
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=out, cwd=ROOT)
-
-
-def died(proc: subprocess.Popen[bytes]) -> bool:
-    return proc.poll() is not None
-
-
-def one_node(tmp_path: Path, port: int) -> SimCluster:
-    """The crash tests' node: a quick poll and a quick reconnect to the collector at ``port``."""
-    return SimCluster(
-        [NODE],
-        tmp_path / "nodes",
-        SystemClock(),
-        f"127.0.0.1:{port}",
-        poll_interval=0.05,
-        heartbeat_interval=0.5,
-        backoff_initial=0.05,
-        backoff_max=0.3,
-    )
-
-
-def terminate(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Stop the collectors still running, as systemd would."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=30)
-
-
-def journal(tmp_path: Path, sql: str, *params: str) -> list[tuple[Any, ...]]:
-    with contextlib.closing(
-        sqlite3.connect(f"file:{tmp_path / 'journal.db'}?mode=ro", uri=True, timeout=10)
-    ) as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def notify_answered(tmp_path: Path) -> bool:

@@ -1,13 +1,8 @@
 """Kill the collector (SIGKILL) mid-stream and start it again on the same journal."""
 
 import asyncio
-import contextlib
 import os
 import signal
-import sqlite3
-import subprocess
-import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,45 +10,11 @@ import pytest
 from agent.sim.cluster import SimCluster
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_until
+from tests.integration.collector_process import journal_markers, start_collector
 
 pytestmark = pytest.mark.integration
 
 NODES = [f"node-{i}" for i in range(1, 9)]
-
-
-def start_collector(port: int, journal: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "collector",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--http",
-                "127.0.0.1:0",
-                "--journal",
-                str(journal),
-                "--heartbeat-interval",
-                "1",
-            ],
-            stdout=out,
-            stderr=out,
-        )
-
-
-def journal_markers(journal: Path) -> Counter[str]:
-    """The Xid markers journaled so far; none while a starting collector has created the file
-    (it creates it 0600 before SQLite opens it) but not yet its tables."""
-    with contextlib.closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as conn:
-        try:
-            rows = conn.execute("SELECT detail FROM events WHERE kind = 'xid'").fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such table" not in str(exc):
-                raise
-            rows = []
-    return Counter(detail.rsplit(", ", 1)[-1] for (detail,) in rows)
 
 
 async def test_no_event_lost_or_duplicated_across_a_collector_crash(tmp_path: Path):

@@ -38,7 +38,7 @@ DEMO_JOB = "demo-pretrain"
 NODE = "node-01"
 RATE_INTERVAL = "5s"  # Grafana's $__rate_interval for a 1 s scrape interval is 4 s
 # Queries the demo cannot give data, and why. Their metric need not exist in Prometheus either
-# (tests/unit/test_dashboards.py checks it is in the collector's catalog).
+# (tests/unit/dashboards/test_dashboards.py checks it is in the collector's catalog).
 MAY_BE_EMPTY = {
     ("fleetwatch-fleet-overview", "panel 'Messages rejected'"): (
         "the demo's agents send nothing the collector refuses, and a rejection reason gets its "

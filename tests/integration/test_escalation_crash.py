@@ -27,8 +27,8 @@ import pytest
 from cli.dev.webhook_receiver import WebhookReceiver
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_for_more, wait_until
-from tests.integration.test_action_crash import died, journal, one_node, start, terminate
-from tests.integration.test_reset_gpu import RULES as RESET_RULES
+from tests.integration.crash_harness import NODE, died, journal, one_node, start, terminate
+from tests.integration.reset_rules import RESET_RULES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 SECRET = b"escalation-crash-secret"
-NODE = "node-1"
 
 RULES = {
     "at_once": """\

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from tests.integration.test_preflight import NODES, Bed, api_text, bed, run_cli  # noqa: F401
+from tests.integration.preflight_bed import NODES, api_text, run_cli
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from tests.integration.preflight_bed import Bed
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +57,7 @@ async def latest_run(b: Bed) -> tuple[dict[str, str], list[dict[str, object]]]:
 class TestForgedRails:
     async def test_rails_between_the_liar_and_a_victim_it_was_not_planned_on_blame_no_one_else(
         self,
-        bed: Bed,  # noqa: F811 - the fixture of test_preflight
+        bed: Bed,
     ):
         """The liar reports two rails to the victim on an HCA that does not exist, at 1 Gb/s,
         as if the victim were slow with every partner: refused (not planned), the victim
@@ -96,7 +98,7 @@ class TestForgedRails:
 class TestDuplicates:
     async def test_copies_of_one_figure_do_not_move_the_fleets_median(
         self,
-        bed: Bed,  # noqa: F811 - the fixture of test_preflight
+        bed: Bed,
     ):
         """The liar sends 300 copies of its one-node rung at 3x its figure: only the first
         (check, component) counts, the honest nodes are judged against each other and pass."""

@@ -20,6 +20,7 @@ from collector.commands import CommandBroker
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import wait_for_more, wait_until
+from tests.integration.reset_rules import RESET_RULES
 
 pytestmark = pytest.mark.integration
 
@@ -31,23 +32,12 @@ assert report_step("held", 0, 1, 1.0, gpu=5, socket_path=sys.argv[1])
 sys.stdin.readline()
 """
 
-RULES = """\
-version: 1
-rules:
-  - name: link_down
-    scope: gpu
-    when: 'gpu.nvlinks_down > 0'
-    severity: critical
-    actions: [reset_gpu]
-    escalate: {after: 3, within: 1h, actions: [drain_node]}
-"""
-
 
 async def run(
     collector_config: Any,
     tmp_path: Path,
     acts: ActionsConfig,
-    text: str = RULES,
+    text: str = RESET_RULES,
     names: tuple[str, ...] = ("n1",),
     *,
     job_sockets: Path | None = None,
@@ -203,7 +193,7 @@ class TestResetGpu:
                 safety=SafetyConfig(reset_retry_s=0.2),
                 drain_webhook=WebhookConfig(url=f"{hooks.url}/drain"),
             )
-            rules = RULES.replace(
+            rules = RESET_RULES.replace(
                 "actions: [reset_gpu]", "actions: [{reset_gpu: {drain_first: true}}]"
             )
             service, cluster = await run(collector_config, tmp_path, acts, rules)
@@ -247,7 +237,7 @@ class TestResetGpu:
         agent is still resetting, and the reset then finishes and is journaled."""
         with WebhookReceiver(clock=SystemClock()) as hooks:
             acts = ActionsConfig(notify={"default": WebhookConfig(url=f"{hooks.url}/page")})
-            rules = RULES.replace("actions: [reset_gpu]", "actions: [reset_gpu, notify]")
+            rules = RESET_RULES.replace("actions: [reset_gpu]", "actions: [reset_gpu, notify]")
             service, cluster = await run(collector_config, tmp_path, acts, rules)
             gate = threading.Event()
             try:

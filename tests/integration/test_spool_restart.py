@@ -11,7 +11,7 @@ import pytest
 from agent.sim.cluster import SimCluster
 from fleetwatch.clock import SystemClock
 from fleetwatch.testing import free_port, wait_until
-from tests.integration.test_collector_restart import journal_markers, start_collector
+from tests.integration.collector_process import journal_markers, start_collector
 
 pytestmark = pytest.mark.integration
 

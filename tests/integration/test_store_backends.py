@@ -17,36 +17,17 @@ import psycopg
 import pytest
 
 from collector.exceptions import JournalError, RowRefusedError
-from collector.store.events import EventReader, EventRow, EventStore, NodeRow
+from collector.store.events import EventRow, NodeRow
 from collector.store.incidents import ActionRow, FleetActions, IncidentRow, SilenceRow
 from collector.store.journal import Journal
-from collector.store.postgres import SCHEMA_VERSION, PostgresReader, PostgresStore
-from collector.store.sqlite import JournalReader, SqliteStore
+from collector.store.postgres import SCHEMA_VERSION, PostgresStore
+from collector.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
-Open = tuple["Callable[[str], EventStore]", "Callable[[], EventReader]"]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open]:
-    """(open a store as collector NAME, open a reader) on one journal of either backend."""
-    if request.param == "sqlite":
-        path = tmp_path / "journal.db"
-        yield (lambda name: SqliteStore(path, name)), (lambda: JournalReader(path))
-        return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    opened: list[EventStore] = []
-
-    def store(name: str) -> EventStore:
-        opened.append(PostgresStore(dsn, collector=name))
-        return opened[-1]
-
-    yield store, (lambda: PostgresReader(dsn))
-    for s in opened:
-        s.close()
+    from tests.integration.store_backend import Open
 
 
 def event(seq: int | None, node: str = "n1", boot: str = "b1", kind: str = "xid") -> EventRow:

@@ -9,13 +9,12 @@ import pytest
 
 from collector.store.preflight import CUT_SHORT, ResultRow, RunRow
 from collector.store.sqlite import SCHEMA_VERSION, JournalReader, SqliteStore
-from tests.integration.test_store_backends import backend  # noqa: F401 - the fixture
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from collector.store.events import EventReader, EventStore
-    from tests.integration.test_store_backends import Open
+    from tests.integration.store_backend import Open
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +23,7 @@ def result(node: str, check: str, verdict: str, value: float | None = 1.0) -> Re
     return ResultRow("pf-1", node, check, "gpu:0", value, "GB/s", "", "", "ev", verdict, "g", "r")
 
 
-def test_a_run_and_its_results_round_trip(backend: Open):  # noqa: F811
+def test_a_run_and_its_results_round_trip(backend: Open):
     open_store, open_reader = backend
     store = open_store("c1")
     store.preflight.start_run(RunRow("pf-1", "quick", ("a", "b"), 1000, collector="c1"))
@@ -64,7 +63,7 @@ def check_round_trip(store: EventStore, reader: EventReader) -> None:
     assert store.preflight.latest_passing("a", "quick", 1001) is None  # before the drain
 
 
-def test_only_this_collectors_unfinished_runs_are_closed(backend: Open):  # noqa: F811
+def test_only_this_collectors_unfinished_runs_are_closed(backend: Open):
     open_store, _ = backend
     store = open_store("c1")
     store.preflight.start_run(RunRow("pf-mine", "full", ("a",), 1, collector="c1"))

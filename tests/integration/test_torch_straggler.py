@@ -26,7 +26,8 @@ NODES = ["node-1", "node-2", "node-3", "node-4"]
 SLOW_RANK = 2
 STEPS = 80
 
-# Only the job's processes import torch (`make unit` installs it); see tests/unit/test_torch_job.py.
+# Only the job's processes import torch (`make unit` installs it); see
+# tests/unit/collector/jobs/test_torch_job.py.
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed (make unit does it)"
 )

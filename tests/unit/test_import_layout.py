@@ -26,9 +26,21 @@ MAY_IMPORT = {
 }
 MAX_MODULE_LINES = 800
 # Each program's rooms in the order data flows through them: a room imports only the rooms
-# before it, and the modules any room may read (errors, settings, counters).
+# before it, and the modules any room may read (errors, settings, counters). A program's
+# ``testing`` module (fakes for tests) comes last.
 ROOMS = {
-    "agent": ("probes", "sources", "poll", "outbox", "jobs", "preflight", "link", "<top>", "sim"),
+    "agent": (
+        "probes",
+        "sources",
+        "poll",
+        "outbox",
+        "jobs",
+        "preflight",
+        "link",
+        "<top>",
+        "sim",
+        "testing",
+    ),
     "collector": (
         "store",
         "model",
@@ -40,6 +52,7 @@ ROOMS = {
         "export",
         "api",
         "<top>",
+        "testing",
     ),
 }
 SHARED_IN_ROOMS = {
@@ -202,7 +215,7 @@ def borrowed_imports(importers: list[Path]) -> list[str]:
 def room(module: str) -> str:
     """The room (sub-package) of a program's module, or "<top>" for a module at its top."""
     parts = module.split(".")
-    if len(parts) > 1 and (ROOT / parts[0] / parts[1]).is_dir():
+    if len(parts) > 1 and ((ROOT / parts[0] / parts[1]).is_dir() or parts[1] == "testing"):
         return parts[1]
     return "<top>"
 
