@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 INTRO: Final = f"""\
 # Metrics
 
-Generated from `collector/export/catalog.py` by `python -m collector.export.catalog_doc --write
+Generated from `collector/export/metrics.toml` by `python -m collector.export.catalog_doc --write
 docs/metrics.md`; do not edit by hand. Every series below comes from the collector's `/metrics`
 (agents export nothing themselves). Names follow the Prometheus conventions: the `fleetwatch_`
 prefix, base units (seconds, bytes, watts, hertz, ratios from 0 to 1), `_total` on counters.
