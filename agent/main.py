@@ -16,6 +16,8 @@ from agent.exceptions import NoDriverError, SourceError
 from agent.jobs.claims import SenderCheck
 from agent.jobs.listener import JobQueue
 from agent.jobs.peer_identity import PeerResolver
+from agent.jobs.rank_dumps import RankDumps
+from agent.jobs.stacks import PySpyDumper, find_py_spy
 from agent.link.backoff import Backoff
 from agent.link.collector_list import start_index
 from agent.link.commands import CommandRunner, NvidiaSmiReset
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     import grpc
 
     from agent.config import AgentConfig
+    from agent.jobs.stacks import StackDumper
     from agent.link.commands import GpuReset
     from agent.sources.bmc import BmcSource
     from agent.sources.kmsg import KmsgSource
@@ -74,6 +77,8 @@ class Hardware:
     kmsg_cursor: KmsgCursor | None = None
     gpu_reset: GpuReset | None = None
     bmc: BmcSource | None = None  # the node's BMC, when the config names one
+    # What reads a hung job's rank stacks (py-spy, or the simulator's); None: state and wchan only.
+    stacks: StackDumper | None = None
     # How the spool under state_dir makes its writes durable (a benchmark injects a slow disk).
     fsync: Callable[[int], None] = os.fsync
     # What measures the pre-flight checks (the real tools, or the simulator's model); a missing
@@ -134,6 +139,7 @@ def real_hardware(cfg: AgentConfig) -> Hardware:
         gpu_reset=NvidiaSmiReset(cfg.nvidia_smi) if cfg.gpu_reset else None,
         bmc=open_bmc(cfg.bmc),
         preflight=real_runners(),
+        stacks=PySpyDumper(find_py_spy()),
     )
 
 
@@ -187,7 +193,6 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     outbox = Outbox(hardware.boot_id, spool=spool, budget=budget)
     live = LiveSamples(cfg.gauge_interval, clock.monotonic)
     intervals = Intervals(poll=cfg.poll_interval, heartbeat=cfg.heartbeat_interval)
-    commands = CommandRunner(sampler, hardware.gpu_reset)
     jobs = None
     if cfg.job_socket is not None:  # senders are looked up in the real /proc (their cgroups)
         senders = SenderCheck(
@@ -200,6 +205,9 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
         jobs.now = clock.monotonic
     if jobs is not None:
         budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
+    # a hung job's ranks are dumped from what the job socket saw (never a pid the command names)
+    dumps = RankDumps(jobs.ranks, hardware.stacks) if jobs is not None else None
+    commands = CommandRunner(sampler, hardware.gpu_reset, dumps)
     preflight = PreflightExecutor(
         node=cfg.node,
         sampler=sampler,

@@ -1,8 +1,8 @@
-"""``fleetwatch incidents``, ``actions`` and ``silence``: the collector's JSON API for people.
+"""``fleetwatch incidents``, ``actions``, ``silence``, ``jobs``: the JSON API for people.
 
-Changes (``silence add|remove``, ``drains release``) send the collector's API token as
-``Authorization: Bearer``, read from ``--token-file`` or else ``$FLEETWATCH_API_TOKEN``; reads
-send no token.
+Changes (``silence add|remove``, ``drains release``, ``jobs JOB --dump``) send the collector's
+API token as ``Authorization: Bearer``, read from ``--token-file`` or else
+``$FLEETWATCH_API_TOKEN``; reads send no token.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 DEFAULT_API: Final = "http://127.0.0.1:9470"
 TIMEOUT_S: Final = 10.0
+# A dump waits for the agents (15 s each, at once) and the collector's loop: answered by 24 s.
+DUMP_TIMEOUT_S: Final = 40.0
 EVIDENCE_WIDTH: Final = 72
 TOKEN_ENV: Final = "FLEETWATCH_API_TOKEN"  # noqa: S105 - the variable's name
 
@@ -48,13 +50,14 @@ def read_token(token_file: Path | None, environ: Mapping[str, str]) -> str | Non
     return token
 
 
-def call(
+def call(  # noqa: PLR0913 - the request, its body, and how it is sent
     api: str,
     method: str,
     path: str,
     body: dict[str, Any] | None = None,
     *,
     token: str | None = None,
+    timeout_s: float = TIMEOUT_S,
 ) -> Any:  # noqa: ANN401 - JSON
     """One request to the collector's API; the decoded JSON answer.
 
@@ -71,7 +74,7 @@ def call(
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         try:
@@ -293,8 +296,18 @@ def _job_row(r: dict[str, Any], _now: float) -> list[str]:
     ]
 
 
-def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
-    """List training jobs, or one job rank by rank."""
+def jobs(  # noqa: PLR0913 - which job, how to show it, and the dump's token
+    api: str,
+    job: str | None,
+    *,
+    as_json: bool,
+    out: TextIO,
+    dump: bool = False,
+    token: str | None = None,
+) -> int:
+    """List training jobs, or one job rank by rank; ``dump``: its ranks' stacks, gathered now."""
+    if dump:
+        return dump_stacks(api, job, as_json=as_json, out=out, token=token)
     if job is None:
         return _listing(
             api,
@@ -326,6 +339,10 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
     print(data["summary"], file=out)
     for culprit in data.get("culprits", []):
         print(f"  culprit: {culprit}", file=out)
+    evidence = data.get("evidence")
+    if evidence:
+        ago = span(max(0.0, time.time() - evidence["gathered_at"]))
+        print(f"  stacks ({ago} ago): {evidence['verdict']}", file=out)
     rows = [["RANK", "NODE", "GPU", "STEP", "PROCESS", "STEP S", "COMPUTE S", "RATIO", "NOTE"]]
     rows.extend(
         [
@@ -345,3 +362,47 @@ def jobs(api: str, job: str | None, *, as_json: bool, out: TextIO) -> int:
     )
     _table(rows, out)
     return 0
+
+
+def dump_stacks(api: str, job: str | None, *, as_json: bool, out: TextIO, token: str | None) -> int:
+    """Ask the agents for each rank's stack now; print the stacks grouped and the verdict."""
+    if job is None:
+        msg = "--dump needs a JOB"
+        raise ApiCallError(msg)
+    path = f"/api/v1/jobs/{urllib.parse.quote(job, safe='')}/dump"
+    data = call(api, "POST", path, {}, token=token, timeout_s=DUMP_TIMEOUT_S)
+    if as_json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    evidence = data["evidence"]
+    took = ", ".join(
+        f"{n['node']} {n['took_s']:.1f} s" + (f" ({n['error']})" if n["error"] else "")
+        for n in evidence["nodes"]
+    )
+    print(
+        f"job {job}: stacks gathered in {evidence['took_s']:.1f} s ({took or 'no nodes'})", file=out
+    )
+    print(evidence["verdict"], file=out)
+    for suspect in evidence["suspects"]:
+        print(f"  suspect: rank {suspect['rank']} on {suspect['node']}: {suspect['why']}", file=out)
+    groups = evidence["groups"]
+    if groups:
+        rows = [["RANKS", "COUNT", "WAITS IN", "SIGNATURE"]]
+        rows.extend(
+            [
+                _ranks_cell(g["ranks"]),
+                str(g["count"]),
+                g["where"] + (" (collective)" if g["collective"] else ""),
+                " < ".join(g["signature"]),
+            ]
+            for g in groups
+        )
+        _table(rows, out)
+    for unknown in evidence["unknown"]:
+        print(f"  no stack: rank {unknown['rank']}: {unknown['why']}", file=out)
+    return 0
+
+
+def _ranks_cell(ranks: list[int], shown: int = 8) -> str:
+    text = ",".join(str(r) for r in ranks[:shown])
+    return f"{text},... ({len(ranks)})" if len(ranks) > shown else text

@@ -3,7 +3,8 @@
 Daemons: ``agent``, ``collector`` (SIGHUP, or ``systemctl reload``, makes them read their files
 again). Tools: ``config check``, ``certs ca|node|collector``,
 ``rules check|test``, ``incidents``, ``actions``, ``drains [release NODE]``,
-``silence add|list|remove``, ``jobs [JOB]``, ``scan FILE`` (hardware faults in a saved log).
+``silence add|list|remove``, ``jobs [JOB [--dump]]``, ``scan FILE`` (hardware faults in a saved
+log).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_jobs_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], api_help: str, key_file_help: str
+) -> None:
+    jobs = sub.add_parser("jobs", help="training jobs: throughput, MFU, stragglers, drops")
+    jobs.add_argument("--api", default=_default_api(), help=api_help)
+    jobs.add_argument("job", nargs="?", help="one job, rank by rank")
+    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    jobs.add_argument(
+        "--dump",
+        action="store_true",
+        help="ask the agents for each rank's stack now and group them (a change: sends the token)",
+    )
+    jobs.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
+
+
 def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_config_parser(sub)
     cli_certs.add_parser(sub)
@@ -138,10 +154,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     actions.add_argument("--limit", type=int, default=100)
     actions.add_argument("--json", action="store_true", help="print the API's JSON")
 
-    jobs = sub.add_parser("jobs", help="training jobs: throughput, MFU, stragglers, drops")
-    jobs.add_argument("--api", default=_default_api(), help=api_help)
-    jobs.add_argument("job", nargs="?", help="one job, rank by rank")
-    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    _add_jobs_parser(sub, api_help, key_file_help)
     cli_fleet.add_parsers(sub, _default_api(), api_help)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
@@ -418,7 +431,8 @@ def _run_api_tool(args: argparse.Namespace) -> int:
     if args.command == "actions":
         return cli_api.actions(api, node=args.node, limit=args.limit, as_json=args.json, out=out)
     if args.command == "jobs":
-        return cli_api.jobs(api, args.job, as_json=args.json, out=out)
+        token = _token(args) if args.dump else None
+        return cli_api.jobs(api, args.job, as_json=args.json, out=out, dump=args.dump, token=token)
     if args.command == "drains":
         if args.drains_command == "release":
             return cli_api.release(

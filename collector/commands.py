@@ -1,10 +1,14 @@
-"""Commands to agents: the collector's side of ``reset_gpu``.
+"""Commands to agents: the collector's side of ``reset_gpu``, and asking for a job's rank dumps.
 
 A reset names a GPU of the node's inventory, as its agent declared it in the Hello (the fleet
 model holds it): the target key must be a GPU (or NVLink) key of that node, the GPU index must be
 in the inventory, and the command carries that GPU's UUID, checked against the wire contract's
 pattern. Anything else is refused before a command is sent. The agent checks again against its
 own inventory and answers a refusal with a detail that starts with ``refused: ``.
+
+``DUMP_RANKS`` asks a node's agent for the process state and stack of each of a job's ranks
+there (:mod:`collector.jobs.evidence` reads the answer); what goes wrong on the way comes back as
+a failed CommandResult saying what.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import structlog
 from collector.actions.guards import UnsafeArgumentError, parse_target
 from collector.actions.ports import ActionOutcome, refused
 from collector.ingest.session import StreamNotReadyError
+from collector.jobs.evidence import DUMP_TIMEOUT_S
 from fleetwatch.wire.settings import COMMAND_REFUSED
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import GPU_UUID
@@ -32,7 +37,7 @@ _SHOWN: Final = 80
 
 
 class CommandBroker:
-    """Sends a reset to the agent of the GPU's node and waits for its answer."""
+    """Sends a reset or a rank dump to a node's agent and waits for its answer."""
 
     def __init__(
         self,
@@ -95,3 +100,20 @@ class CommandBroker:
             retry=result.retry_later,
             refused=said_no,
         )
+
+    async def dump_ranks(
+        self, node: str, job_id: str, timeout_s: float = DUMP_TIMEOUT_S
+    ) -> pb.CommandResult:
+        """Ask ``node``'s agent for the state and stack of each of ``job_id``'s ranks there."""
+        session = self._registry.session(node)
+        if session is None:
+            return pb.CommandResult(ok=False, detail=f"{node}'s agent is not connected")
+        command = pb.Command(
+            command_id=uuid.uuid4().hex, kind=pb.COMMAND_KIND_DUMP_RANKS, job_id=job_id
+        )
+        try:
+            return await session.command(command, timeout_s)
+        except TimeoutError:
+            return pb.CommandResult(ok=False, detail=f"no answer from {node} in {timeout_s:g} s")
+        except ConnectionError as exc:  # StreamNotReadyError too: a new stream not past Hello
+            return pb.CommandResult(ok=False, detail=f"{node}: {exc}")

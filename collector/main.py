@@ -12,6 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 from collector.actions.actuators import LiveActuators, build_actuators
 from collector.actions.dispatcher import Dispatcher
 from collector.api.auth import ChangeGuard
+from collector.api.jobs import JobDesk
 from collector.api.preflight import PreflightDesk
 from collector.api.server import ApiServer
 from collector.commands import CommandBroker
@@ -160,6 +161,9 @@ class CollectorService:
             limits=cfg.ingest,
         )
         broker = CommandBroker(self.grpc.registry, self.fleet)
+        # Callback slot: the job book comes before the stream server, and so before the broker
+        # that asks a hung job's agents for its ranks' stacks.
+        self.jobs.evidence.ask = broker.dump_ranks
         self.actuators = LiveActuators(build_actuators(cfg.actions, clock, environ))
         self.dispatcher = build_dispatcher(
             cfg.actions,
@@ -234,6 +238,7 @@ class CollectorService:
             holds=holds,
         )
         self.preflight_desk = PreflightDesk(self.preflight, self.dispatcher)
+        self.job_desk = JobDesk(self.jobs)
         self.registry.register(PreflightCollector(self.preflight, self.stats))
         host, port = split_host_port(cfg.http, "http")
         guard = ChangeGuard(
@@ -253,6 +258,7 @@ class CollectorService:
             silences=self.silences,
             drains=self.drains,
             preflight=self.preflight_desk,
+            job_desk=self.job_desk,
             clock=clock,
             jobs=self.jobs,
             node_flags=self.node_flags,
@@ -313,6 +319,7 @@ class CollectorService:
         self.silences.bind(asyncio.get_running_loop())
         self.drains.bind(asyncio.get_running_loop())
         self.preflight_desk.bind(asyncio.get_running_loop())
+        self.job_desk.bind(asyncio.get_running_loop())
         if self.peers.shared:
             await self.peers.beat()
         await self._restore_nodes()
@@ -454,6 +461,7 @@ class CollectorService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.preflight.stop()  # a run cut short is journaled as could_not_run
+        await self.jobs.evidence.stop()
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.grpc.stop(grace)
         self.http.stop()

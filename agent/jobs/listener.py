@@ -224,7 +224,7 @@ class JobQueue:
         step.sender_start_unix_ms = peer.start_unix_ms
         step.scheduler_job = peer.scheduler.label if peer.scheduler else ""
         self.unsent += unsent_count(data)
-        self.ranks.saw(step.job_id, step.rank, peer.pid, peer.start_ticks)
+        self.ranks.saw(step.job_id, step.rank, peer.pid, peer.start_ticks, peer.uid)
         self.add(step, peer.uid)
 
 

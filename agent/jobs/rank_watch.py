@@ -9,6 +9,10 @@ wait channel (``/proc/<pid>/wchan``: the kernel function it waits in, such as
 collective from one that is not. A process that is gone is
 reported as ``exited`` for a few polls (so that a lost message does not lose it), then forgotten.
 The collector judges hung, failed and finished jobs from these (docs/jobs.md "Hangs").
+
+For a job's rank dumps (:mod:`agent.jobs.rank_dumps`) :meth:`RankWatch.ranks_of` gives the job's
+watched processes that are still there, and :meth:`RankWatch.same_process` tells whether a pid
+still names the process that reported, run by the uid it reported as.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class _Watched:
     rank: int
     pid: int
     start_ticks: int
+    uid: int | None = None  # who it reported as (SO_PEERCRED); None: not known
     exited_reports: int = 0  # polls it was reported exited in
     farewell: str = ""  # what it said as it ended: "ok", "error", or nothing yet
 
@@ -55,6 +60,20 @@ class ProcStat:
     state: str  # one of _STATES' values
     cpu_ticks: int  # utime + stime
     start_ticks: int
+    letter: str  # the state as the kernel wrote it (R, S, D, T, t, Z, X, I, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class RankNow:
+    """A watched rank process of a job, as it is now."""
+
+    job_id: str
+    rank: int
+    pid: int
+    start_ticks: int
+    uid: int | None  # the uid it reported as; None: not known
+    state: str  # /proc/<pid>/stat's state letter
+    wchan: str  # "" while running
 
 
 def parse_stat(text: str) -> ProcStat:
@@ -72,8 +91,20 @@ def parse_stat(text: str) -> ProcStat:
     if len(fields) < 20:  # noqa: PLR2004 - proc(5)'s field 22
         msg = f"stat has {len(fields) + 2} fields, not 22 or more"
         raise ValueError(msg)
-    state = _STATES.get(fields[0][:1], "running")
-    return ProcStat(state, int(fields[11]) + int(fields[12]), int(fields[19]))
+    letter = fields[0][:1]
+    state = _STATES.get(letter, "running")
+    return ProcStat(state, int(fields[11]) + int(fields[12]), int(fields[19]), letter)
+
+
+def status_uids(text: str) -> tuple[int, ...]:
+    """The real, effective, saved and filesystem uids of a ``/proc/<pid>/status`` (() if none)."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            try:
+                return tuple(int(field) for field in line[4:].split())
+            except ValueError:
+                return ()
+    return ()
 
 
 class RankWatch:
@@ -89,14 +120,57 @@ class RankWatch:
     def __len__(self) -> int:
         return len(self._watched)
 
-    def saw(self, job_id: str, rank: int, pid: int, start_ticks: int) -> None:
-        """A step report of ``rank`` of ``job_id`` came from this process: watch it."""
+    def saw(
+        self, job_id: str, rank: int, pid: int, start_ticks: int, uid: int | None = None
+    ) -> None:
+        """A step report of ``rank`` of ``job_id`` came from this process (run by ``uid``)."""
         key = (pid, start_ticks, job_id, rank)
         if key in self._watched:
             return
         if len(self._watched) >= MAX_WATCHED:
             return  # the socket's bounds keep this from happening; a process is then unseen
-        self._watched[key] = _Watched(job_id, rank, pid, start_ticks)
+        self._watched[key] = _Watched(job_id, rank, pid, start_ticks, uid)
+
+    def ranks_of(self, job_id: str) -> list[RankNow]:
+        """The job's watched processes that are still there (same pid and start), by rank."""
+        out: list[RankNow] = []
+        for watched in self._watched.values():
+            if watched.job_id != job_id:
+                continue
+            stat = self._read(watched)
+            if stat is None or stat.state == "exited":
+                continue
+            wchan = self._wchan(watched.pid) if stat.state != "running" else ""
+            out.append(
+                RankNow(
+                    job_id=job_id,
+                    rank=watched.rank,
+                    pid=watched.pid,
+                    start_ticks=watched.start_ticks,
+                    uid=watched.uid,
+                    state=stat.letter,
+                    wchan=wchan,
+                )
+            )
+        return sorted(out, key=lambda r: (r.rank, r.pid))
+
+    def same_process(self, pid: int, start_ticks: int, uid: int | None) -> bool:
+        """Whether ``pid`` still is the process that reported, run by the uid it reported as.
+
+        Its start must be the same, and every one of its uids (real, effective, saved,
+        filesystem) the uid it reported as: a process that exec'd a set-user-ID program since
+        keeps its pid and start, not its uids. ``uid`` None (not known) is never the same.
+        Safe from any thread: it reads only /proc.
+        """
+        if uid is None:
+            return False
+        base = self._root / str(pid)
+        try:
+            stat = parse_stat((base / "stat").read_text(errors="replace"))
+            uids = status_uids((base / "status").read_text(errors="replace"))
+        except (OSError, ValueError):
+            return False
+        return stat.start_ticks == start_ticks and bool(uids) and set(uids) == {uid}
 
     def farewell(self, pid: int, start_ticks: int, word: str) -> None:
         """The process said how it ends (``ok`` or ``error``); a process never watched: ignored."""

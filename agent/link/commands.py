@@ -1,4 +1,4 @@
-"""Commands from the collector: reset a GPU, with the agent's own safety checks first.
+"""Commands from the collector: reset a GPU, dump a job's ranks, with the agent's own checks first.
 
 The agent is the last line of defence, whatever the collector asks:
 
@@ -7,7 +7,9 @@ The agent is the last line of defence, whatever the collector asks:
 * the reset program is given the GPU as the inventory describes it (its PCI bus id, from NVML,
   checked against the wire contract's strict pattern), never any text of the command, and runs as
   an argument list, never through a shell;
-* a GPU compute processes are using is refused for now (unless told to force it, after a drain).
+* a GPU compute processes are using is refused for now (unless told to force it, after a drain);
+* a rank dump names a job, never a process: only the processes that reported that job on the
+  job socket are read (:mod:`agent.jobs.rank_dumps`), and a malformed job id is refused.
 
 A refusal is logged (``command_refused``), answered with a result whose detail starts with
 ``COMMAND_REFUSED`` (the collector counts those as refused, not failed) and counted in
@@ -26,9 +28,11 @@ import structlog
 from agent.exceptions import SourceError
 from fleetwatch.wire.settings import COMMAND_REFUSED
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
-from fleetwatch.wire.validate import GPU_UUID, PCI_BUS_ID
+from fleetwatch.wire.validate import GPU_UUID, PCI_BUS_ID, WireError
+from fleetwatch.wire.validate_jobs import JOB_ID, validate_rank_dumps
 
 if TYPE_CHECKING:
+    from agent.jobs.rank_dumps import RankDumps
     from agent.poll.sampler import Sampler
     from agent.sources.nvml import GpuIdentity
 
@@ -105,18 +109,24 @@ class CommandRunner:
 
     Attributes:
         refused: refusals for good, by reason (``kind``, ``malformed_uuid``, ``unknown_gpu``,
-            ``bad_bus_id``, ``resets_off``); refusals for now (a busy GPU) are not counted.
+            ``bad_bus_id``, ``resets_off``, ``malformed_job_id``); refusals for now (a busy GPU)
+            are not counted.
     """
 
-    def __init__(self, sampler: Sampler, reset: GpuReset | None) -> None:
-        """``reset`` None: this agent refuses resets."""
+    def __init__(
+        self, sampler: Sampler, reset: GpuReset | None, dumps: RankDumps | None = None
+    ) -> None:
+        """``reset`` None: this agent refuses resets; ``dumps`` None: it watches no ranks."""
         self._sampler = sampler
         self._reset = reset
+        self._dumps = dumps
         self._busy: set[str] = set()
         self.refused: Counter[str] = Counter()
 
     async def run(self, command: pb.Command) -> pb.CommandResult:
         """Run one command; every refusal says why, and whether asking later may help."""
+        if command.kind == pb.COMMAND_KIND_DUMP_RANKS:
+            return await self._dump_ranks(command)
         ok, detail, later = await self._run(command)
         log.info("command_done", id=command.command_id, kind=command.kind, ok=ok, detail=detail)
         return pb.CommandResult(
@@ -177,3 +187,37 @@ class CommandRunner:
         finally:
             self._busy.discard(gpu.uuid)
         return ok, detail, False
+
+    async def _dump_ranks(self, command: pb.Command) -> pb.CommandResult:
+        """The job's ranks on this node, dumped; a failed result says why there are none."""
+        result = pb.CommandResult(command_id=command.command_id)
+        shown = command.job_id[:_SHOWN_CHARS]
+        if JOB_ID.fullmatch(command.job_id) is None:
+            refusal = _RefusedError(
+                "malformed_job_id", f"job id {shown!r} must be 1-128 letters, digits or ._:/@+=-"
+            )
+            result.ok, result.detail, _ = self._refuse(command, refusal)
+            return result
+        if self._dumps is None:
+            result.detail = "this agent watches no ranks (its job socket is off)"
+        elif (dumps := await self._dumps.dump(command.job_id)) is None:
+            result.detail = f"no rank of job {shown!r} reported on this node"
+        else:
+            result.ok = True
+            result.dumps.extend(dumps)
+            try:
+                validate_rank_dumps(result)
+            except WireError as exc:  # a bug of ours: say so, rather than send what breaks the wire
+                log.error("rank_dumps_invalid", job=command.job_id, error=str(exc))
+                detail = f"the dumps broke the wire contract: {exc}"
+                result = pb.CommandResult(command_id=command.command_id, detail=detail)
+        log.info(
+            "command_done",
+            id=command.command_id,
+            kind=command.kind,
+            ok=result.ok,
+            detail=result.detail,
+            job=command.job_id,
+            ranks=len(result.dumps),
+        )
+        return result

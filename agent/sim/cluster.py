@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import structlog
 
 from agent.config import AgentConfig
+from agent.jobs.stacks import SimulatedDumper, StackDumper
 from agent.main import Hardware, build_agent
 from agent.preflight.runners import PreflightRunners
 from agent.sim.bmc import SimRedfishService
@@ -32,11 +33,15 @@ log = structlog.get_logger("agent.sim")
 RunnersFor: TypeAlias = "Callable[[str, SimNode], PreflightRunners]"
 
 
-def sim_hardware(node: SimNode, preflight: PreflightRunners | None = None) -> Hardware:
+def sim_hardware(
+    node: SimNode, preflight: PreflightRunners | None = None, stacks: StackDumper | None = None
+) -> Hardware:
     """The sources of a simulated node, as the agent's composition root takes them.
 
     The BMC is the agent's own Redfish reader over the simulated BMC's documents; ``preflight``
-    measures its pre-flight checks (None: no runners, those checks could not run).
+    measures its pre-flight checks (None: no runners, those checks could not run). A rank's
+    stacks are simulated too (:class:`~agent.jobs.stacks.SimulatedDumper`: an all-reduce),
+    unless ``stacks`` reads them (the rank processes are real: py-spy can).
     """
     return Hardware(
         preflight=preflight or PreflightRunners(),
@@ -47,6 +52,7 @@ def sim_hardware(node: SimNode, preflight: PreflightRunners | None = None) -> Ha
         boot_id=node.boot_id,
         gpu_reset=lambda gpu: node.reset_gpu(gpu.index),
         bmc=RedfishBmc(SimRedfishService(node.bmc), f"{node.name}-bmc"),
+        stacks=stacks or SimulatedDumper(),
     )
 
 
@@ -70,6 +76,7 @@ class SimCluster:
         nvml_call_timeout: float = 5.0,
         preflight: RunnersFor | None = None,
         gauge_interval: float | None = None,
+        stacks: StackDumper | None = None,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
 
@@ -92,6 +99,7 @@ class SimCluster:
         # The agents share one process here: a small shared budget of kept-open sysfs files.
         self.fds = FdBudget(256)
         self._preflight = preflight
+        self._stacks = stacks  # None: simulated stacks
         self.job_sockets: dict[str, Path] = {}
         gauge = max(poll_interval, 1.0) if gauge_interval is None else gauge_interval
         for name in names:
@@ -119,7 +127,10 @@ class SimCluster:
             self.nodes[name] = node
             self.configs[name] = cfg
             self.agents[name] = build_agent(
-                cfg, sim_hardware(node, self._runners(name)), clock, fd_budget=self.fds
+                cfg,
+                sim_hardware(node, self._runners(name), self._stacks),
+                clock,
+                fd_budget=self.fds,
             )
 
     def _runners(self, name: str) -> PreflightRunners | None:
@@ -161,7 +172,7 @@ class SimCluster:
         await self.crash(name)
         agent = build_agent(
             self.configs[name],
-            sim_hardware(self.nodes[name], self._runners(name)),
+            sim_hardware(self.nodes[name], self._runners(name), self._stacks),
             self._clock,
             fd_budget=self.fds,
         )

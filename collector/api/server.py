@@ -10,12 +10,14 @@ GET /api/v1/nodes/<name>          one node, down to each NVLink and IB port
 GET /api/v1/events?node=&kind=&after=&limit=&order=asc|desc
 journaled events, paged by journal id
 GET /api/v1/jobs                  training jobs with their throughput, MFU, stragglers, drops
-GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio
+GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio,
+                                  and the evidence last gathered (its ranks' stacks grouped)
+POST /api/v1/jobs/<id>/dump       gather that evidence now (:mod:`collector.api.jobs`)
 
 Every request but ``/healthz`` must name the collector in ``Host`` (no DNS rebinding). POST and
-DELETE (silences, drain releases: :mod:`collector.api.incidents`) must come from no web page of
-another origin and be ``application/json`` (:mod:`collector.api.browsers`), then pass the
-:class:`~collector.api.auth.ChangeGuard`: a bearer token, or loopback when none is set.
+DELETE (silences, drain releases: :mod:`collector.api.incidents`; runs, dumps) must come from no
+web page of another origin and be ``application/json`` (:mod:`collector.api.browsers`), then
+pass the :class:`~collector.api.auth.ChangeGuard`: a bearer token, or loopback when none is set.
 Connections are capped and must send their request in time (:mod:`collector.api.connections`).
 A change or drain read the event loop does not take up in time is ``503`` with ``Retry-After``.
 """
@@ -36,6 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from collector.api import incidents as incidents_api
+from collector.api import jobs as jobs_api
 from collector.api import preflight as preflight_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
 
     from collector.api.auth import ChangeGuard
     from collector.api.incidents import DrainKeeper, SilenceWriter
+    from collector.api.jobs import JobDesk
     from collector.api.preflight import PreflightDesk
     from collector.export.exposition import NodeExposition
     from collector.jobs.book import JobBook
@@ -225,7 +229,7 @@ def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, h
 
 
 class ApiServer:
-    """Serves HTTP on a daemon thread: reads; writes only silences and drain releases."""
+    """Serves HTTP on a daemon thread: reads; changes only silences, drains, runs and dumps."""
 
     def __init__(  # noqa: PLR0913 - what the API reads, the two things it writes, its limits
         self,
@@ -246,6 +250,7 @@ class ApiServer:
         limits: ConnectionLimits | None = None,
         nodes: NodeExposition | None = None,
         preflight: PreflightDesk | None = None,
+        job_desk: JobDesk | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -254,6 +259,7 @@ class ApiServer:
         ``local_names`` (None: :func:`local_host_names`) are the names besides ``host`` that
         ``Host`` may give; ``limits`` bound connections (None: the defaults). ``nodes`` renders
         the nodes' series (None: ``registry`` holds every series, and there are no shards).
+        ``job_desk`` gathers a job's evidence on demand (None: ``POST .../dump`` is refused).
         """
         self._guard = guard
         self._jobs = jobs
@@ -265,6 +271,7 @@ class ApiServer:
         self._silences = silences
         self._drains = drains
         self._preflight = preflight  # pre-flight runs and checked releases (None: none)
+        self._job_desk = job_desk
         self._clock = clock
         self._hosts = HostNames.build(
             listen_host=host,
@@ -477,7 +484,8 @@ class ApiServer:
         for job in jobs:
             if job["id"] == job_id:
                 ranks = self._jobs.ranks(job_id) if self._jobs is not None else []
-                return HTTPStatus.OK, {**job, "rank_detail": ranks}
+                evidence = self._jobs.evidence_of(job_id) if self._jobs is not None else None
+                return HTTPStatus.OK, {**job, "rank_detail": ranks, "evidence": evidence}
         return HTTPStatus.NOT_FOUND, {"error": f"no job {job_id!r}"}
 
     def _drains_json(self) -> tuple[HTTPStatus, object]:
@@ -486,7 +494,7 @@ class ApiServer:
         return HTTPStatus.OK, self._drains.drains()
 
     def handle_change(self, req: BoundedHandler) -> None:
-        """Route a POST or DELETE (silences, drain releases) once every check lets it through.
+        """Route a POST or DELETE (silences, drains, runs, dumps) once every check lets it through.
 
         In order: ``Host`` (no rebinding), ``Origin`` (no page of another origin), the guard
         (token, or loopback), ``Content-Type`` (JSON); then the body is read and acted on.
@@ -511,6 +519,10 @@ class ApiServer:
             incidents_api.check_body(body, length)
             if preflight_api.claims(req.command, path, body):
                 status, answer = preflight_api.change(path, body, self._preflight)
+                self._json(req, status, answer)
+                return
+            if jobs_api.claims(req.command, path):
+                status, answer = jobs_api.change(path, body, self._job_desk)
                 self._json(req, status, answer)
                 return
             status, answer = incidents_api.change(

@@ -69,6 +69,9 @@ class JobsCollector(Collector):
             for suffix, key in _GAUGES:
                 f[f"fleetwatch_job_{suffix}"].add_metric([job["id"]], float(job[key]))
             f["fleetwatch_job_state"].add_metric([job["id"], job["state"]], 1.0)
+            evidence = self._jobs.evidence_of(job["id"])
+            if evidence is not None:
+                f["fleetwatch_job_evidence_seconds"].add_metric([job["id"]], evidence["took_s"])
             for rank in self._jobs.ranks(job["id"]):
                 gpu = "" if rank["gpu"] is None else str(rank["gpu"])
                 labels = [job["id"], str(rank["rank"]), rank["node"], gpu]

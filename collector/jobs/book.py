@@ -2,8 +2,9 @@
 
 Stream sessions hand every JobReport to :meth:`JobBook.ingest`; the rules evaluator asks for the
 ``job`` variables of each job and the ``rank`` variables of each GPU; the HTTP thread reads
-:meth:`JobBook.summaries`. Everything runs on the event loop except ``summaries``, which copies
-under the lock.
+:meth:`JobBook.summaries`. A job newly judged hung is handed to the evidence gatherer
+(:mod:`collector.jobs.evidence`), whose stacks then name its culprits. Everything runs on the
+event loop except ``summaries``, ``ranks`` and ``evidence``, which copy under the lock.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collector.jobs.diagnosis import (
     job_fabric_nodes,
     node_evidence,
 )
+from collector.jobs.evidence import EvidenceGatherer
 from collector.jobs.liveness import Liveness, judge, suspects
 from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
 from collector.jobs.state import JobState
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
     from collector.jobs.checkpoint_policy import CheckpointAdvice
     from collector.jobs.config import JobsConfig
+    from collector.jobs.stacks import Localisation
     from collector.jobs.state import FinishedStep
     from collector.model.fleet import FleetModel
     from collector.model.history import History
@@ -107,6 +110,10 @@ class JobBook:
         self._flagged: dict[str, set[int]] = {}  # straggling ranks by job, as last told
         self._published: list[dict[str, Any]] = []
         self._published_ranks: dict[str, list[dict[str, Any]]] = {}
+        self._published_evidence: dict[str, dict[str, Any]] = {}
+        # Asks the agents of a hung job's nodes for its ranks' stacks (its ``ask`` is set by the
+        # composition root: the command broker comes after the book).
+        self.evidence = EvidenceGatherer(clock, ranks_per_node=config.ranks_per_node)
         self.reports = 0
         self.refused: Counter[str] = Counter()  # by reason (REFUSALS)
         self._uid_jobs: Counter[int] = Counter()
@@ -254,6 +261,7 @@ class JobBook:
                 del self._uid_jobs[job.uid]
         self._diagnoses.pop(job_id, None)
         self._flagged.pop(job_id, None)
+        self.evidence.forget(job_id)
 
     def _straggling_changed(self, job: JobState) -> list[tuple[str, str]]:
         """(node, GPU) of the ranks that started or stopped straggling since last asked."""
@@ -457,7 +465,8 @@ class JobBook:
         """The ``job`` variables of one job."""
         active = self.active(job)
         liveness = judge(job, self._clock.monotonic(), self.config, active=active)
-        culprits = self._culprits(job, liveness)
+        stacks = self._stacks(job, liveness)
+        culprits = self._culprits(job, liveness, stacks)
         tokens_per_s, step_time = self.throughput(job)
         age, advice = self.checkpoint(job)
         drop = job.drops.active if active else None
@@ -510,6 +519,7 @@ class JobBook:
                 job,
                 liveness=liveness,
                 culprits=culprits,
+                stacks=stacks,
                 missing=missing,
                 tokens_per_s=tokens_per_s,
                 drop=drop,
@@ -528,7 +538,16 @@ class JobBook:
         window = Window(history, now - FABRIC_WINDOW_S, now)
         return job_fabric_nodes(job, self._fleet.view(), window, self.config)
 
-    def _culprits(self, job: JobState, liveness: Liveness) -> list[dict[str, str]]:
+    def _stacks(self, job: JobState, liveness: Liveness) -> Localisation | None:
+        """The ranks' stacks grouped, when the job is hung and they were gathered in this hang."""
+        found = self.evidence.found.get(job.job_id)
+        if found is None or liveness.state != "hung" or liveness.since is None:
+            return None
+        return found.stacks if found.asked_at >= liveness.since else None
+
+    def _culprits(
+        self, job: JobState, liveness: Liveness, stacks: Localisation | None
+    ) -> list[dict[str, str]]:
         """The ranks that stand out in a hang or a failure: where, why, what the hardware shows."""
         if liveness.state not in {"hung", "failed"}:
             return []
@@ -536,7 +555,7 @@ class JobBook:
         history = self.history
         now = self._clock.monotonic()
         out = []
-        for rank, why in suspects(job, liveness):
+        for rank, why in suspects(job, liveness, stacks):
             held = job.ranks.get(rank)
             if held is None:
                 continue
@@ -559,6 +578,7 @@ class JobBook:
         *,
         liveness: Liveness,
         culprits: list[dict[str, str]],
+        stacks: Localisation | None,
         missing: set[int],
         tokens_per_s: float,
         drop: Any,  # noqa: ANN401 - a Drop or None
@@ -567,20 +587,7 @@ class JobBook:
         interval: float,
     ) -> str:
         parts = [f"job {job.job_id} at step {max(job.max_step, 0)}: {tokens_per_s:,.0f} tokens/s"]
-        if liveness.state == "hung":
-            parts.append(
-                f"hung: no step finished for {liveness.silent_s:.0f} s (its deadline "
-                f"{liveness.deadline_s:.0f} s), every rank process still there"
-            )
-        elif liveness.state == "failed":
-            gone = ", ".join(str(r) for r in liveness.gone[:8])
-            parts.append(f"failed: rank {gone} exited and the others wait")
-        elif liveness.state == "finished":
-            parts.append("finished: every rank process exited")
-        if culprits:
-            parts.append("culprits: " + "; ".join(c["text"] for c in culprits[:4]))
-        elif liveness.state == "hung":
-            parts.append("no rank's process stands out (stopped, D state or gone)")
+        parts += _liveness_parts(liveness, culprits, stacks)
         if missing:
             where = sorted({job.ranks[r].node for r in missing})
             shown = where[:5]
@@ -621,11 +628,25 @@ class JobBook:
             for job in self.jobs.values():
                 self._note_gone(job)
             maps = [self.job_map(job) for job in self.jobs.values()]
+            for job, published in zip(self.jobs.values(), maps, strict=True):
+                self.evidence.judged(job, published["state"])
             self._published = maps
             self._published_ranks = {
                 job.job_id: self._rank_table(job) for job in self.jobs.values()
             }
+            self._published_evidence = dict(self.evidence.shown)
         return maps
+
+    async def dump(self, job_id: str) -> dict[str, Any] | None:
+        """Gather the job's evidence now (on the event loop); None when there is no such job.
+
+        The answer is the evidence's JSON, or ``{}`` when no agent can be asked.
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        found = await self.evidence.gather(job)
+        return self.evidence.shown.get(job_id, {}) if found is not None else {}
 
     def _rank_table(self, job: JobState) -> list[dict[str, Any]]:
         nodes = self._fleet.view()
@@ -659,10 +680,39 @@ class JobBook:
         with self._lock:
             return list(self._published_ranks.get(job_id, []))
 
+    def evidence_of(self, job_id: str) -> dict[str, Any] | None:
+        """The job's latest evidence as last published (any thread; None: none gathered)."""
+        with self._lock:
+            return self._published_evidence.get(job_id)
+
     def summaries(self) -> list[dict[str, Any]]:
         """The jobs' figures as last published, for the API and metrics (any thread)."""
         with self._lock:
             return list(self._published)
+
+
+def _liveness_parts(
+    liveness: Liveness, culprits: list[dict[str, str]], stacks: Localisation | None
+) -> list[str]:
+    """The summary's words on the job's state, its culprits and its stacks."""
+    parts = []
+    if liveness.state == "hung":
+        parts.append(
+            f"hung: no step finished for {liveness.silent_s:.0f} s (its deadline "
+            f"{liveness.deadline_s:.0f} s), every rank process still there"
+        )
+    elif liveness.state == "failed":
+        gone = ", ".join(str(r) for r in liveness.gone[:8])
+        parts.append(f"failed: rank {gone} exited and the others wait")
+    elif liveness.state == "finished":
+        parts.append("finished: every rank process exited")
+    if culprits:
+        parts.append("culprits: " + "; ".join(c["text"] for c in culprits[:4]))
+    elif liveness.state == "hung":
+        parts.append("no rank's process stands out (stopped, D state or gone)")
+    if stacks is not None:
+        parts.append(f"stacks: {stacks.verdict}")
+    return parts
 
 
 def _present(job: JobState) -> int:

@@ -10,6 +10,7 @@ from fleetwatch.config_file import check_number
 
 _POSITIVE = (
     "straggler_margin",
+    "straggler_shift",
     "min_drop",
     "drop_threshold",
     "fabric_share",
@@ -42,6 +43,9 @@ class JobsConfig:
     # A rank whose compute time stays this share above the job's median over the window.
     straggler_margin: float = 0.10
     straggler_window_steps: int = 20
+    # Fail-slow: a sustained shift of this share above the rank's peers, found by a CUSUM, is a
+    # straggler too (named once its window median is over half of it, and many noise units).
+    straggler_shift: float = 0.05
     # A sustained throughput drop of at least this share, found by change-point detection.
     min_drop: float = 0.05
     drop_threshold: float = 6.0
@@ -91,7 +95,7 @@ class JobsConfig:
                 inclusive=True,
                 integer=True,
             )
-        for key in ("straggler_margin", "min_drop", "fabric_share"):
+        for key in ("straggler_margin", "straggler_shift", "min_drop", "fabric_share"):
             if getattr(self, key) >= 1:
                 msg = f"collector.jobs: {key} is a share and must be below 1"
                 raise ConfigError(msg)

@@ -19,7 +19,10 @@ From that and the job's finished steps, a job is:
 A rank whose process is stopped, in uninterruptible sleep, or gone stands out by itself: those are
 the first suspects of a hang or a failure (:func:`suspects`); of the gone, first those that ended
 without a word (killed: an uncaught exception in the others is often what the first one's end
-did to them), then those that ended in an exception, earliest first.
+did to them), then those that ended in an exception, earliest first. In a hang where none does,
+the ranks that wait somewhere else than most (their wait channel) are; and when even that names
+nobody, the ranks whose Python stack stands out (:mod:`collector.jobs.stacks`, from the evidence
+gathered in this hang). A suspect the stacks name too is told with what its stack says.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collector.jobs.processes import GONE
 
 if TYPE_CHECKING:
     from collector.jobs.config import JobsConfig
+    from collector.jobs.stacks import Localisation
     from collector.jobs.state import JobState
 
 HANG_MIN_STEPS: Final = 5  # finished steps before a job's step times can set its deadline
@@ -91,8 +95,13 @@ def judge(job: JobState, now: float, config: JobsConfig, *, active: bool) -> Liv
     return Liveness("running" if active or there else "idle", silent, limit, gone, None)
 
 
-def suspects(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
-    """(rank, why) of the ranks whose own process stands out: gone, stopped, in D state."""
+def suspects(
+    job: JobState, liveness: Liveness, stacks: Localisation | None = None
+) -> list[tuple[int, str]]:
+    """(rank, why) of the ranks whose own process stands out: gone, stopped, in D state.
+
+    ``stacks``: the ranks' stacks grouped in this hang (None: none gathered yet).
+    """
     said = {"": 0, "error": 1, "ok": 2}
 
     def order(rank: int) -> tuple[int, float]:
@@ -111,7 +120,20 @@ def suspects(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
             out.append((rank, f"its process is {why}"))
     if not out and liveness.state == "hung":
         out += outliers(job, liveness)
+    if stacks is not None and liveness.state == "hung":
+        return with_stacks(out, stacks)
     return out
+
+
+def with_stacks(found: list[tuple[int, str]], stacks: Localisation) -> list[tuple[int, str]]:
+    """The suspects ``found`` by their processes, with what their stacks say where they stand out.
+
+    When ``found`` is nobody, the ranks whose stacks stand out are the suspects.
+    """
+    if not found:
+        return list(stacks.suspects)
+    said = dict(stacks.suspects)
+    return [(rank, f"{why}; {said[rank]}" if rank in said else why) for rank, why in found]
 
 
 def outliers(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:

@@ -106,6 +106,7 @@ class JobState:
             StragglerConfig(
                 margin=config.straggler_margin,
                 window_steps=config.straggler_window_steps,
+                shift=config.straggler_shift,
             ),
         )
         self.drops = DropDetector(

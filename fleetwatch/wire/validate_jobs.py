@@ -1,7 +1,8 @@
-"""Checks on training-step reports: the agent runs them before forwarding, the collector on receipt.
+"""Step reports and rank dumps checked: by the agent before sending, by the collector on receipt.
 
 Every failure is a :class:`~fleetwatch.wire.validate.WireError` with reason ``invalid_job_step``
-and a message that names the job, rank and step and the field that was wrong.
+(``invalid_rank_dump`` for a ``DUMP_RANKS`` answer) and a message that names the job and rank and
+the field that was wrong.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ MAX_TOKENS: Final = 1e12
 MAX_PARAMS: Final = 1e15
 MAX_FLOPS_PER_TOKEN: Final = 1e19
 REASON: Final = "invalid_job_step"
+# A DUMP_RANKS answer (docs/jobs.md "Hangs: what the agent reads"): one dump per local rank.
+MAX_RANK_DUMPS: Final = 64
+MAX_DUMP_THREADS: Final = 64
+MAX_DUMP_FRAMES: Final = 64  # innermost first
+MAX_DUMP_TEXT: Final = 256  # characters of a name, file, function or error
+DUMP_STATE: Final = re.compile(r"[A-Za-z]")  # /proc/<pid>/stat's state letter
+DUMP_REASON: Final = "invalid_rank_dump"
 
 
 def _check(ok: bool, where: str, message: str) -> None:  # noqa: FBT001 - reads as an assertion
@@ -151,3 +159,65 @@ def validate_rank_process(process: pb.RankProcess) -> None:
         where,
         f"wchan {process.wchan[:40]!r} must be a kernel symbol of at most 64 characters",
     )
+
+
+def _dump_check(ok: bool, where: str, message: str) -> None:  # noqa: FBT001 - as _check
+    if not ok:
+        raise WireError(DUMP_REASON, f"{where}: {message}")
+
+
+def _short(value: str, where: str, what: str) -> None:
+    _dump_check(
+        len(value) <= MAX_DUMP_TEXT,
+        where,
+        f"{what} {value[:40]!r}... longer than {MAX_DUMP_TEXT} characters",
+    )
+
+
+def validate_rank_dumps(result: pb.CommandResult) -> None:
+    """Check the rank dumps of a ``DUMP_RANKS`` answer: bounded, frames only, plausible."""
+    _dump_check(
+        len(result.dumps) <= MAX_RANK_DUMPS,
+        "rank dumps",
+        f"{len(result.dumps)} dumps in one answer; limit {MAX_RANK_DUMPS}",
+    )
+    for dump in result.dumps:
+        _dump_check(
+            JOB_ID.fullmatch(dump.job_id) is not None,
+            "rank dump",
+            f"job id {dump.job_id[:80]!r} must be 1-128 letters, digits or ._:/@+=-",
+        )
+        where = f"job {dump.job_id} rank {dump.rank} dump"
+        _dump_check(dump.rank < MAX_RANKS, where, f"rank above {MAX_RANKS}")
+        _dump_check(
+            DUMP_STATE.fullmatch(dump.state) is not None,
+            where,
+            f"state {dump.state[:40]!r} must be one letter, as /proc/<pid>/stat gives it",
+        )
+        _dump_check(
+            WCHAN.fullmatch(dump.wchan) is not None,
+            where,
+            f"wchan {dump.wchan[:40]!r} must be a kernel symbol of at most 64 characters",
+        )
+        _short(dump.error, where, "error")
+        _dump_check(
+            math.isfinite(dump.took_s) and dump.took_s >= 0,
+            where,
+            f"took_s {dump.took_s} must be a finite number of seconds, 0 or more",
+        )
+        _dump_check(
+            len(dump.threads) <= MAX_DUMP_THREADS,
+            where,
+            f"{len(dump.threads)} threads; limit {MAX_DUMP_THREADS}",
+        )
+        for thread in dump.threads:
+            _short(thread.name, where, "thread name")
+            _dump_check(
+                len(thread.frames) <= MAX_DUMP_FRAMES,
+                where,
+                f"thread {thread.name[:40]!r} has {len(thread.frames)} frames; "
+                f"limit {MAX_DUMP_FRAMES}",
+            )
+            for frame in thread.frames:
+                _short(frame.function, where, "function")
+                _short(frame.file, where, "file")

@@ -22,6 +22,7 @@ from fleetwatch.testing import wait_until
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from agent.jobs.stacks import StackDumper
     from cli.dev.webhook_receiver import WebhookReceiver
     from collector.config import CollectorConfig
 
@@ -111,11 +112,13 @@ async def job_fleet(
     nodes: list[str],
     *,
     poll_interval: float,
+    stacks: StackDumper | None = None,
     **config: Any,
 ) -> AsyncIterator[tuple[CollectorService, SimCluster]]:
     """A collector on the built-in rules with every ``for`` / 60, and nodes that take step reports.
 
-    ``config`` adds to the collector's configuration (``jobs=JobsConfig(...)``, say).
+    ``config`` adds to the collector's configuration (``jobs=JobsConfig(...)``, say);
+    ``stacks`` reads the ranks' stacks (None: the simulated dumper).
 
     Yields once every agent is connected and listens on its job socket (in a short temp dir: a
     Unix socket path must stay under 108 bytes).
@@ -135,6 +138,7 @@ async def job_fleet(
         poll_interval=poll_interval,
         heartbeat_interval=0.5,
         job_socket_dir=sockets,
+        stacks=stacks,
     )
     cluster.start()
     try:

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 INSTALLED = "/opt/fleetwatch/.venv/bin/fleetwatch"
 # What `systemd-analyze security` scores the units now; a change that raises it fails here.
-MAX_EXPOSURE = {"collector": 1.5, "agent": 2.5, "agent+gpu-reset": 3.0}
+# CAP_SYS_PTRACE (reading a hung job's rank stacks) costs the agent 0.2-0.3 of these.
+MAX_EXPOSURE = {"collector": 1.5, "agent": 2.5, "agent+gpu-reset": 3.3}
 
 
 def analyze() -> str:
@@ -139,10 +140,12 @@ class TestUnitsMatchTheCode:
         assert journal_dir == Path("/var/lib") / collector["StateDirectory"][0]
 
     def test_agent_keeps_only_what_it_needs(self):
-        """The agent gets CAP_SYSLOG for /dev/kmsg, the kernel log and NVIDIA devices only, and
-        netlink for udev; the collector gets no capability and no devices."""
+        """The agent gets CAP_SYSLOG for /dev/kmsg and CAP_SYS_PTRACE for its ranks' stacks, the
+        kernel log and NVIDIA devices only, and netlink for udev; the collector gets no
+        capability and no devices."""
         agent, collector = settings("agent"), settings("collector")
-        assert agent["CapabilityBoundingSet"] == agent["AmbientCapabilities"] == ["CAP_SYSLOG"]
+        both = ["CAP_SYSLOG CAP_SYS_PTRACE"]
+        assert agent["CapabilityBoundingSet"] == agent["AmbientCapabilities"] == both
         assert agent["DevicePolicy"] == ["closed"]
         assert agent["DeviceAllow"] == ["/dev/kmsg r", "char-nvidia* rw"]
         assert "AF_NETLINK" in agent["RestrictAddressFamilies"][0].split()

@@ -3,7 +3,8 @@
 Run one process per rank (gloo backend, rendezvous on 127.0.0.1)::
 
     python tests/jobs/torch_job.py --rank R --world-size 4 --master-port P --job JOB \\
-        --steps N --socket PATH [--slow-rank K --slow-factor F] [--checkpoint-every C]
+        --steps N --socket PATH [--slow-rank K --slow-factor F] [--checkpoint-every C] \\
+        [--sleep-rank R --sleep-at-step S [--sleep-s T]] [--gloo-timeout-s G]
 
 Every rank trains the same tiny MLP (about 100k parameters, same seed) on its own random batch
 of 32 sequences x 16 tokens, all-reduces the gradients by hand and steps SGD. Each step is
@@ -11,6 +12,10 @@ reported with :func:`fleetwatch.jobclient.report_step` to the Unix datagram sock
 ``compute_time`` is forward + backward only, ``step_time`` the whole step, all-reduce included.
 The rank ``--slow-rank`` stretches its compute phase to about ``--slow-factor`` times its real
 compute time, so that it is the job's straggler while every rank's step time stays the same.
+The rank ``--sleep-rank`` sleeps ``--sleep-s`` seconds (an hour by default) before the all-reduce
+of step ``--sleep-at-step``, while the others wait in it: the job hangs, and that rank's stack is
+the one that stands out (in ``train``, not in ``all_reduce``). The others give up after
+``--gloo-timeout-s``.
 
 ``compute_time`` is the rank's own work, the CPU time of its forward + backward (what a GPU's busy
 time is on a real node), not the wall time: with more ranks than cores, the wall time measures how
@@ -39,7 +44,7 @@ TOKENS_PER_SEQUENCE = 16
 FEATURES = 64
 HIDDEN = 256
 MICROBATCHES = 2  # forward + backward passes per step: sets how long a step computes
-TIMEOUT = dt.timedelta(seconds=60)  # a dead peer fails the job instead of hanging it
+TIMEOUT_S = 60.0  # a dead peer fails the job instead of hanging it
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-rank", type=int, default=None, help="rank that computes slower")
     parser.add_argument("--slow-factor", type=float, default=1.0, help="its compute time factor")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: never")
+    parser.add_argument("--sleep-rank", type=int, default=None, help="rank that sleeps once")
+    parser.add_argument("--sleep-at-step", type=int, default=0, help="before this step's reduce")
+    parser.add_argument("--sleep-s", type=float, default=3600.0, help="how long it sleeps")
+    parser.add_argument(
+        "--gloo-timeout-s", type=float, default=TIMEOUT_S, help="how long a collective waits"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.rank < args.world_size:
         parser.error("--rank must be in [0, --world-size)")
@@ -116,6 +127,8 @@ def train(args: argparse.Namespace, checkpoint_dir: Path) -> None:
             slept = time.perf_counter()
             time.sleep(compute_time * (slow - 1))
             compute_time += time.perf_counter() - slept
+        if args.rank == args.sleep_rank and step == args.sleep_at_step:
+            time.sleep(args.sleep_s)  # the others wait for it in the all-reduce: a hang
         all_reduce_gradients(model, args.world_size)
         optimizer.step()
         step_time = time.perf_counter() - started
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         init_method=f"tcp://127.0.0.1:{args.master_port}",
         rank=args.rank,
         world_size=args.world_size,
-        timeout=TIMEOUT,
+        timeout=dt.timedelta(seconds=args.gloo_timeout_s),
     )
     try:
         with tempfile.TemporaryDirectory(prefix="torch-job-") as checkpoint_dir:

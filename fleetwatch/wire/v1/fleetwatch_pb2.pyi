@@ -56,6 +56,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
     COMMAND_KIND_RESET_GPU: _ClassVar[CommandKind]
     COMMAND_KIND_RUN_DIAGNOSTIC: _ClassVar[CommandKind]
+    COMMAND_KIND_DUMP_RANKS: _ClassVar[CommandKind]
 TARGET_KIND_UNSPECIFIED: TargetKind
 TARGET_KIND_NODE: TargetKind
 TARGET_KIND_GPU: TargetKind
@@ -97,6 +98,7 @@ EVENT_KIND_NODE_REACHABLE: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_RESET_GPU: CommandKind
 COMMAND_KIND_RUN_DIAGNOSTIC: CommandKind
+COMMAND_KIND_DUMP_RANKS: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "report", "event", "command_result", "job_report", "preflight_result")
@@ -239,16 +241,60 @@ class Event(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., time_unix_ms: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., xid: _Optional[int] = ..., xid_class: _Optional[str] = ..., detail: _Optional[str] = ..., kmsg_seq: _Optional[int] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("command_id", "ok", "detail", "retry_later")
+    __slots__ = ("command_id", "ok", "detail", "retry_later", "dumps")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     RETRY_LATER_FIELD_NUMBER: _ClassVar[int]
+    DUMPS_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     ok: bool
     detail: str
     retry_later: bool
-    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ...) -> None: ...
+    dumps: _containers.RepeatedCompositeFieldContainer[RankDump]
+    def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ..., dumps: _Optional[_Iterable[_Union[RankDump, _Mapping]]] = ...) -> None: ...
+
+class RankDump(_message.Message):
+    __slots__ = ("job_id", "rank", "pid", "state", "wchan", "threads", "error", "took_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WCHAN_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    pid: int
+    state: str
+    wchan: str
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
+    error: str
+    took_s: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., error: _Optional[str] = ..., took_s: _Optional[float] = ...) -> None: ...
+
+class ThreadStack(_message.Message):
+    __slots__ = ("name", "thread_id", "active", "frames")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    thread_id: int
+    active: bool
+    frames: _containers.RepeatedCompositeFieldContainer[StackFrame]
+    def __init__(self, name: _Optional[str] = ..., thread_id: _Optional[int] = ..., active: _Optional[bool] = ..., frames: _Optional[_Iterable[_Union[StackFrame, _Mapping]]] = ...) -> None: ...
+
+class StackFrame(_message.Message):
+    __slots__ = ("function", "file", "line")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    file: str
+    line: int
+    def __init__(self, function: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ...) -> None: ...
 
 class JobReport(_message.Message):
     __slots__ = ("steps", "dropped", "processes")
@@ -359,16 +405,18 @@ class Config(_message.Message):
     def __init__(self, poll_interval_ms: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "kind", "gpu_uuid", "force")
+    __slots__ = ("command_id", "kind", "gpu_uuid", "force", "job_id")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     kind: CommandKind
     gpu_uuid: str
     force: bool
-    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    job_id: str
+    def __init__(self, command_id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., gpu_uuid: _Optional[str] = ..., force: _Optional[bool] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class PreflightTask(_message.Message):
     __slots__ = ("run_id", "task_id", "level", "checks", "timeout_s", "groups", "ib_tests")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.jobs.peer_identity import PeerResolver
-from agent.jobs.rank_watch import EXITED_REPORTS, RankWatch, parse_stat
+from agent.jobs.rank_watch import EXITED_REPORTS, RankWatch, parse_stat, status_uids
 
 
 def states(watch: RankWatch) -> dict[tuple[str, int], str]:
@@ -89,3 +89,45 @@ def test_a_sleeping_process_says_where_it_waits(child):
         pytest.skip("this kernel does not show wait channels")
     (process,) = watch.snapshot()
     assert process.wchan == shown == "hrtimer_nanosleep"
+
+
+def test_a_jobs_live_ranks_with_their_state_letter(child):
+    """ranks_of gives the job's processes still there, by rank, with the kernel's state letter
+    and the uid they reported as; another job's, and a pid now naming a later process, not."""
+    watch = RankWatch(Path("/proc"))
+    start = PeerResolver(Path("/proc")).started(child.pid)
+    watch.saw("train", 1, child.pid, start, 1000)
+    watch.saw("train", 0, child.pid, start, 1000)
+    watch.saw("train", 2, child.pid, start + 1, 1000)  # a process before this one had the pid
+    watch.saw("other", 0, os.getpid(), PeerResolver(Path("/proc")).started(os.getpid()))
+    wait_for_state(watch, ("train", 0), "sleeping")
+    now = watch.ranks_of("train")
+    assert [(r.rank, r.pid, r.uid, r.state) for r in now] == [
+        (0, child.pid, 1000, "S"),
+        (1, child.pid, 1000, "S"),
+    ]
+    assert watch.ranks_of("nobody") == []
+
+
+def test_the_same_process_has_the_same_start_and_every_uid(child):
+    """A pid still names the process that reported when its start and all four uids match."""
+    watch = RankWatch(Path("/proc"))
+    start = PeerResolver(Path("/proc")).started(child.pid)
+    assert watch.same_process(child.pid, start, os.getuid())
+    assert not watch.same_process(child.pid, start + 1, os.getuid())
+    assert not watch.same_process(child.pid, start, os.getuid() + 1)
+    assert not watch.same_process(child.pid, start, None)
+    assert not watch.same_process(2**22 + 1, start, os.getuid())  # above pid_max: no process
+
+
+def test_status_uids():
+    """The four uids of a status file; none when the line is missing or garbled."""
+    assert status_uids("Name:\tpython\nUid:\t1000\t0\t1000\t1000\nGid:\t1\n") == (
+        1000,
+        0,
+        1000,
+        1000,
+    )
+    assert status_uids("Name:\tpython\n") == ()
+    assert status_uids("Uid:\tx\n") == ()
+    assert parse_stat("1 (x) t " + "0 " * 19).letter == "t"

@@ -4,6 +4,8 @@ from collections.abc import Callable
 
 import pytest
 
+from collector.jobs.config import JobsConfig
+from collector.jobs.state import JobState
 from collector.jobs.stragglers import StragglerConfig, StragglerDetector, StragglerStatus
 
 RANKS = 16
@@ -207,3 +209,124 @@ def test_a_workload_change_right_after_a_pause_flags_nobody():
             times[2] = 0.8 * 1.3
         detector.observe(step, times)
         assert detector.stragglers == {}, step
+
+
+# ---- fail-slow: small sustained slowdowns (collector/jobs/failslow.py) --------------------------
+
+FAIL_SLOW = 1 / (1 - 0.05)  # a rank losing 5 % of its throughput
+
+
+def _collector_detector() -> StragglerDetector:
+    """The straggler detector a job gets in the collector, with the default ``[collector.jobs]``."""
+    return JobState("j", JobsConfig(), 0.0, 0.0).stragglers
+
+
+def _spiky_run(
+    detector: StragglerDetector,
+    steps: int,
+    slowdown: Callable[[int, int], float],
+    *,
+    seed: int,
+    ranks: int = 32,
+    noise: float = 0.02,
+    pauses: float = 0.01,
+) -> list[dict[int, StragglerStatus]]:
+    """Like ``_run``, and a share ``pauses`` of rank-steps take 30 % longer (a GC pause)."""
+    rng = _rng(seed)
+    history = []
+    for step in range(steps):
+        times = {}
+        for rank in range(ranks):
+            seconds = slowdown(step, rank) * (1 + rng.gauss(0, noise))
+            times[rank] = seconds * 1.3 if rng.random() < pauses else seconds
+        detector.observe(step, times)
+        history.append(detector.stragglers)
+    return history
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_5pct_slow_rank_among_31_is_named_within_30_steps(seed):
+    """A rank losing 5 % from step 100 (2 % noise, pauses) is named by step 130, nobody else."""
+    detector = _collector_detector()
+    history = _spiky_run(
+        detector, 200, lambda s, r: FAIL_SLOW if r == 7 and s >= 100 else 1.0, seed=seed
+    )
+    assert not any(history[:100])
+    first = next(i for i, flagged in enumerate(history) if flagged)
+    assert 100 <= first < 130
+    assert all(set(flagged) <= {7} for flagged in history)
+    assert set(detector.stragglers) == {7}
+    assert math.isclose(detector.stragglers[7].ratio, FAIL_SLOW, rel_tol=0.02)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_margin_alone_leaves_a_5pct_slow_rank_unnamed(seed):
+    """Without ``shift`` (the margin rule alone), the same 5 % slow rank is never named."""
+    detector = StragglerDetector(StragglerConfig(shift=None))
+    history = _spiky_run(
+        detector, 200, lambda s, r: FAIL_SLOW if r == 7 and s >= 100 else 1.0, seed=seed
+    )
+    assert not any(history)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_rank_slowed_5pct_alike_names_nobody(seed):
+    """A uniform 5 % slowdown (a workload phase, a slower fabric) is nobody's fault."""
+    detector = _collector_detector()
+    history = _spiky_run(detector, 300, lambda s, _: FAIL_SLOW if s >= 100 else 1.0, seed=seed)
+    assert not any(history)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "noise", "pauses"),
+    [(32, 0.05, 0.01), (8, 0.05, 0.01), (32, 0.02, 0.05), (3, 0.03, 0.01)],
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_ranks_that_are_not_slowed_name_nobody(seed, ranks, noise, pauses):
+    """Ranks with 5 % noise, or frequent pauses, or only two peers: nobody named in 600 steps."""
+    detector = _collector_detector()
+    history = _spiky_run(
+        detector, 600, lambda _s, _r: 1.0, seed=seed, ranks=ranks, noise=noise, pauses=pauses
+    )
+    assert not any(history)
+
+
+def test_a_rank_slow_in_bursts_is_not_named_while_its_median_is_normal():
+    """8 of every 20 steps 30 % longer: its CUSUM alarms but its window median stays normal."""
+    detector = _collector_detector()
+    history = _run(
+        detector, 300, lambda s, r: 1.3 if r == 0 and s % 20 >= 12 else 1.0, ranks=32, noise=0.01
+    )
+    assert not any(history)
+
+
+def test_a_fail_slow_rank_that_recovers_is_cleared():
+    """Named for a 5 % shift, the rank is cleared once its window median is back near 1."""
+    detector = _collector_detector()
+    history = _spiky_run(
+        detector, 300, lambda s, r: FAIL_SLOW if r == 4 and 50 <= s < 150 else 1.0, seed=2
+    )
+    assert any(4 in flagged for flagged in history[50:150])
+    assert not any(history[200:])
+
+
+def test_a_fail_slow_spell_keeps_its_first_step():
+    """Flagged by the CUSUM, then over the margin, the rank's spell is one spell."""
+    detector = _collector_detector()
+    history = _spiky_run(
+        detector,
+        250,
+        lambda s, r: 1.0 if r != 3 or s < 50 else FAIL_SLOW if s < 120 else 1.3,
+        seed=4,
+    )
+    spell = [flagged[3] for flagged in history if 3 in flagged]
+    assert spell[0].since_step < 120
+    assert all(status.since_step == spell[0].since_step for status in spell)
+    assert spell[-1].steps == len(spell)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.0, -0.1, math.nan])
+def test_bad_shift_is_refused(shift):
+    """A fail-slow shift that is no share is refused at construction."""
+    with pytest.raises(ValueError, match="shift"):
+        StragglerConfig(shift=shift)
