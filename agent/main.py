@@ -206,7 +206,11 @@ def build_agent(  # noqa: PLR0913 - the composition root passes every collaborat
     if jobs is not None:
         budget.shed = jobs.shed  # an event that needs room drops the oldest step reports
     # a hung job's ranks are dumped from what the job socket saw (never a pid the command names)
-    dumps = RankDumps(jobs.ranks, hardware.stacks) if jobs is not None else None
+    dumps = (
+        RankDumps(jobs.ranks, hardware.stacks, recorders=jobs.recorders)
+        if jobs is not None
+        else None
+    )
     commands = CommandRunner(sampler, hardware.gpu_reset, dumps)
     preflight = PreflightExecutor(
         node=cfg.node,

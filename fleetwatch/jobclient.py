@@ -41,6 +41,14 @@ A process that reported says farewell as the interpreter exits: ``ok``, or ``err
 uncaught exception ended it. A rank that ends without a word (killed, a crash of the
 interpreter) is what the collector suspects first when a job fails (docs/jobs.md "Hangs").
 
+When the job enabled PyTorch's Flight Recorder (``TORCH_FR_BUFFER_SIZE`` or
+``TORCH_NCCL_TRACE_BUFFER_SIZE`` above 0) and ``torch.distributed`` is imported, the first report
+also starts a thread that opens a second connection and answers the agent's asks for the
+recorder's last collectives (only while the collector looks into a hung job): a rank waiting in
+a collective has let go of the interpreter lock, so the thread can answer while the main one is
+stuck. ``FLEETWATCH_FLIGHT_RECORDER=0`` turns it off; :func:`serve_flight_recorder` starts it
+by hand (with a ``dump`` of your own, a simulated rank's).
+
 The socket is ``$FLEETWATCH_JOB_SOCKET``, else ``/run/fleetwatch/jobs.sock``. Each process keeps
 one connection to it (``SOCK_SEQPACKET``; a forked child opens its own, and a connection the agent
 closed is opened again on the next report), so its reports wait in a queue of its own, which no
@@ -60,6 +68,10 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 DEFAULT_SOCKET = "/run/fleetwatch/jobs.sock"
 MAX_DATAGRAM = 2048  # the agent refuses longer reports
@@ -74,6 +86,23 @@ _unsent = [0]  # reports this process could not send; told to the agent with the
 _closed_at_exit = [False]
 _crashed = [False]  # an uncaught exception reached sys.excepthook: the farewell is "error"
 FAREWELL_OK = b'{"v":1,"bye":"ok"}'
+RECORDER_HELLO = b'{"v":1,"serve":"flight_recorder"}'
+RECORDER_ASK = b'{"v":1,"dump":"flight_recorder"}'
+MAX_RECORDER_ANSWER = 65_536  # the agent reads no more
+RECORDER_KEEP = 8  # collectives kept of each process group in an answer
+RECORDER_RETRY_S = 30.0  # a recorder thread that ended is started again after this
+_ENTRY_FIELDS = (
+    "collective_seq_id",
+    "p2p_seq_id",
+    "is_p2p",
+    "pg_id",
+    "process_group",
+    "profiling_name",
+    "state",
+    "retired",
+    "time_created_ns",
+)
+_recorders: dict[int, tuple[threading.Thread, float]] = {}  # by pid: the thread, when started
 FAREWELL_ERROR = b'{"v":1,"bye":"error"}'
 
 
@@ -116,6 +145,132 @@ def _send(path: str, data: bytes) -> None:
         sock = _connect(path)
         _sockets[key] = sock
         sock.send(data, _FLAGS)
+
+
+def _torch_trace() -> dict[str, object]:
+    """This process's Flight Recorder as torch dumps it (JSON), gloo's and NCCL's together."""
+    c10d = sys.modules["torch"]._C._distributed_c10d  # noqa: SLF001 - torch's own dump API
+    merged: dict[str, object] = {"pg_status": {}, "entries": []}
+    status: dict[str, object] = merged["pg_status"]  # type: ignore[assignment]
+    entries: list[object] = merged["entries"]  # type: ignore[assignment]
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):  # NCCL's wins a shared group
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        trace = json.loads(dump(True, False))  # noqa: FBT003 - (collectives, only active)
+        groups = trace.get("pg_status", {})
+        kept = [e for e in entries if str(e.get("pg_id")) not in groups]  # type: ignore[attr-defined]
+        entries[:] = kept + list(trace.get("entries", []))
+        status.update(groups)
+        merged["version"] = trace.get("version", "")
+    return merged
+
+
+def _trimmed(trace: dict[str, object], keep: int) -> dict[str, object]:
+    """``trace`` with each group's last ``keep`` collectives, and of each only what is read."""
+    entries = trace.get("entries")
+    entries = entries if isinstance(entries, list) else []
+    by_group: dict[str, list[dict[str, object]]] = {}
+    for entry in entries:
+        if isinstance(entry, dict):
+            by_group.setdefault(str(entry.get("pg_id")), []).append(entry)
+    kept = [
+        {k: e[k] for k in _ENTRY_FIELDS if k in e}
+        for group in by_group.values()
+        for e in group[-keep:]
+    ]
+    return {
+        "version": trace.get("version", ""),
+        "pg_status": trace.get("pg_status"),
+        "entries": kept,
+    }
+
+
+def _recorder_answer(dump: Callable[[], dict[str, object]]) -> bytes:
+    """The answer to one ask: the trimmed trace, or what went wrong, in the size the agent reads."""
+    try:
+        trace = dump()
+        keep = RECORDER_KEEP
+        while True:
+            data = json.dumps({"v": 1, "trace": _trimmed(trace, keep)}, separators=(",", ":"))
+            if len(data) <= MAX_RECORDER_ANSWER or keep == 0:
+                break
+            keep //= 2
+        if len(data) > MAX_RECORDER_ANSWER:
+            data = json.dumps({"v": 1, "error": "the trace is too large even without entries"})
+    except Exception as exc:  # noqa: BLE001 - the rank must never see our failure
+        data = json.dumps({"v": 1, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    return data.encode()
+
+
+def _serve_recorder(path: str, dump: Callable[[], dict[str, object]]) -> None:
+    """Answer the agent's asks on a connection of its own until it closes (a daemon thread)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(2.0)
+        sock.connect(path)
+        sock.send(RECORDER_HELLO)
+        while True:
+            sock.settimeout(None)
+            ask = sock.recv(256)
+            if not ask:
+                return  # the agent closed it
+            if ask == RECORDER_ASK:
+                sock.settimeout(1.0)
+                sock.send(_recorder_answer(dump))
+    except OSError:
+        return
+    finally:
+        sock.close()
+
+
+def serve_flight_recorder(
+    socket_path: str | None = None, dump: Callable[[], dict[str, object]] | None = None
+) -> bool:
+    """Start answering the agent's asks for this process's Flight Recorder; True if started.
+
+    ``dump`` returns the recorder in torch's JSON format (``pg_status``, ``entries``); left out,
+    torch's own dump. A thread already serving this process is left as it is (False).
+    """
+    pid = os.getpid()
+    with _lock:
+        running = _recorders.get(pid)
+        if running is not None and running[0].is_alive():
+            return False
+        path = socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET
+        thread = threading.Thread(
+            target=_serve_recorder,
+            args=(path, dump or _torch_trace),
+            name="fleetwatch-flight-recorder",
+            daemon=True,
+        )
+        _recorders[pid] = (thread, time.monotonic())
+    thread.start()
+    return True
+
+
+def _recorder_wanted() -> bool:
+    """The job enabled torch's Flight Recorder, and fleetwatch may read it."""
+    if os.environ.get("FLEETWATCH_FLIGHT_RECORDER", "1") == "0":
+        return False
+    if "torch.distributed" not in sys.modules:
+        return False
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def _maybe_serve_recorder(path: str) -> None:
+    """After a report: serve the Flight Recorder if wanted and not served (retried now and then)."""
+    running = _recorders.get(os.getpid())
+    if running is not None and (
+        running[0].is_alive() or time.monotonic() - running[1] < RECORDER_RETRY_S
+    ):
+        return
+    if _recorder_wanted():
+        serve_flight_recorder(path)
 
 
 def _note_crashes() -> None:
@@ -226,7 +381,9 @@ def report_step(  # noqa: PLR0913 - one call carries the whole report, all but f
         if len(data) > MAX_DATAGRAM:
             _unsent[0] += 1
             return False
-        _send(socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET, data)
+        path = socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET
+        _send(path, data)
+        _maybe_serve_recorder(path)
     except Exception:  # noqa: BLE001 - the training loop must never see our failure
         _unsent[0] += 1
         return False

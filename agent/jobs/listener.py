@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from agent.jobs.claims import SenderCheck
+from agent.jobs.flight_recorder import HELLO, MAX_ANSWER_BYTES, RecorderChannels
 from agent.jobs.peer_identity import PeerResolver, peer_credentials
 from agent.jobs.rank_watch import RankWatch
 from agent.jobs.report import JobReportError, parse_report, unsent_count
@@ -97,6 +98,7 @@ class JobQueue:
         self._budget = budget or ByteBudget()
         self.senders = senders or SenderCheck(PeerResolver(Path("/proc")), SystemClock())
         self.ranks = ranks or RankWatch(self.senders.peers.proc_root)
+        self.recorders = RecorderChannels()  # the ranks' Flight Recorder channels
         self._processes: list[pb.RankProcess] = []
         self.received = 0
         self.dropped = 0
@@ -231,7 +233,7 @@ class JobQueue:
 class _Connection:
     """One rank process's connection: who it is (or why it may not report), read in turn."""
 
-    __slots__ = ("creds", "peer", "refusal", "sock")
+    __slots__ = ("creds", "peer", "recorder", "refusal", "sock")
 
     def __init__(
         self,
@@ -244,6 +246,7 @@ class _Connection:
         self.creds = creds
         self.peer = peer
         self.refusal = refusal  # set: every report it sends is refused for this
+        self.recorder: tuple[int, int] | None = None  # (pid, start): serves its Flight Recorder
 
 
 class JobSocket:
@@ -308,7 +311,8 @@ class JobSocket:
     def _readable(self, connection: _Connection) -> None:
         for _ in range(READS_PER_WAKE):
             try:
-                data, _, flags, _ = connection.sock.recvmsg(MAX_DATAGRAM_BYTES)
+                size = MAX_DATAGRAM_BYTES if connection.recorder is None else MAX_ANSWER_BYTES
+                data, _, flags, _ = connection.sock.recvmsg(size)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -321,7 +325,16 @@ class JobSocket:
             self._take(connection, data, flags)
 
     def _take(self, connection: _Connection, data: bytes, flags: int) -> None:
-        if flags & socket.MSG_TRUNC:
+        recorders = self._queue.recorders
+        if connection.recorder is not None:  # an answer from a rank's Flight Recorder
+            if flags & socket.MSG_TRUNC:
+                recorders.answered(connection.recorder, b'{"error":"answer over 64 KiB"}')
+            else:
+                recorders.answered(connection.recorder, data)
+        elif data == HELLO and connection.peer is not None:
+            connection.recorder = (connection.peer.pid, connection.peer.start_ticks)
+            recorders.opened(connection.recorder, connection.sock)
+        elif flags & socket.MSG_TRUNC:
             what = f"step report is over {MAX_DATAGRAM_BYTES} bytes"
             too_large = JobReportError("too_large", what)
             self._queue.reject(too_large, connection.creds)
@@ -335,6 +348,8 @@ class JobSocket:
         fd = connection.sock.fileno()
         if self._connections.pop(fd, None) is None:
             return
+        if connection.recorder is not None:
+            self._queue.recorders.closed(connection.recorder, connection.sock)
         uid = connection.creds.uid if connection.creds is not None else -1
         self._per_uid[uid] -= 1
         if self._per_uid[uid] <= 0:

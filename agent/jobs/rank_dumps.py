@@ -12,6 +12,9 @@ once. The processes are read at once on a few threads of our own, each dump boun
 dumper (py-spy: 2 s), and the node's whole answer by ``timeout_s`` (10 s): a rank not read by
 then says so. The answer must fit one stream message: a rank's stacks beyond its share of
 ``MAX_ANSWER_BYTES`` lose their last threads (the main one comes first), then outer frames.
+
+Meanwhile each rank that serves its Flight Recorder (:mod:`agent.jobs.flight_recorder`) is asked
+where it stands in its process groups' collectives, within a second.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fleetwatch.wire.validate_jobs import MAX_DUMP_TEXT, MAX_RANK_DUMPS
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from agent.jobs.flight_recorder import RecorderChannels
     from agent.jobs.rank_watch import RankNow, RankWatch
     from agent.jobs.stacks import StackDumper
 
@@ -42,6 +46,7 @@ MAX_ANSWER_BYTES: Final = MAX_MESSAGE_BYTES * 3 // 4  # the rest: the CommandRes
 _CHANGED: Final = "the process is no longer the one that reported (it ended, or changed user)"
 _NO_DUMPER: Final = "this agent reads no stacks"
 _DUMP_FIELDS: Final = 1024  # a dump's bytes beside its threads: job id, error, wchan, ...
+RECORDER_BYTES: Final = 4096  # a rank's Flight Recorder groups, at most (the first ones)
 
 _Process = tuple[int, int]  # (pid, start ticks)
 
@@ -78,10 +83,25 @@ def fit(threads: Sequence[pb.ThreadStack], max_bytes: int) -> tuple[list[pb.Thre
     return [cut], True
 
 
+def fit_groups(
+    groups: Sequence[pb.CollectiveGroup], error: str
+) -> tuple[list[pb.CollectiveGroup], str]:
+    """The first groups that fit in ``RECORDER_BYTES``, and the error saying what was left out."""
+    kept: list[pb.CollectiveGroup] = []
+    used = 0
+    for group in groups:
+        used += _field_size(group.ByteSize())
+        if used > RECORDER_BYTES:
+            left = len(groups) - len(kept)
+            return kept, error or f"{left} process groups left out (over {RECORDER_BYTES} bytes)"
+        kept.append(group)
+    return kept, error
+
+
 class RankDumps:
     """Dumps the ranks of a job that this node's agent watches, bounded in count, time and size."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the seams and bounds a node's dump is made with
         self,
         ranks: RankWatch,
         dumper: StackDumper | None,
@@ -89,9 +109,14 @@ class RankDumps:
         timeout_s: float = NODE_TIMEOUT_S,
         workers: int = WORKERS,
         monotonic: Callable[[], float] = time.monotonic,
+        recorders: RecorderChannels | None = None,
     ) -> None:
-        """Read ``ranks``' processes with ``dumper`` (None: state and wait channel only)."""
+        """Read ``ranks``' processes with ``dumper`` (None: state and wait channel only).
+
+        ``recorders``: the ranks' Flight Recorder channels (None: none asked).
+        """
         self._ranks = ranks
+        self._recorders = recorders
         self._dumper = dumper
         self._timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rank-dump")
@@ -124,12 +149,13 @@ class RankDumps:
             return None
         loop = asyncio.get_running_loop()
         started = self._monotonic()
-        share = MAX_ANSWER_BYTES // len(ranks) - _DUMP_FIELDS  # a rank's threads, at most
+        share = MAX_ANSWER_BYTES // len(ranks) - _DUMP_FIELDS - RECORDER_BYTES  # its threads
         reads: dict[_Process, asyncio.Future[tuple[StackResult, float]]] = {}
         for rank in ranks:
             key = (rank.pid, rank.start_ticks)
             if key not in reads:
                 reads[key] = loop.run_in_executor(self._pool, self._read, rank, share)
+        recorded = await self._ask_recorders(list(reads))
         _, late = await asyncio.wait(reads.values(), timeout=self._timeout_s)
         for future in late:
             future.cancel()  # not started: never runs; running: its answer is dropped
@@ -139,6 +165,8 @@ class RankDumps:
         for rank in ranks:
             future = reads[(rank.pid, rank.start_ticks)]
             result, took = (overdue, waited) if future in late else future.result()
+            collectives, recorder_error = recorded.get((rank.pid, rank.start_ticks), ([], ""))
+            collectives, recorder_error = fit_groups(collectives, recorder_error)
             dumps.append(
                 pb.RankDump(
                     job_id=rank.job_id,
@@ -149,6 +177,17 @@ class RankDumps:
                     threads=result.threads,
                     error=result.error[:MAX_DUMP_TEXT],
                     took_s=took,
+                    collectives=collectives,
+                    recorder_error=recorder_error[:MAX_DUMP_TEXT],
                 )
             )
         return dumps
+
+    async def _ask_recorders(
+        self, processes: list[_Process]
+    ) -> dict[_Process, tuple[list[pb.CollectiveGroup], str]]:
+        """Each process's Flight Recorder groups (or why none), asked at once."""
+        if self._recorders is None:
+            return {}
+        answers = await asyncio.gather(*(self._recorders.ask(p) for p in processes))
+        return dict(zip(processes, answers, strict=True))

@@ -543,7 +543,7 @@ class JobBook:
         found = self.evidence.found.get(job.job_id)
         if found is None or liveness.state != "hung" or liveness.since is None:
             return None
-        return found.stacks if found.asked_at >= liveness.since else None
+        return found.localisation if found.asked_at >= liveness.since else None
 
     def _culprits(
         self, job: JobState, liveness: Liveness, stacks: Localisation | None

@@ -7,7 +7,10 @@ through ``ask`` (the composition root's command broker: ``ask(node, job_id)`` an
 agent's CommandResult, a failed one saying why, or None), and waits at most
 ``DUMP_TIMEOUT_S`` (plus a little) for each. What came back is read into :class:`Evidence`:
 what each node answered and how long it took, each rank's state, wait channel and frames, and
-the stacks grouped (:mod:`collector.jobs.stacks`).
+the stacks grouped (:mod:`collector.jobs.stacks`), and where the ranks whose Flight Recorder
+answered stand in their collectives (:mod:`collector.jobs.collectives`). The job's suspects are
+both's: a rank out of step in its collectives first (with what its stack says), then the ranks
+whose stack stands out.
 
 An agent's answer is believed only as far as the wire contract and the job book vouch for it:
 an answer that breaks the contract (:func:`~fleetwatch.wire.validate_jobs.validate_rank_dumps`)
@@ -25,14 +28,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from collector.jobs.stacks import Frame, RankStack, Thread, localise, pick_thread
+from collector.jobs.collectives import Standing, localise_collectives
+from collector.jobs.stacks import Frame, Localisation, RankStack, Thread, localise, pick_thread
 from fleetwatch.wire.validate import WireError
 from fleetwatch.wire.validate_jobs import validate_rank_dumps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from collector.jobs.stacks import Localisation
+    from collector.jobs.collectives import CollectiveVerdict
     from collector.jobs.state import JobState
     from fleetwatch.clock import Clock
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -73,6 +77,8 @@ class RankEvidence:
     frames: tuple[Frame, ...]  # that thread's, innermost first
     error: str
     took_s: float
+    collectives: tuple[Standing, ...] = ()  # from its Flight Recorder, one per process group
+    recorder_error: str = ""  # why there are none ("" when none were asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +92,26 @@ class Evidence:
     nodes: tuple[NodeAnswer, ...]
     ranks: tuple[RankEvidence, ...]
     stacks: Localisation
+    recorders: CollectiveVerdict | None = None  # None: no rank's Flight Recorder answered
+
+    @property
+    def localisation(self) -> Localisation:
+        """The stacks' groups, with the suspects and verdict of the recorders and stacks both."""
+        if self.recorders is None:
+            return self.stacks
+        said = dict(self.stacks.suspects)
+        suspects = [
+            (rank, f"{why}; {said[rank]}" if rank in said else why)
+            for rank, why in self.recorders.suspects
+        ]
+        suspects += [(r, why) for r, why in self.stacks.suspects if r not in dict(suspects)]
+        verdict = f"{self.recorders.verdict}; stacks: {self.stacks.verdict}"
+        return Localisation(self.stacks.groups, self.stacks.unknown, tuple(suspects), verdict)
 
     def to_json(self) -> dict[str, Any]:
         """The API's ``evidence`` of a job."""
         where = {r.rank: r.node for r in self.ranks}
+        merged = self.localisation
         return {
             "gathered_at": round(self.gathered_at, 3),
             "took_s": round(self.took_s, 3),
@@ -109,9 +131,16 @@ class Evidence:
             ],
             "unknown": [{"rank": r, "why": why} for r, why in self.stacks.unknown],
             "suspects": [
-                {"rank": r, "node": where.get(r, ""), "why": why} for r, why in self.stacks.suspects
+                {"rank": r, "node": where.get(r, ""), "why": why} for r, why in merged.suspects
             ],
-            "verdict": self.stacks.verdict,
+            "verdict": merged.verdict,
+            "flight_recorder": None
+            if self.recorders is None
+            else {
+                "verdict": self.recorders.verdict,
+                "ranks": list(self.recorders.reporting),
+                "suspects": [{"rank": r, "why": why} for r, why in self.recorders.suspects],
+            },
             "ranks": [
                 {
                     "rank": r.rank,
@@ -125,6 +154,17 @@ class Evidence:
                     ],
                     "error": r.error,
                     "took_s": round(r.took_s, 3),
+                    "collectives": [
+                        {
+                            "group": c.group,
+                            "name": c.name,
+                            "last_enqueued": c.enqueued,
+                            "last_completed": c.completed,
+                            "recent": [f"{op} #{seq}" for seq, op in c.recent],
+                        }
+                        for c in r.collectives
+                    ],
+                    "recorder_error": r.recorder_error,
                 }
                 for r in self.ranks
             ],
@@ -158,6 +198,17 @@ def read_dump(node: str, dump: pb.RankDump) -> RankEvidence:
         frames=chosen.frames if chosen is not None else (),
         error=error,
         took_s=max(0.0, dump.took_s),
+        collectives=tuple(
+            Standing(
+                group=_text(g.id),
+                name=_text(g.name),
+                enqueued=g.last_enqueued,
+                completed=g.last_completed,
+                recent=tuple((c.seq, _text(c.op)) for c in g.recent),
+            )
+            for g in dump.collectives
+        ),
+        recorder_error=_text(dump.recorder_error),
     )
 
 
@@ -282,6 +333,7 @@ class EvidenceGatherer:
             nodes=answers,
             ranks=ranks,
             stacks=stacks_of(job, ranks, answers),
+            recorders=localise_collectives({r.rank: r.collectives for r in ranks}),
         )
         self.found[job.job_id] = evidence
         self.shown[job.job_id] = evidence.to_json()
@@ -292,7 +344,7 @@ class EvidenceGatherer:
             ranks=len(ranks),
             took_s=round(evidence.took_s, 3),
             failed=[a.node for a in answers if a.error][:8],
-            verdict=evidence.stacks.verdict,
+            verdict=evidence.localisation.verdict,
         )
         return evidence
 

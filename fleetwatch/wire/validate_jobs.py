@@ -45,6 +45,9 @@ MAX_RANK_DUMPS: Final = 64
 MAX_DUMP_THREADS: Final = 64
 MAX_DUMP_FRAMES: Final = 64  # innermost first
 MAX_DUMP_TEXT: Final = 256  # characters of a name, file, function or error
+MAX_DUMP_GROUPS: Final = 64  # process groups of a rank's Flight Recorder
+MAX_DUMP_RECENT: Final = 16  # collectives of each
+MAX_COLLECTIVE_SEQ: Final = 2**53  # sequence numbers: a counter, far below this
 DUMP_STATE: Final = re.compile(r"[A-Za-z]")  # /proc/<pid>/stat's state letter
 DUMP_REASON: Final = "invalid_rank_dump"
 
@@ -174,6 +177,42 @@ def _short(value: str, where: str, what: str) -> None:
     )
 
 
+def _seq(value: int, where: str, what: str) -> None:
+    _dump_check(
+        -1 <= value <= MAX_COLLECTIVE_SEQ,
+        where,
+        f"{what} {value} must be a sequence number from -1 (none) to {MAX_COLLECTIVE_SEQ}",
+    )
+
+
+def _collectives(dump: pb.RankDump, where: str) -> None:
+    """A rank's Flight Recorder groups: bounded, short names, plausible sequence numbers."""
+    _dump_check(
+        len(dump.collectives) <= MAX_DUMP_GROUPS,
+        where,
+        f"{len(dump.collectives)} process groups; limit {MAX_DUMP_GROUPS}",
+    )
+    ids = set()
+    for group in dump.collectives:
+        _short(group.id, where, "process group id")
+        _short(group.name, where, "process group name")
+        _dump_check(group.id not in ids, where, f"process group {group.id[:40]!r} twice")
+        ids.add(group.id)
+        _seq(group.last_enqueued, where, "last_enqueued")
+        _seq(group.last_started, where, "last_started")
+        _seq(group.last_completed, where, "last_completed")
+        _dump_check(
+            len(group.recent) <= MAX_DUMP_RECENT,
+            where,
+            f"process group {group.id[:40]!r} has {len(group.recent)} recent collectives; "
+            f"limit {MAX_DUMP_RECENT}",
+        )
+        for collective in group.recent:
+            _seq(collective.seq, where, "collective seq")
+            _short(collective.op, where, "collective op")
+            _short(collective.state, where, "collective state")
+
+
 def validate_rank_dumps(result: pb.CommandResult) -> None:
     """Check the rank dumps of a ``DUMP_RANKS`` answer: bounded, frames only, plausible."""
     _dump_check(
@@ -200,6 +239,8 @@ def validate_rank_dumps(result: pb.CommandResult) -> None:
             f"wchan {dump.wchan[:40]!r} must be a kernel symbol of at most 64 characters",
         )
         _short(dump.error, where, "error")
+        _short(dump.recorder_error, where, "recorder error")
+        _collectives(dump, where)
         _dump_check(
             math.isfinite(dump.took_s) and dump.took_s >= 0,
             where,

@@ -2,8 +2,10 @@
 fails for real: a rank is stopped (SIGSTOP), then killed. The collector calls the job hung,
 naming the stopped rank, then failed, naming the killed one (issue 40). Another job hangs because
 one rank sleeps before an all-reduce the others wait in: the agents dump every rank's stack (real
-py-spy), and the collector names the sleeping rank by its stack. A job that ends normally is
-checked in test_torch_straggler.py: finished, never hung."""
+py-spy), and the collector names the sleeping rank by its stack. A third hangs because one rank
+broadcasts while the others all-reduce: the ranks' Flight Recorders (torch's own, served through
+fleetwatch.jobclient) show it out of step, and the collector names it. A job that ends normally
+is checked in test_torch_straggler.py: finished, never hung."""
 
 from __future__ import annotations
 
@@ -60,8 +62,10 @@ def firing(service: CollectorService) -> set[str]:
     return {i["rule"] for i in body["incidents"] if i["phase"] == "firing"}
 
 
-async def start_ranks(tmp_path: Path, sockets: dict[str, Path], *extra: str) -> list[Process]:
-    """One process per rank of PLACES, each reporting to its node's agent."""
+async def start_ranks(
+    tmp_path: Path, sockets: dict[str, Path], *extra: str, env: dict[str, str] | None = None
+) -> list[Process]:
+    """One process per rank of PLACES, each reporting to its node's agent (``env`` added)."""
     port = free_port()
     procs = []
     for rank, node in PLACES.items():
@@ -78,7 +82,12 @@ async def start_ranks(tmp_path: Path, sockets: dict[str, Path], *extra: str) -> 
         with (tmp_path / f"rank{rank}.log").open("wb") as out:
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    sys.executable, *argv, cwd=ROOT, stdout=out, stderr=out
+                    sys.executable,
+                    *argv,
+                    cwd=ROOT,
+                    stdout=out,
+                    stderr=out,
+                    env={**os.environ, **(env or {})},
                 )
             )
     return procs
@@ -189,5 +198,53 @@ async def test_a_rank_sleeping_before_the_all_reduce_is_named_by_its_stack(
             printed = out.getvalue()
             assert f"rank {SLEEPER} waits in train (torch_job.py:{SLEEP_LINE})" in printed
             assert f"  suspect: rank {SLEEPER} on node-2: stack: waits in train" in printed
+        finally:
+            await end(procs)
+
+
+@pytest.mark.timeout(240)
+async def test_a_rank_broadcasting_while_the_others_all_reduce_is_named_by_its_flight_recorder(
+    collector_config: Any, receiver: Any, tmp_path: Path
+):
+    """Rank 2 calls a broadcast before step 30's all-reduce; the 3 others enter the all-reduce.
+    The ranks run with torch's Flight Recorder on (TORCH_FR_BUFFER_SIZE), so each serves it to
+    its agent. The job is hung; the stacks are simulated here (all in all_reduce: nobody stands
+    out by stack), and the recorders name rank 2: it entered broadcast #N of default_pg while 3
+    ranks entered all_reduce #N."""
+    async with job_fleet(
+        collector_config, receiver, tmp_path, NODES, poll_interval=0.2, jobs=HANGS
+    ) as (service, cluster):
+        procs = await start_ranks(
+            tmp_path,
+            cluster.job_sockets,
+            f"--broadcast-rank={SLEEPER}",
+            f"--sleep-at-step={SLEEP_AT_STEP}",
+            "--gloo-timeout-s=600",
+            env={"TORCH_FR_BUFFER_SIZE": "64"},
+        )
+        try:
+            await wait_until(lambda: "job_hung" in firing(service), 120, "job_hung firing")
+            await wait_until(lambda: bool(job(service).get("evidence")), 30, "the evidence")
+            hung = job(service)
+            evidence = hung["evidence"]
+            recorders = evidence["flight_recorder"]
+            assert recorders is not None, evidence
+            assert recorders["ranks"] == [0, 1, 2, 3], evidence["ranks"]
+            by_rank = {r["rank"]: r for r in evidence["ranks"]}
+            groups = by_rank[0]["collectives"]
+            assert [g["name"] for g in groups] == ["default_pg"], groups
+            seq = groups[0]["last_enqueued"]
+            assert by_rank[SLEEPER]["collectives"][0]["recent"][-1] == f"broadcast #{seq}"
+            assert by_rank[0]["collectives"][0]["recent"][-1] == f"all_reduce #{seq}"
+            assert [s["rank"] for s in recorders["suspects"]] == [SLEEPER], recorders
+            said = (
+                f"flight recorder: entered broadcast #{seq} of default_pg while 3 ranks entered "
+                f"all_reduce #{seq} (out of step)"
+            )
+            assert recorders["suspects"][0]["why"] == said
+            assert evidence["verdict"].startswith(f"rank {SLEEPER} entered broadcast #{seq}")
+            assert hung["culprits"][0].startswith(f"rank {SLEEPER} on node-2"), hung["culprits"]
+            assert said in hung["culprits"][0]
+            assert hung["culprit_nodes"] == ["node-2"]
         finally:
             await end(procs)

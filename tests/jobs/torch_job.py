@@ -4,7 +4,7 @@ Run one process per rank (gloo backend, rendezvous on 127.0.0.1)::
 
     python tests/jobs/torch_job.py --rank R --world-size 4 --master-port P --job JOB \\
         --steps N --socket PATH [--slow-rank K --slow-factor F] [--checkpoint-every C] \\
-        [--sleep-rank R --sleep-at-step S [--sleep-s T]] [--gloo-timeout-s G]
+        [--sleep-rank R --sleep-at-step S [--sleep-s T]] [--broadcast-rank B] [--gloo-timeout-s G]
 
 Every rank trains the same tiny MLP (about 100k parameters, same seed) on its own random batch
 of 32 sequences x 16 tokens, all-reduces the gradients by hand and steps SGD. Each step is
@@ -15,7 +15,9 @@ compute time, so that it is the job's straggler while every rank's step time sta
 The rank ``--sleep-rank`` sleeps ``--sleep-s`` seconds (an hour by default) before the all-reduce
 of step ``--sleep-at-step``, while the others wait in it: the job hangs, and that rank's stack is
 the one that stands out (in ``train``, not in ``all_reduce``). The others give up after
-``--gloo-timeout-s``.
+``--gloo-timeout-s``. The rank ``--broadcast-rank`` calls a ``broadcast`` before that step's
+all-reduce instead, while the others all-reduce: the job hangs out of step, which the ranks' Flight
+Recorders show (run the ranks with ``TORCH_FR_BUFFER_SIZE`` set).
 
 ``compute_time`` is the rank's own work, the CPU time of its forward + backward (what a GPU's busy
 time is on a real node), not the wall time: with more ranks than cores, the wall time measures how
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sleep-rank", type=int, default=None, help="rank that sleeps once")
     parser.add_argument("--sleep-at-step", type=int, default=0, help="before this step's reduce")
     parser.add_argument("--sleep-s", type=float, default=3600.0, help="how long it sleeps")
+    parser.add_argument(
+        "--broadcast-rank", type=int, default=None, help="rank that broadcasts instead, once"
+    )
     parser.add_argument(
         "--gloo-timeout-s", type=float, default=TIMEOUT_S, help="how long a collective waits"
     )
@@ -129,6 +134,8 @@ def train(args: argparse.Namespace, checkpoint_dir: Path) -> None:
             compute_time += time.perf_counter() - slept
         if args.rank == args.sleep_rank and step == args.sleep_at_step:
             time.sleep(args.sleep_s)  # the others wait for it in the all-reduce: a hang
+        if args.rank == args.broadcast_rank and step == args.sleep_at_step:
+            dist.broadcast(torch.zeros(1), src=0)  # out of step: the others all-reduce (a hang)
         all_reduce_gradients(model, args.world_size)
         optimizer.step()
         step_time = time.perf_counter() - started

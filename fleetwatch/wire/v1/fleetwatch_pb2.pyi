@@ -255,7 +255,7 @@ class CommandResult(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., ok: _Optional[bool] = ..., detail: _Optional[str] = ..., retry_later: _Optional[bool] = ..., dumps: _Optional[_Iterable[_Union[RankDump, _Mapping]]] = ...) -> None: ...
 
 class RankDump(_message.Message):
-    __slots__ = ("job_id", "rank", "pid", "state", "wchan", "threads", "error", "took_s")
+    __slots__ = ("job_id", "rank", "pid", "state", "wchan", "threads", "error", "took_s", "collectives", "recorder_error")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,8 @@ class RankDump(_message.Message):
     THREADS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    RECORDER_ERROR_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     pid: int
@@ -272,7 +274,35 @@ class RankDump(_message.Message):
     threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
     error: str
     took_s: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., error: _Optional[str] = ..., took_s: _Optional[float] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[CollectiveGroup]
+    recorder_error: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., wchan: _Optional[str] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., error: _Optional[str] = ..., took_s: _Optional[float] = ..., collectives: _Optional[_Iterable[_Union[CollectiveGroup, _Mapping]]] = ..., recorder_error: _Optional[str] = ...) -> None: ...
+
+class CollectiveGroup(_message.Message):
+    __slots__ = ("id", "name", "last_enqueued", "last_started", "last_completed", "recent")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    LAST_STARTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    last_enqueued: int
+    last_started: int
+    last_completed: int
+    recent: _containers.RepeatedCompositeFieldContainer[Collective]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_started: _Optional[int] = ..., last_completed: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[Collective, _Mapping]]] = ...) -> None: ...
+
+class Collective(_message.Message):
+    __slots__ = ("seq", "op", "state")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    op: str
+    state: str
+    def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ThreadStack(_message.Message):
     __slots__ = ("name", "thread_id", "active", "frames")

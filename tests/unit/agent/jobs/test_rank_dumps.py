@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.jobs.flight_recorder import RecorderChannels
 from agent.jobs.listener import JobQueue, serve_job_socket
 from agent.jobs.peer_identity import PeerResolver
 from agent.jobs.rank_dumps import MAX_ANSWER_BYTES, RankDumps, fit
@@ -187,3 +188,28 @@ class TestFit:
     def test_nothing_to_cut(self):
         """No threads (a dump that failed): nothing to cut."""
         assert fit([], 10) == ([], False)
+
+
+class HugeRecorders(RecorderChannels):
+    """Every rank answers the most process groups the wire allows, each with long names."""
+
+    async def ask(self, _process: tuple[int, int]) -> tuple[list[pb.CollectiveGroup], str]:
+        recent = [pb.Collective(seq=n, op="o" * 64, state="scheduled") for n in range(8)]
+        return [
+            pb.CollectiveGroup(id=str(n), name="n" * 256, last_enqueued=7, recent=recent)
+            for n in range(64)
+        ], ""
+
+
+async def test_the_answer_with_recorders_still_fits_one_stream_message():
+    """64 ranks of the biggest stacks and the biggest Flight Recorders: each rank's groups are cut
+    to their bound (and say so), and the answer passes the wire's check."""
+    dumps = await RankDumps(
+        watching_me(*range(64)), SimulatedDumper(default=big_stack()), recorders=HugeRecorders()
+    ).dump("j")
+    assert dumps is not None
+    result = pb.CommandResult(ok=True, dumps=dumps)
+    assert pb.AgentMessage(command_result=result).ByteSize() < MAX_MESSAGE_BYTES
+    assert all(0 < len(d.collectives) < 64 for d in dumps)
+    assert dumps[0].recorder_error.endswith("process groups left out (over 4096 bytes)")
+    validate_rank_dumps(result)

@@ -375,3 +375,80 @@ async def test_stopping_cuts_a_gathering_short():
     await settle()
     assert waiting.cancelled() or waiting.done()
     assert gatherer.found == {}
+
+
+def recorded(rank: int, behind: int = -1) -> list[pb.CollectiveGroup]:
+    """Rank ``behind`` entered all_reduce #40 last; the others #41 (the default group)."""
+    last = 40 if rank == behind else 41
+    recent = [pb.Collective(seq=s, op="all_reduce", state="scheduled") for s in (last - 1, last)]
+    return [
+        pb.CollectiveGroup(
+            id="0",
+            name="default_pg",
+            last_enqueued=last,
+            last_started=-1,
+            last_completed=last - 1,
+            recent=recent,
+        )
+    ]
+
+
+class WithRecorders(Agents):
+    """Agents whose ranks serve their Flight Recorder; rank ``behind`` never entered #41."""
+
+    def __init__(self, w: JobWorld, frames: Callable[[int], list[pb.StackFrame]], behind: int):
+        super().__init__(w, frames)
+        self.behind = behind
+
+    async def ask(self, node: str, job_id: str) -> pb.CommandResult | None:
+        result = await super().ask(node, job_id)
+        assert result is not None
+        for one in result.dumps:
+            one.collectives.extend(recorded(one.rank, self.behind))
+        return result
+
+
+class TestFlightRecorder:
+    async def test_a_rank_behind_in_its_collectives_is_the_culprit_when_stacks_name_nobody(self):
+        w = job_world()
+        w.book.evidence.ask = WithRecorders(w, lambda _r: ALL_REDUCE, behind=3).ask
+        w.run(range(20))
+        describe(w)
+        await hang(w)
+        await settle()
+        job = w.job()
+        said = (
+            "flight recorder: never entered all_reduce #41 of default_pg that 7 ranks wait in "
+            "(its last: all_reduce #40 of default_pg)"
+        )
+        assert job["culprits"] == [f"rank 3 on node-b GPU 1: {said}"], job["culprits"]
+        evidence = w.book.evidence_of("j")
+        assert evidence is not None
+        assert evidence["flight_recorder"]["suspects"] == [{"rank": 3, "why": said}]
+        assert evidence["flight_recorder"]["ranks"] == list(range(8))
+        assert evidence["verdict"].startswith("rank 3 never entered all_reduce #41")
+        assert "; stacks: no rank stands out" in evidence["verdict"]
+        ranks = {r["rank"]: r for r in evidence["ranks"]}
+        assert ranks[3]["collectives"][0]["recent"] == ["all_reduce #39", "all_reduce #40"]
+
+    async def test_a_rank_both_name_is_told_with_both_reasons(self):
+        w = job_world()
+        w.book.evidence.ask = WithRecorders(w, one_sleeps, behind=6).ask
+        w.run(range(20))
+        describe(w)
+        await hang(w)
+        await settle()
+        (culprit,) = w.job()["culprits"]
+        assert culprit.startswith("rank 6 on node-d GPU 0: flight recorder: never entered")
+        assert "; stack: waits in train (torch_job.py:126)" in culprit
+
+    def test_a_recorder_that_breaks_the_contract_is_the_nodes_error(self):
+        w = job_world()
+        w.run(range(3))
+        bad = dump(0, ALL_REDUCE)
+        bad.collectives.extend(recorded(0) * 2)  # the same group twice
+        error, taken = read_answer(
+            w.book.jobs["j"], "node-a", pb.CommandResult(ok=True, dumps=[bad]), 8
+        )
+        assert taken == []
+        assert "process group '0' twice" in error
