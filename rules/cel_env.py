@@ -7,7 +7,8 @@ Variables a condition sees (maps; a signal a target did not report is absent, so
            signals (the node's own, e.g. ``agent_outbox_pending``)
 ``gpu``    index, uuid, model, pci_bus_id, present, nvlink_count, nvlinks_down, signals
 ``rank``   the training-job rank on the GPU (gpu rules; empty when none runs there): job, rank,
-           straggler, slowdown, straggler_steps, job_gpus, lost_gpu_hours_per_hour
+           straggler, slowdown, straggler_steps, job_gpus, lost_gpu_hours_per_hour,
+           hang_culprit, hang_hardware
 ``job``    one training job (job rules): id, active, world_size, ranks, ranks_missing,
            missing_nodes, nodes, gpus, step,
            step_time_s, tokens_per_s, tokens_per_s_per_gpu, mfu, ettr, goodput_tokens_per_s,

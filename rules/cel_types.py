@@ -79,6 +79,8 @@ VARIABLE_TYPES: Final[dict[str, dict[str, Kind]]] = {
         "straggler_steps": _N,
         "job_gpus": _N,
         "lost_gpu_hours_per_hour": _N,
+        "hang_culprit": _B,
+        "hang_hardware": _B,
     },
     "job": {
         "id": _T,

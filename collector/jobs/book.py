@@ -105,6 +105,8 @@ class JobBook:
         self.jobs: dict[str, JobState] = {}
         self._failures: dict[str, _NodeFailures] = {}
         self._diagnoses: dict[str, tuple[int, Diagnosis]] = {}
+        # each job's culprits as last judged: rank -> its node or GPU shows hardware faults
+        self._culprit_ranks: dict[str, dict[int, bool]] = {}
         self._placement: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (node, GPU) -> ranks
         self._node_ranks: Counter[str] = Counter()  # ranks held, by the node that reports them
         self._flagged: dict[str, set[int]] = {}  # straggling ranks by job, as last told
@@ -260,6 +262,7 @@ class JobBook:
             if self._uid_jobs[job.uid] <= 0:
                 del self._uid_jobs[job.uid]
         self._diagnoses.pop(job_id, None)
+        self._culprit_ranks.pop(job_id, None)
         self._flagged.pop(job_id, None)
         self.evidence.forget(job_id)
 
@@ -402,7 +405,8 @@ class JobBook:
             if where is None or where.node != node or where.gpu_uuid != gpu_uuid:
                 continue  # the rank moved
             data = self._rank_map(job, rank)
-            if not best or data["slowdown"] > best["slowdown"]:
+            order = (data["hang_culprit"], data["slowdown"])
+            if not best or order > (best["hang_culprit"], best["slowdown"]):
                 best = data
         return best
 
@@ -418,6 +422,10 @@ class JobBook:
             "straggler_steps": status.steps if status else 0,
             "job_gpus": job.gpus,
             "lost_gpu_hours_per_hour": round(lost, 3),
+            # named as holding its hung or failed job, and whether its node or GPU shows
+            # hardware faults (Xid, GPU lost, NVLink, IB, PCIe: collector/jobs/diagnosis.py)
+            "hang_culprit": rank in self._culprit_ranks.get(job.job_id, {}),
+            "hang_hardware": self._culprit_ranks.get(job.job_id, {}).get(rank, False),
         }
 
     def on_gpu(self, node: str, index: int) -> list[tuple[str, int, str]]:
@@ -467,6 +475,7 @@ class JobBook:
         liveness = judge(job, self._clock.monotonic(), self.config, active=active)
         stacks = self._stacks(job, liveness)
         culprits = self._culprits(job, liveness, stacks)
+        self._culprit_ranks[job.job_id] = {int(c["rank"]): c["hardware"] == "yes" for c in culprits}
         tokens_per_s, step_time = self.throughput(job)
         age, advice = self.checkpoint(job)
         drop = job.drops.active if active else None
@@ -563,13 +572,15 @@ class JobBook:
             gpu = node.gpus.get(held.gpu_uuid) if node is not None else None
             where = f"{held.node} GPU {gpu.index}" if gpu is not None else held.node
             text = f"rank {rank} on {where}: {why}"
+            lines: list[str] = []
             if history is not None and node is not None:
                 uuids = {held.gpu_uuid} if held.gpu_uuid else set()
                 window = Window(history, now - 3600.0, now)
-                lines = node_evidence(node, uuids, window, self.config).lines
+                lines = list(node_evidence(node, uuids, window, self.config).lines)
                 if lines:
                     text += "; hardware: " + "; ".join(lines)
-            out.append({"node": held.node, "text": text})
+            hardware = "yes" if lines else "no"
+            out.append({"node": held.node, "text": text, "rank": str(rank), "hardware": hardware})
         return out
 
     @staticmethod
