@@ -19,6 +19,11 @@ Hangs (one rank, chosen in turn, unless said):
 * ``raise``: an uncaught exception in that rank (expect ``failed``, that rank named);
 * ``sleep``: the rank sleeps before its collective (expect ``hung``, that rank named: it waits
   in ``hrtimer_nanosleep`` while the others wait in the collective, here a pipe read);
+* ``desync``: the rank enters another collective (a broadcast) while the others enter the
+  step's all-reduce, and waits where they wait (the same pipe read, the same simulated stack):
+  only its Flight Recorder tells it apart (expect ``hung``, that rank named). Each simulated
+  rank serves a simulated Flight Recorder in torch's JSON format through
+  ``fleetwatch.jobclient.serve_flight_recorder``, over the real channel to its agent;
 * ``stall``: every rank waits in the same place outside the collective (a data loader; expect
   ``hung`` and nobody named).
 
@@ -34,8 +39,10 @@ at the default floor it would be 27 s more. Figures: ``hung_after_last_step_s_p5
 first culprit is the right rank and node), ``false_hangs`` (controls ever hung or failed),
 ``false_culprits`` (a culprit other than the case's rank, or any in a ``stall`` or control),
 ``healthy_step_overhead_pct`` (the median cost of one ``report_step`` to a real agent over a
-1 s step, and over the 0.1 s steps here). ``evidence_s_p95`` is null until the agents read
-stacks.
+1 s step, and over the 0.1 s steps here). ``evidence_s_p95``: how long the collector took to
+gather the dumps of a hung case's ranks (real py-spy when this runs as root, ``stacks`` says
+which; a stopped rank's Flight Recorder costs its 1 s timeout); and
+``evidence_8_ranks_one_node_s_*``: one agent dumping an 8-rank job's ranks on demand, 5 times.
 """
 
 from __future__ import annotations
@@ -65,25 +72,48 @@ sys.path.insert(0, str(ROOT))
 STEP_S = 0.1
 RANKS = 4
 PLACES = {0: "node-1", 1: "node-1", 2: "node-2", 3: "node-2"}
-HANGS = ("stop", "kill", "raise", "sleep", "stall")
+HANGS = ("stop", "kill", "raise", "sleep", "desync", "stall")
 CONTROLS = ("end", "slow", "checkpoint", "agent_restart")
-SINGLE = ("stop", "kill", "raise", "sleep")
-EXPECTED = {"stop": "hung", "kill": "failed", "raise": "failed", "sleep": "hung", "stall": "hung"}
+SINGLE = ("stop", "kill", "raise", "sleep", "desync")
+EXPECTED = {
+    "stop": "hung",
+    "kill": "failed",
+    "raise": "failed",
+    "sleep": "hung",
+    "desync": "hung",
+    "stall": "hung",
+}
 EXPECTED_CONTROL = {"end": "finished"}  # the others: running all along
 WARM_STEPS = 8
 
 RANK = """
 import sys, time
-from fleetwatch.jobclient import report_step
+from fleetwatch.jobclient import report_step, serve_flight_recorder
 path, job, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+entries = []  # a simulated Flight Recorder: (seq, op, state) of the default group
+
+def recorder():
+    done = max((s for s, _, state in entries if state == "completed"), default=-1)
+    return {"version": "2.10", "pg_status": {"0": {
+        "last_enqueued_collective": entries[-1][0] if entries else -1,
+        "last_started_collective": -1, "last_completed_collective": done}},
+        "entries": [{"collective_seq_id": s, "pg_id": 0, "process_group": ["0", "default_pg"],
+                     "profiling_name": "sim:" + op, "state": state} for s, op, state in entries]}
+
 for line in sys.stdin:
     word, *rest = line.split()
     if word == "go":
         step, step_s = int(rest[0]), float(rest[1])
+        entries = entries[-7:] + [[step + 1, "all_reduce", "scheduled"]]
         time.sleep(step_s)
+        entries[-1][2] = "completed"
         report_step(job, rank, step, step_s, 1000.0, socket_path=path, world_size=world,
                     checkpointing=len(rest) > 2)
+        serve_flight_recorder(path, dump=recorder)
         print("done", flush=True)
+    elif word in ("enter", "desync"):  # enter the step's collective (or another) and wait
+        op = "all_reduce" if word == "enter" else "broadcast"
+        entries = entries[-7:] + [[int(rest[0]) + 1, op, "scheduled"]]
     elif word == "sleep":
         time.sleep(3600)
     elif word == "raise":
@@ -103,19 +133,23 @@ class Case:
     seen: set[str] = field(default_factory=set)  # states the job was seen in
     hung_after_s: float | None = None
     culprits: list[str] = field(default_factory=list)
+    evidence_s: float | None = None  # how long gathering the ranks' dumps took
 
 
 class Job:
     """4 rank processes and the collective that holds them together."""
 
-    def __init__(self, job: str, sockets: dict[str, Path]) -> None:
+    def __init__(
+        self, job: str, sockets: dict[str, Path], places: dict[int, str] | None = None
+    ) -> None:
         self.job, self.sockets = job, sockets
+        self.places = places or PLACES
         self.procs: list[asyncio.subprocess.Process] = []
         self.last_step_at = 0.0
 
     async def start(self) -> None:
         """Start the rank processes."""
-        for rank, node in PLACES.items():
+        for rank, node in self.places.items():
             self.procs.append(
                 await asyncio.create_subprocess_exec(
                     sys.executable,
@@ -124,7 +158,7 @@ class Job:
                     str(self.sockets[node]),
                     self.job,
                     str(rank),
-                    str(RANKS),
+                    str(len(self.places)),
                     cwd=ROOT,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
@@ -140,7 +174,7 @@ class Job:
 
     async def step(self, step: int, step_s: float = STEP_S, *, announce: bool = False) -> bool:
         """One step on every rank; False when some rank did not finish it within 5 s."""
-        for rank in range(RANKS):
+        for rank in range(len(self.places)):
             extra = " checkpoint" if announce and rank == 0 else ""
             self.tell(rank, f"go {step} {step_s}{extra}")
         try:
@@ -208,12 +242,43 @@ async def run_case(
             await watch(service, case, floor + 25.0, until={"hung", "failed"})
             if case.seen & {"hung", "failed"}:
                 case.hung_after_s = time.monotonic() - began
+            if "hung" in case.seen:
+                case.evidence_s = await evidence_took(service, case.job)
             await asyncio.sleep(0.3)
             await watch(service, case, 0.3, until=set())
         else:
             await control(job, case, cluster, service, floor)
     finally:
         await job.reap(0.0) if case.kind in HANGS else await job.end()
+
+
+async def evidence_took(service: CollectorService, job: str) -> float | None:
+    """How long the hung job's evidence took to gather (None: none within 30 s)."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        found = service.jobs.evidence_of(job)
+        if found:
+            return float(found["took_s"])
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def eight_ranks_of_a_node(service: CollectorService, cluster: SimCluster) -> list[float]:
+    """Seconds node-1's agent took to dump an 8-rank job's ranks, asked 5 times (on demand)."""
+    job = Job("eight", cluster.job_sockets, dict.fromkeys(range(8), "node-1"))
+    await job.start()
+    took = []
+    try:
+        for step in range(WARM_STEPS):
+            await job.step(step)
+        for _ in range(5):
+            found = await service.jobs.dump(job.job) or {}
+            node: dict[str, Any] = next(iter(found.get("nodes", [])), {})
+            if node.get("ranks") == 8 and not node.get("error"):  # noqa: PLR2004
+                took.append(float(node["took_s"]))
+    finally:
+        await job.end()
+    return took
 
 
 async def inject(job: Job, case: Case) -> None:
@@ -232,9 +297,11 @@ async def inject(job: Job, case: Case) -> None:
         job.tell(rank, "raise")
     elif case.kind == "sleep":
         job.tell(rank, "sleep")
+    elif case.kind == "desync":
+        job.tell(rank, f"desync {WARM_STEPS}")
     for r in range(RANKS):  # the others enter the collective and wait there
         if r != rank:
-            job.tell(r, f"go {WARM_STEPS} {STEP_S}")
+            job.tell(r, f"enter {WARM_STEPS}")
 
 
 async def control(
@@ -284,6 +351,7 @@ async def report_cost(sockets: dict[str, Path]) -> float:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import structlog
 
+    from agent.jobs.stacks import PySpyDumper, find_py_spy
     from agent.sim.cluster import SimCluster
     from collector.config import CollectorConfig
     from collector.jobs.config import JobsConfig
@@ -292,6 +360,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from fleetwatch.testing import wait_until
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    # real stacks where this runs as root (py-spy reads other processes' memory), else simulated
+    py_spy = find_py_spy() if os.geteuid() == 0 else None
+    stacks = PySpyDumper(py_spy) if py_spy is not None else None
     work = Path(tempfile.mkdtemp(prefix="fwhang"))
     jobs = JobsConfig(hang_floor_s=args.floor, exit_grace_s=2.0, ranks_per_node=10_000)
     config = CollectorConfig(
@@ -312,6 +383,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         poll_interval=0.2,
         heartbeat_interval=0.5,
         job_socket_dir=sockets,
+        stacks=stacks,
     )
     cluster.start()
     cases: list[Case] = []
@@ -327,14 +399,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 cases.append(case)
                 print(
                     f"{case.job}: seen {sorted(s for s in case.seen if s)}, "
-                    f"after {case.hung_after_s}, culprits {case.culprits[:1]}",
+                    f"after {case.hung_after_s}, evidence {case.evidence_s}, "
+                    f"culprits {case.culprits[:1]}",
                     flush=True,
                 )
         cost = await report_cost(cluster.job_sockets)
+        eight = await eight_ranks_of_a_node(service, cluster)
     finally:
         await cluster.stop()
         await service.stop(grace=0)
-    return figures(cases, cost, args.floor)
+    return figures(cases, cost, args.floor) | {
+        "stacks": "py-spy" if stacks is not None else "simulated",
+        "evidence_8_ranks_one_node_s_median": round(statistics.median(eight), 3) if eight else None,
+        "evidence_8_ranks_one_node_s_max": round(max(eight), 3) if eight else None,
+    }
 
 
 def right_culprit(case: Case) -> bool:
@@ -361,6 +439,7 @@ def figures(cases: list[Case], cost: float, floor: float) -> dict[str, Any]:
     hangs = [c for c in cases if c.kind in HANGS]
     controls = [c for c in cases if c.kind in CONTROLS]
     times = sorted(c.hung_after_s for c in hangs if c.hung_after_s is not None)
+    evidence = sorted(c.evidence_s for c in hangs if c.evidence_s is not None)
     single = [c for c in hangs if c.kind in SINGLE]
     by_kind = {
         kind: {
@@ -388,8 +467,8 @@ def figures(cases: list[Case], cost: float, floor: float) -> dict[str, Any]:
         else None,
         "deadline_floor_s": floor,
         "hangs_called": len(times),
-        "evidence_s_p95": None,
-        "why": "evidence_s_p95: the agents do not read the ranks' stacks yet (issue 40, part 2)",
+        "evidence_s_p95": round(evidence[int(0.95 * (len(evidence) - 1))], 3) if evidence else None,
+        "evidence_cases": len(evidence),
         "localised_share": round(sum(map(right_culprit, single)) / len(single), 3)
         if single
         else None,
