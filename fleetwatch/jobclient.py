@@ -102,7 +102,8 @@ _ENTRY_FIELDS = (
     "retired",
     "time_created_ns",
 )
-_recorders: dict[int, tuple[threading.Thread, float]] = {}  # by pid: the thread, when started
+_recorders: dict[int, threading.Thread] = {}  # by pid: the thread serving its recorder
+_recorder_checked: dict[int, float] = {}  # by pid: when a report last looked (monotonic)
 FAREWELL_ERROR = b'{"v":1,"bye":"error"}'
 
 
@@ -235,7 +236,7 @@ def serve_flight_recorder(
     pid = os.getpid()
     with _lock:
         running = _recorders.get(pid)
-        if running is not None and running[0].is_alive():
+        if running is not None and running.is_alive():
             return False
         path = socket_path or os.environ.get("FLEETWATCH_JOB_SOCKET") or DEFAULT_SOCKET
         thread = threading.Thread(
@@ -244,7 +245,7 @@ def serve_flight_recorder(
             name="fleetwatch-flight-recorder",
             daemon=True,
         )
-        _recorders[pid] = (thread, time.monotonic())
+        _recorders[pid] = thread
     thread.start()
     return True
 
@@ -263,13 +264,18 @@ def _recorder_wanted() -> bool:
 
 
 def _maybe_serve_recorder(path: str) -> None:
-    """After a report: serve the Flight Recorder if wanted and not served (retried now and then)."""
-    running = _recorders.get(os.getpid())
-    if running is not None and (
-        running[0].is_alive() or time.monotonic() - running[1] < RECORDER_RETRY_S
-    ):
+    """After a report: serve the Flight Recorder if wanted and not served.
+
+    Looked at on the first report, then once per ``RECORDER_RETRY_S``: a step pays a dict
+    lookup, not the environment's.
+    """
+    pid, now = os.getpid(), time.monotonic()
+    last = _recorder_checked.get(pid)
+    if last is not None and now - last < RECORDER_RETRY_S:
         return
-    if _recorder_wanted():
+    _recorder_checked[pid] = now
+    running = _recorders.get(pid)
+    if (running is None or not running.is_alive()) and _recorder_wanted():
         serve_flight_recorder(path)
 
 

@@ -155,8 +155,9 @@ class RankDumps:
             key = (rank.pid, rank.start_ticks)
             if key not in reads:
                 reads[key] = loop.run_in_executor(self._pool, self._read, rank, share)
-        recorded = await self._ask_recorders(list(reads))
-        _, late = await asyncio.wait(reads.values(), timeout=self._timeout_s)
+        recorded = await self._ask_recorders(list(reads))  # meanwhile the stacks are read
+        left = max(0.0, self._timeout_s - (self._monotonic() - started))
+        _, late = await asyncio.wait(reads.values(), timeout=left)
         for future in late:
             future.cancel()  # not started: never runs; running: its answer is dropped
         overdue = StackResult(error=f"not read within the node's {self._timeout_s:g} s")

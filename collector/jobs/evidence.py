@@ -81,6 +81,20 @@ class RankEvidence:
     recorder_error: str = ""  # why there are none ("" when none were asked)
 
 
+def merged(stacks: Localisation, recorders: CollectiveVerdict | None) -> Localisation:
+    """The stacks' groups, with the suspects and verdict of the recorders first, then stacks'."""
+    if recorders is None:
+        return stacks
+    said = dict(stacks.suspects)
+    suspects = [
+        (rank, f"{why}; {said[rank]}" if rank in said else why) for rank, why in recorders.suspects
+    ]
+    named = {rank for rank, _ in suspects}
+    suspects += [(r, why) for r, why in stacks.suspects if r not in named]
+    verdict = f"{recorders.verdict}; stacks: {stacks.verdict}"
+    return Localisation(stacks.groups, stacks.unknown, tuple(suspects), verdict)
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """One gathering's result for a job."""
@@ -92,26 +106,13 @@ class Evidence:
     nodes: tuple[NodeAnswer, ...]
     ranks: tuple[RankEvidence, ...]
     stacks: Localisation
-    recorders: CollectiveVerdict | None = None  # None: no rank's Flight Recorder answered
-
-    @property
-    def localisation(self) -> Localisation:
-        """The stacks' groups, with the suspects and verdict of the recorders and stacks both."""
-        if self.recorders is None:
-            return self.stacks
-        said = dict(self.stacks.suspects)
-        suspects = [
-            (rank, f"{why}; {said[rank]}" if rank in said else why)
-            for rank, why in self.recorders.suspects
-        ]
-        suspects += [(r, why) for r, why in self.stacks.suspects if r not in dict(suspects)]
-        verdict = f"{self.recorders.verdict}; stacks: {self.stacks.verdict}"
-        return Localisation(self.stacks.groups, self.stacks.unknown, tuple(suspects), verdict)
+    recorders: CollectiveVerdict | None  # None: no rank's Flight Recorder answered
+    localisation: Localisation  # the stacks' groups, the suspects and verdict of both (merged)
 
     def to_json(self) -> dict[str, Any]:
         """The API's ``evidence`` of a job."""
         where = {r.rank: r.node for r in self.ranks}
-        merged = self.localisation
+        both = self.localisation
         return {
             "gathered_at": round(self.gathered_at, 3),
             "took_s": round(self.took_s, 3),
@@ -131,9 +132,9 @@ class Evidence:
             ],
             "unknown": [{"rank": r, "why": why} for r, why in self.stacks.unknown],
             "suspects": [
-                {"rank": r, "node": where.get(r, ""), "why": why} for r, why in merged.suspects
+                {"rank": r, "node": where.get(r, ""), "why": why} for r, why in both.suspects
             ],
-            "verdict": merged.verdict,
+            "verdict": both.verdict,
             "flight_recorder": None
             if self.recorders is None
             else {
@@ -325,6 +326,8 @@ class EvidenceGatherer:
             replies = await asyncio.gather(*(self._ask(ask, job, node) for node in nodes))
         answers = tuple(answer for answer, _ in replies)
         ranks = tuple(sorted((r for _, taken in replies for r in taken), key=lambda r: r.rank))
+        stacks = stacks_of(job, ranks, answers)
+        recorders = localise_collectives({r.rank: r.collectives for r in ranks})
         evidence = Evidence(
             job_id=job.job_id,
             asked_at=asked_at,
@@ -332,8 +335,9 @@ class EvidenceGatherer:
             took_s=max(0.0, self._clock.monotonic() - asked_at),
             nodes=answers,
             ranks=ranks,
-            stacks=stacks_of(job, ranks, answers),
-            recorders=localise_collectives({r.rank: r.collectives for r in ranks}),
+            stacks=stacks,
+            recorders=recorders,
+            localisation=merged(stacks, recorders),
         )
         self.found[job.job_id] = evidence
         self.shown[job.job_id] = evidence.to_json()
