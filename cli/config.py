@@ -216,7 +216,9 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         f"journal {cfg.journal_config().where()}, "
         f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
-        f"{len(actions.notify)} notify channels{', dry run' if actions.safety.dry_run else ''}"
+        f"{len(actions.notify)} notify channels"
+        f"{', requeues jobs via slurm' if actions.slurm.requeue else ''}"
+        f"{', dry run' if actions.safety.dry_run else ''}"
     )
     return Outcome(summary, tuple(problems), tuple(warnings))
 

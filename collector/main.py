@@ -83,6 +83,7 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
     *,
     actuators: LiveActuators,
     gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
+    gpu_job: Callable[[str, int], str | None] | None = None,
 ) -> Dispatcher:
     """The dispatcher with ``cfg``'s safety limits, acting through ``actuators``.
 
@@ -97,7 +98,25 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
         notifier=actuators.notifier,
         resetter=resetter,
         gpu_ranks=gpu_ranks,
+        requeuer=actuators.requeuer,
+        gpu_job=gpu_job,
+        requeue_on=lambda: actuators.requeuer.on,
     )
+
+
+def job_on_gpu(jobs: JobBook, fleet: FleetModel) -> Callable[[str, int], str | None]:
+    """``(node, GPU index) -> job``: the job of the rank a GPU rule sees there.
+
+    The culprit's first, as :meth:`JobBook.rank_on` orders them; None when none runs there.
+    """
+
+    def job(node: str, index: int) -> str | None:
+        held = fleet.view().get(node)
+        gpu = next((g for g in held.gpus.values() if g.index == index), None) if held else None
+        found = jobs.rank_on(node, gpu.uuid).get("job") if gpu is not None else None
+        return str(found) if found else None
+
+    return job
 
 
 class CollectorService:
@@ -173,6 +192,7 @@ class CollectorService:
             broker,
             actuators=self.actuators,
             gpu_ranks=self.jobs.on_gpu,
+            gpu_job=job_on_gpu(self.jobs, self.fleet),
         )
         self.ruleset = load_rules(list(cfg.rules))
         self.evaluator = Evaluator(

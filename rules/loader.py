@@ -212,8 +212,14 @@ class _Checker:
     def scoped_actions(
         self, scope: Scope, actions: tuple[ActionSpec, ...], line: int, rule: str
     ) -> None:
-        """drain_node needs an incident on a node, reset_gpu one on a GPU."""
+        """drain_node needs an incident on a node, reset_gpu and requeue_job one on a GPU."""
         for spec in actions:
+            if spec.name == "requeue_job" and scope not in GPU_SCOPES:
+                self.problem(
+                    line,
+                    rule,
+                    f"requeue_job needs a GPU (its rank's job), and a {scope} rule has none",
+                )
             if spec.name == "drain_node" and scope not in NODE_SCOPES:
                 self.problem(line, rule, f"drain_node needs a node, and a {scope} rule has none")
             if spec.name == "reset_gpu" and scope not in GPU_SCOPES:

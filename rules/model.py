@@ -26,7 +26,8 @@ class Severity(StrEnum):
     CRITICAL = "critical"
 
 
-# The scopes whose incidents name a node (drain_node) and a GPU (reset_gpu).
+# The scopes whose incidents name a node (drain_node) and a GPU (reset_gpu, and requeue_job:
+# the job of the rank on that GPU).
 NODE_SCOPES: Final = frozenset({Scope.NODE, Scope.GPU, Scope.NVLINK, Scope.IB_PORT})
 GPU_SCOPES: Final = frozenset({Scope.GPU, Scope.NVLINK})
 
@@ -34,6 +35,7 @@ GPU_SCOPES: Final = frozenset({Scope.GPU, Scope.NVLINK})
 ACTIONS: Final[dict[str, dict[str, tuple[type, Any]]]] = {
     "drain_node": {"resume_on_resolve": (bool, False)},
     "reset_gpu": {"drain_first": (bool, False)},
+    "requeue_job": {"exclude_node": (bool, True)},
     "notify": {"channel": (str, "default")},
 }
 

@@ -21,7 +21,7 @@ need() {  # need COMMAND PACKAGE
     missing="$missing $1"
     case " $packages " in *" $2 "*) ;; *) packages="$packages $2" ;; esac
 }
-for cmd in slurmctld slurmd scontrol salloc scancel; do need "$cmd" slurm-wlm; done
+for cmd in slurmctld slurmd scontrol salloc sbatch scancel; do need "$cmd" slurm-wlm; done
 need munged munge
 need prometheus prometheus
 need systemd-analyze systemd

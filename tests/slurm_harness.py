@@ -37,6 +37,14 @@ systemd, running as root) and the pitfalls met on the way:
   ``scontrol update`` on stderr ("slurm_update error: Invalid node name specified").
 - ``salloc --no-shell`` allocates a node at once without starting any process on it: the cheap
   way to make a node ALLOCATED (and a drain of it DRAINING) without slurmstepd or cgroups.
+- ``sbatch -w node-01 --wrap 'sleep 300'`` runs a real batch job there (slurmstepd starts it as
+  root without cgroups). ``JobRequeue=1`` is Slurm's default, so a batch job reads
+  ``Requeue=1`` unless submitted with ``--no-requeue``; ``scontrol requeuehold`` then shows it
+  ``COMPLETING`` with ``Reason=job_requeued_in_held_state`` (and ``Restarts=1``) while its step
+  ends, then ``PENDING``. Once released it stays ``PENDING``, ``Reason=BeginTime``, for about two
+  minutes: Slurm starts a requeued batch job no sooner. ``ExcNodeList`` can be changed only while
+  a job is pending ("Job is no longer pending execution" for a running one). A salloc
+  allocation (``BatchFlag=0``) cannot be requeued ("Only batch jobs are accepted").
 """
 
 from __future__ import annotations
@@ -55,12 +63,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from collector.actions.slurm import SlurmNodeState, parse_node_line
+from collector.actions.slurm_requeue import SlurmJobState, parse_job_record
 from fleetwatch.testing import free_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-COMMANDS = ("slurmctld", "slurmd", "scontrol", "salloc", "scancel", "munged")
+COMMANDS = ("slurmctld", "slurmd", "scontrol", "salloc", "sbatch", "scancel", "munged")
 INSTALL_HINT = (
     "install them with `sudo apt-get install -y --no-install-recommends slurm-wlm munge` "
     "(or run `sudo scripts/ensure-test-deps.sh`)"
@@ -69,6 +78,7 @@ REAL_NODE = "node-01"
 _ENSURE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ensure-test-deps.sh"
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
+_SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 _STOP_TIMEOUT_S = 10.0
 _LOG_TAIL_CHARS = 3000
 
@@ -193,6 +203,39 @@ class SlurmCluster:
             msg = f"salloc printed no job id: {done.stderr or done.stdout}"
             raise SlurmHarnessError(msg)
         return granted.group(1)
+
+    def submit(self, node: str, *options: str) -> str:
+        """Run ``sleep 300`` as a batch job on ``node`` (sbatch ``options`` added); its id."""
+        done = self.run(
+            "sbatch", "-w", node, "-J", "fleetwatch-test", "-o", "/dev/null", *options,
+            "--wrap", "sleep 300",
+        )  # fmt: skip
+        submitted = _SUBMITTED.search(done.stdout)
+        if submitted is None:
+            msg = f"sbatch printed no job id: {done.stdout or done.stderr}"
+            raise SlurmHarnessError(msg)
+        return submitted.group(1)
+
+    def job(self, job_id: str) -> SlurmJobState:
+        """Return one job's state, read with ``scontrol show job -o``."""
+        return parse_job_record(self.run("scontrol", "show", "job", "-o", job_id).stdout.strip())
+
+    def wait_for_job(
+        self,
+        job_id: str,
+        predicate: Callable[[SlurmJobState], bool],
+        timeout_s: float = 20.0,
+    ) -> SlurmJobState:
+        """Poll a job until ``predicate`` holds; raise AssertionError with its last state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.job(job_id)
+            if predicate(state):
+                return state
+            if time.monotonic() > deadline:
+                msg = f"job {job_id} did not reach the expected state in {timeout_s} s: {state}"
+                raise AssertionError(msg)
+            time.sleep(0.05)
 
     def cancel_all(self) -> None:
         """Cancel every job and wait until none is left."""

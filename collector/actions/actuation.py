@@ -1,4 +1,4 @@
-"""Runs one action through the actuators: every drain adapter, the notifier, the agent's reset.
+"""Runs one action through its actuator: drain adapters, notifier, GPU reset, job requeuer.
 
 What leaves the collector is built from fixed words and checked names only
 (:mod:`collector.actions.guards`); an action whose arguments fail those checks runs nothing and
@@ -16,7 +16,9 @@ from collector.actions.guards import UnsafeArgumentError, check_node, delivery_k
 from collector.actions.ports import ActionOutcome, refused
 
 if TYPE_CHECKING:
-    from collector.actions.ports import Drainer, GpuResetter, Notifier
+    from collections.abc import Callable
+
+    from collector.actions.ports import Drainer, GpuResetter, JobRequeuer, Notifier
     from collector.store.incidents import IncidentRow
     from rules.model import ActionSpec, Rule
 
@@ -24,18 +26,25 @@ log = structlog.get_logger("collector.actions")
 
 
 class Actuation:
-    """The drain adapters, the notifier and the GPU resetter the dispatcher acts through."""
+    """The drain adapters, the notifier, the GPU resetter and the job requeuer of the dispatcher."""
 
     def __init__(
         self,
         drainers: tuple[Drainer, ...],
         notifier: Notifier | None,
         resetter: GpuResetter | None,
+        requeuer: JobRequeuer | None = None,
+        job_of: Callable[[IncidentRow], str | None] | None = None,
     ) -> None:
-        """Act through these (none configured: an action of that kind fails)."""
+        """Act through these (none configured: an action of that kind fails).
+
+        ``job_of`` names the job of the rank on an incident's GPU (what ``requeue_job`` requeues).
+        """
         self._drainers = drainers
         self._notifier = notifier
         self._resetter = resetter
+        self._requeuer = requeuer
+        self._job_of = job_of
 
     async def run(
         self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
@@ -58,8 +67,11 @@ class Actuation:
                 if spec.name == "drain_node"
                 else ""
             )
+            node = check_node(incident.node) if spec.name == "requeue_job" else ""
         except UnsafeArgumentError as exc:
             return _refuse(name, incident, exc)
+        if spec.name == "requeue_job":
+            return await self._requeue(incident, spec, node)
         if spec.name == "drain_node":
             return await self._all(d.drain(incident.node, reason, key) for d in self._drainers)
         if spec.name == "notify" and self._notifier is not None:
@@ -71,6 +83,16 @@ class Actuation:
             # and the reset waits until the jobs have left the GPU.
             return await self._resetter.reset(incident.node, incident.target, force=False)
         return ActionOutcome(ok=False, detail=f"{spec.name}: no actuator is configured")
+
+    async def _requeue(self, incident: IncidentRow, spec: ActionSpec, node: str) -> ActionOutcome:
+        """Requeue the job of the rank on the incident's GPU, off its node (``exclude_node``)."""
+        job = self._job_of(incident) if self._job_of is not None else None
+        if job is None:
+            return ActionOutcome(ok=False, detail=f"no training job is known on {incident.target}")
+        if self._requeuer is None:
+            return ActionOutcome(ok=False, detail="requeue_job: no requeuer is configured")
+        exclude = node if spec.params.get("exclude_node", True) else None
+        return await self._requeuer.requeue(job, exclude)
 
     @staticmethod
     async def _all(runs: object) -> ActionOutcome:

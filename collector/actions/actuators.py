@@ -1,9 +1,10 @@
-"""The drain adapters and notify channels the configuration names, replaceable on a reload.
+"""The drain adapters, notify channels and job requeuer the configuration names, replaceable.
 
-The dispatcher keeps one :class:`LiveDrainer` and one :class:`LiveNotifier` for its life; each
-passes calls on to what the configuration built last. A reload builds the new set first (reading
-every webhook secret, so a missing one fails the reload and changes nothing), then swaps it in
-with one assignment: an action already running finishes with the adapter it started with.
+The dispatcher keeps one :class:`LiveDrainer`, one :class:`LiveNotifier` and one
+:class:`LiveRequeuer` for its life; each passes calls on to what the configuration built last.
+A reload builds the new set first (reading every webhook secret, so a missing one fails the
+reload and changes nothing), then swaps it in with one assignment: an action already running
+finishes with the adapter it started with.
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collector.actions.adapters import SlurmDrainer, WebhookDrainer, WebhookNotifier
-from collector.actions.ports import ActionOutcome, Drainer, Notifier
+from collector.actions.adapters import (
+    SlurmDrainer,
+    SlurmRequeuer,
+    WebhookDrainer,
+    WebhookNotifier,
+)
+from collector.actions.ports import ActionOutcome, Drainer, JobRequeuer, Notifier
 from collector.actions.slurm import SlurmNodes
+from collector.actions.slurm_requeue import SlurmJobs
 from fleetwatch.config_file import shown_key
 
 if TYPE_CHECKING:
@@ -26,10 +33,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Actuators:
-    """What drains nodes and what notifies people, as one configuration says."""
+    """What drains nodes, notifies people and requeues jobs, as one configuration says.
+
+    ``requeuer`` is None while ``[collector.actions.slurm] requeue`` is off.
+    """
 
     drainers: tuple[Drainer, ...] = ()
     notifier: Notifier | None = None
+    requeuer: JobRequeuer | None = None
 
 
 def build_actuators(
@@ -45,9 +56,14 @@ def build_actuators(
     """
     env_vars = environ or {}
     drainers: list[Drainer] = []
+    env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
     if cfg.slurm.enabled:
-        env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
         drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
+    requeuer = (
+        SlurmRequeuer(SlurmJobs(scontrol=cfg.slurm.scontrol, env=env))
+        if cfg.slurm.requeue
+        else None
+    )
     if cfg.drain_webhook is not None:
         hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
         drainers.append(WebhookDrainer(hook))
@@ -55,7 +71,7 @@ def build_actuators(
         name: hook.sender(clock, f"actions.notify.{shown_key(name)}", env_vars)
         for name, hook in cfg.notify.items()
     }
-    return Actuators(tuple(drainers), WebhookNotifier(channels) if channels else None)
+    return Actuators(tuple(drainers), WebhookNotifier(channels) if channels else None, requeuer)
 
 
 def _combined(outcomes: list[ActionOutcome]) -> ActionOutcome:
@@ -108,6 +124,26 @@ class LiveNotifier:
         return await notifier.notify(channel, payload, key)
 
 
+class LiveRequeuer:
+    """Requeues through the current configuration's requeuer, while requeueing is on."""
+
+    def __init__(self, requeuer: JobRequeuer | None) -> None:
+        """Start with ``requeuer`` (None: off); :attr:`requeuer` is replaced on a reload."""
+        self.requeuer = requeuer
+
+    @property
+    def on(self) -> bool:
+        """``[collector.actions.slurm] requeue = true`` in the current configuration."""
+        return self.requeuer is not None
+
+    async def requeue(self, job: str, node: str | None) -> ActionOutcome:
+        """Requeue through the current requeuer, or say that requeueing is off."""
+        requeuer = self.requeuer
+        if requeuer is None:
+            return ActionOutcome(ok=False, detail="requeue_job: requeue is off")
+        return await requeuer.requeue(job, node)
+
+
 class LiveActuators:
     """The dispatcher's adapters, and the one place a reload swaps what they pass calls to."""
 
@@ -115,13 +151,15 @@ class LiveActuators:
         """Wrap the configuration's first set."""
         self.drainer = LiveDrainer(actuators.drainers)
         self.notifier = LiveNotifier(actuators.notifier)
+        self.requeuer = LiveRequeuer(actuators.requeuer)
 
     def swap(self, actuators: Actuators) -> None:
         """Use ``actuators`` from the next action on."""
         self.drainer.drainers = actuators.drainers
         self.notifier.notifier = actuators.notifier
+        self.requeuer.requeuer = actuators.requeuer
 
     @property
     def current(self) -> Actuators:
         """What calls go to now."""
-        return Actuators(self.drainer.drainers, self.notifier.notifier)
+        return Actuators(self.drainer.drainers, self.notifier.notifier, self.requeuer.requeuer)

@@ -1,4 +1,7 @@
-"""Actuators behind the dispatcher's protocols: Slurm and webhooks drain, webhooks notify."""
+"""Actuators behind the dispatcher's protocols: Slurm and webhooks drain, webhooks notify.
+
+Slurm requeues jobs too (:class:`SlurmRequeuer`).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,11 @@ from typing import TYPE_CHECKING
 
 from collector.actions.ports import ActionOutcome
 from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError, SlurmRefusedError
+from collector.actions.slurm_requeue import RequeueOutcome
 
 if TYPE_CHECKING:
     from collector.actions.slurm import SlurmNodes
+    from collector.actions.slurm_requeue import RequeueResult, SlurmJobs
     from collector.actions.webhook import DeliveryResult, WebhookSender
 
 
@@ -97,3 +102,57 @@ class SlurmDrainer:
         return ActionOutcome(
             ok=False, detail=f"slurm: not resumed ({result.outcome.value.lower()})"
         )
+
+
+# Why a job was not requeued, in the words the journal shows.
+_NOT_REQUEUED = {
+    RequeueOutcome.NOT_RUNNING: "is {state}: only a RUNNING or SUSPENDED job is requeued",
+    RequeueOutcome.NOT_REQUEUEABLE: (
+        "may not be requeued (Requeue=0: submitted with --no-requeue, or JobRequeue=0 in "
+        "slurm.conf without --requeue)"
+    ),
+    RequeueOutcome.NOT_BATCH: "is not a batch job (salloc, srun): Slurm requeues sbatch jobs only",
+    RequeueOutcome.ASKS_FOR_NODE: (
+        "asks for {node} by name (ReqNodeList={required}): with {node} excluded it could never "
+        "start again"
+    ),
+}
+
+
+def _requeued(result: RequeueResult) -> str:
+    """``slurm: job 123 requeued (restart 2), excluding node-07 (ExcNodeList=...), released``."""
+    after = result.after
+    restarts = f" (restart {after.restarts})" if after is not None else ""
+    if result.node is None:
+        kept = ""
+    elif result.excluded is None:
+        kept = f", {result.node} already excluded"
+    else:
+        kept = f", excluding {result.node} (ExcNodeList={result.excluded})"
+    state = f", now {after.state}{' and HELD' if after.held else ''}" if after else ""
+    return f"slurm: job {result.job} requeued{restarts}{kept}, released{state}"
+
+
+class SlurmRequeuer:
+    """Requeues jobs in Slurm (through ``scontrol``), each kept off the node to blame."""
+
+    def __init__(self, jobs: SlurmJobs) -> None:
+        """Use ``jobs`` (one adapter for the collector's life)."""
+        self._jobs = jobs
+
+    async def requeue(self, job: str, node: str | None) -> ActionOutcome:
+        """``requeuehold``, ``update ExcNodeList``, ``release``; refused when Slurm would not."""
+        try:
+            result = await self._jobs.requeue(job, node)
+        except SlurmRefusedError as exc:
+            return ActionOutcome(ok=False, detail=f"refused: slurm: {exc}", refused=True)
+        except SlurmError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}")
+        if result.outcome is not RequeueOutcome.REQUEUED:
+            why = _NOT_REQUEUED[result.outcome].format(
+                state=result.before.state, node=node, required=result.before.required
+            )
+            return ActionOutcome(
+                ok=False, detail=f"refused: slurm: job {job} {why}; not requeued", refused=True
+            )
+        return ActionOutcome(ok=True, detail=_requeued(result))

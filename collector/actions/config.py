@@ -9,11 +9,15 @@ breaker_window = 600            # more than breaker_max_drains drains in this wi
 breaker_max_drains = 5          # ... open the circuit breaker ...
 breaker_cooldown = 3600         # ... for this long
 reset_retry = 60                # seconds between asks to reset a GPU that is busy
+max_requeues = 4                # requeue_job: at most this many requeues ...
+requeue_window = 3600           # ... within this many seconds, fleet-wide (this collector)
+requeue_cooldown = 86400        # seconds before fleetwatch requeues the same job again
 
 [collector.actions.slurm]       # drain through scontrol (on a host with Slurm's client)
 enabled = true
 scontrol = "scontrol"
 slurm_conf = "/etc/slurm/slurm.conf"   # optional: SLURM_CONF for scontrol
+requeue = false                 # true: rules' requeue_job actions requeue jobs (off by default)
 
 [collector.actions.drain_webhook]      # and/or ask another system to drain
 url = "https://drainer.example/fleetwatch"
@@ -51,7 +55,11 @@ SAFETY_KEYS: Final = {
     "breaker_max_drains": "breaker_max_drains",
     "breaker_cooldown": "breaker_cooldown_s",
     "reset_retry": "reset_retry_s",
+    "max_requeues": "max_requeues",
+    "requeue_window": "requeue_window_s",
+    "requeue_cooldown": "requeue_cooldown_s",
 }
+SLURM_KEYS: Final = ("enabled", "scontrol", "slurm_conf", "requeue")
 
 
 def _boolean(value: object, key: str) -> bool:
@@ -68,7 +76,7 @@ def _check_safety(values: dict[str, Any]) -> None:
         key = f"actions.{names[attr]}"
         if attr == "dry_run":
             _boolean(value, key)
-        elif attr in ("max_drained_nodes", "breaker_max_drains"):
+        elif attr in ("max_drained_nodes", "breaker_max_drains", "max_requeues"):
             check_number(value, key, ConfigError, inclusive=True, integer=True)
         else:
             check_number(value, key, ConfigError, inclusive=attr == "max_drained_share")
@@ -117,11 +125,12 @@ class WebhookConfig:
 
 @dataclass(frozen=True, slots=True)
 class SlurmConfig:
-    """Draining through Slurm's scontrol."""
+    """Draining (``enabled``) and requeueing jobs (``requeue``) through Slurm's scontrol."""
 
     enabled: bool = False
     scontrol: str = "scontrol"
     slurm_conf: Path | None = None
+    requeue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +203,10 @@ def parse_actions(raw: object) -> ActionsConfig:
     if safety.max_drained_nodes < 0 or not 0 <= safety.max_drained_share <= 1:
         msg = "collector config: actions.max_drained_nodes >= 0, max_drained_share in 0..1"
         raise ConfigError(msg)
-    if not isinstance(slurm_raw, dict) or set(slurm_raw) - {"enabled", "scontrol", "slurm_conf"}:
-        msg = "collector config: actions.slurm takes enabled, scontrol, slurm_conf"
+    if not isinstance(slurm_raw, dict) or set(slurm_raw) - set(SLURM_KEYS):
+        unknown = sorted(set(slurm_raw) - set(SLURM_KEYS)) if isinstance(slurm_raw, dict) else []
+        has_no = f" has no key(s) {shown_keys(unknown)};" if unknown else ""
+        msg = f"collector config: actions.slurm{has_no} takes {', '.join(SLURM_KEYS)}"
         raise ConfigError(msg)
     conf = slurm_raw.get("slurm_conf")
     scontrol = slurm_raw.get("scontrol", "scontrol")
@@ -206,6 +217,7 @@ def parse_actions(raw: object) -> ActionsConfig:
         enabled=_boolean(slurm_raw.get("enabled", False), "actions.slurm.enabled"),
         scontrol=scontrol,
         slurm_conf=Path(conf) if conf else None,
+        requeue=_boolean(slurm_raw.get("requeue", False), "actions.slurm.requeue"),
     )
     if not isinstance(notify_raw, dict):
         msg = "collector config: actions.notify must map channel names to webhooks"

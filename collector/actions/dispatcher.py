@@ -38,6 +38,13 @@ What leaves the collector is built from fixed words and checked names only
 GPU a reset names. An action whose arguments fail those checks, or that the agent refuses for
 good, is journaled as ``refused`` (and counted as that outcome) and runs nothing.
 
+``requeue_job`` requeues the training job whose rank the GPU rule saw (``gpu_job``), kept off
+the incident's node, only while ``requeue_on()`` says requeueing is switched on (skipped
+otherwise): once per incident, not again for the same job within ``requeue_cooldown_s``, at
+most ``max_requeues`` within ``requeue_window_s``, never in dry run. It never waits: what the
+limits hold back is skipped. These limits count this collector's requeues (and, after a restart,
+what its journal holds), not a peer's on a shared journal.
+
 The dispatcher coordinates; the parts are :mod:`~collector.actions.local_checks` (may it run
 now), :mod:`~collector.actions.journaling` (rows, plans, outcomes in the journal),
 :mod:`~collector.actions.waiting` (what waits, and settling it), :mod:`~collector.actions.actuation`
@@ -53,7 +60,7 @@ import structlog
 
 from collector.actions.actuation import Actuation
 from collector.actions.journaling import ActionJournal, chains, expand
-from collector.actions.local_checks import SafetyChecks, place
+from collector.actions.local_checks import SafetyChecks
 from collector.actions.waiting import Waiting, WaitingActions
 from rules.model import ActionSpec
 
@@ -61,7 +68,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from collector.actions.journaling import FirePlan, Planned
-    from collector.actions.ports import ActionOutcome, Drainer, GpuResetter, Notifier
+    from collector.actions.ports import (
+        ActionOutcome,
+        Drainer,
+        GpuResetter,
+        JobRequeuer,
+        Notifier,
+    )
     from collector.actions.safety import SafetyConfig
     from collector.actions.tally import ActionTally
     from collector.model.fleet import FleetModel
@@ -89,14 +102,31 @@ class Dispatcher:
         notifier: Notifier | None = None,
         resetter: GpuResetter | None = None,
         gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
+        requeuer: JobRequeuer | None = None,
+        gpu_job: Callable[[str, int], str | None] | None = None,
+        requeue_on: Callable[[], bool] | None = None,
     ) -> None:
         """Nothing is drained until :meth:`start` has read what the journal says.
 
-        ``gpu_ranks(node, index)`` names the (job, rank, process state) on a GPU.
+        ``gpu_ranks(node, index)`` names the (job, rank, process state) on a GPU, ``gpu_job``
+        the job of the rank a GPU rule sees there (the one ``requeue_job`` requeues through
+        ``requeuer``). ``requeue_on()`` says whether requeueing is switched on (None: whenever
+        a requeuer is given).
         """
         self._clock = clock
-        self._actuation = Actuation(drainers, notifier, resetter)
-        self._checks = SafetyChecks(config=safety, fleet=fleet, clock=clock, gpu_ranks=gpu_ranks)
+        if requeue_on is None:
+            requeue_on = (lambda: True) if requeuer is not None else (lambda: False)
+        self._checks = SafetyChecks(
+            config=safety,
+            fleet=fleet,
+            clock=clock,
+            gpu_ranks=gpu_ranks,
+            gpu_job=gpu_job,
+            requeue_on=requeue_on,
+        )
+        self._actuation = Actuation(
+            drainers, notifier, resetter, requeuer, job_of=self._checks.job_of
+        )
         self._actions = ActionJournal(journal, clock, self._checks)
         self._waits = WaitingActions(
             actions=self._actions,
@@ -152,6 +182,7 @@ class Dispatcher:
         """Learn which nodes fleetwatch has drained, and settle actions a crash interrupted."""
         rows = await self._actions.every_action()
         self._checks.learn_drained(rows, self.owns)
+        self._checks.learn_requeued(rows, self.owns)
         self._waits.take_up(rows, self.owns)
         await self._waits.settle_unfinished(self.owns)
         if self.drained or self.waiting:
@@ -327,7 +358,7 @@ class Dispatcher:
         if draining:
             self._checks.drain_started()
         busy = self._checks.busy_set(spec)
-        where = place(incident, spec)
+        where = self._checks.place(incident, spec)
         if busy is not None:
             busy.add(where)  # a drain counts toward the cap while it runs
         try:
@@ -338,7 +369,7 @@ class Dispatcher:
         if draining and outcome.ok:
             self.drained[incident.node] = incident.id
         if not outcome.retry:  # a refusal for now is not an action that ran
-            self._checks.ran(incident, spec)
+            self._checks.ran(incident, spec, where=where, refused=outcome.refused)
         if outcome.retry:
             retry_at = self._clock.monotonic() + self.safety.reset_retry_s
             self._waits.defer(Waiting(action_id, incident.id, spec, retry_at, name))

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collector.actions.local_checks import place
 from collector.actions.tally import UNFINISHED, ActionTally
 from collector.store.incidents import ActionRow
 from rules.model import ActionSpec
@@ -157,6 +156,9 @@ class ActionJournal:
         self, incident: IncidentRow, spec: ActionSpec, state: str, detail: str, action: str
     ) -> ActionRow:
         """The journal row of ``action`` (``spec``, maybe renamed) of ``incident``."""
+        params = dict(spec.params)
+        if spec.name == "requeue_job" and (job := self._checks.job_of(incident)) is not None:
+            params["job"] = job  # which job: the journal says, and the limits learn it back
         return ActionRow(
             idempotency_key=f"{action}:{incident.id}",
             incident_id=incident.id,
@@ -165,7 +167,7 @@ class ActionJournal:
             target=incident.target,
             state=state,
             created_ms=self.now_ms(),
-            params=dict(spec.params),
+            params=params,
             detail=detail,
             finished_ms=None if state in ("planned", "running") else self.now_ms(),
         )
@@ -221,12 +223,13 @@ class ActionJournal:
         """Decide an action and journal it: (id, new, state, why, journaled name)."""
         state, why = self._checks.refusal(incident, rule, spec)
         busy = self._checks.busy_set(spec) if state == "planned" else None
-        where = place(incident, spec)
+        where = self._checks.place(incident, spec)
         if busy is not None:  # hold the place (cap, GPU) before anything awaits
             busy.add(where)
         name = f"{prefix}{spec.name}"
         try:
-            if busy is not None and self.shared:  # a planned drain or reset
+            if busy is not None and self.shared and spec.name != "requeue_job":
+                # a planned drain or reset: decided again fleet-wide
                 action_id, new, state, why = await self._add_fleet_wide(incident, spec, name)
             else:
                 action_id, new = await self.add(incident, spec, state, why, name)
@@ -260,7 +263,7 @@ class ActionJournal:
                 spec = chain[0]
                 state, why = self._checks.refusal(incident, rule, spec)
                 busy = self._checks.busy_set(spec) if state == "planned" else None
-                where = place(incident, spec)
+                where = self._checks.place(incident, spec)
                 name = f"{prefix}{spec.name}"
                 row = self.row(incident, spec, state, why, name)
                 if busy is not None:

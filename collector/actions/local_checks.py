@@ -1,10 +1,11 @@
 """The checks made against what this collector did, before an action runs.
 
 :class:`SafetyChecks` keeps what this collector did (nodes drained and draining, GPUs being
-reset, when each action last ran, the drain breaker) and says whether an action may run now,
-within the limits of :class:`SafetyConfig`. Over a shared journal a drain or a reset is decided
-again against every collector's actions (:mod:`collector.actions.fleet_checks`), through
-:meth:`SafetyChecks.fleet_refusal`.
+reset, jobs being and lately requeued, when each action last ran, the drain breaker) and says
+whether an action may run now, within the limits of :class:`SafetyConfig`. Over a shared journal
+a drain or a reset is decided again against every collector's actions
+(:mod:`collector.actions.fleet_checks`), through :meth:`SafetyChecks.fleet_refusal`; a requeue
+is decided here only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from collector.actions.fleet_checks import drain_refusal, reset_refusal
+from collector.actions.fleet_checks import drain_refusal, gpu_of, reset_refusal
 from collector.jobs.processes import GONE
 
 if TYPE_CHECKING:
@@ -33,19 +34,30 @@ log = structlog.get_logger("collector.actions")
 class SafetyChecks:
     """What this collector did, and whether an action may run now because of it."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the limits, the fleet, the clock, what the job book tells
         self,
         *,
         config: SafetyConfig,
         fleet: FleetModel,
         clock: Clock,
         gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
+        gpu_job: Callable[[str, int], str | None] | None = None,
+        requeue_on: Callable[[], bool] | None = None,
     ) -> None:
-        """Nothing drained yet; ``gpu_ranks(node, index)`` names the (job, rank, state) on a GPU."""
+        """Nothing drained yet; ``gpu_ranks(node, index)`` names the (job, rank, state) on a GPU.
+
+        ``gpu_job(node, index)`` names the job of the rank a GPU rule sees there (None: none);
+        ``requeue_on()`` says whether requeueing is switched on (None: it is off).
+        """
         self.config = config
         self._fleet = fleet
         self._clock = clock
         self._gpu_ranks = gpu_ranks
+        self._gpu_job = gpu_job
+        self._requeue_on = requeue_on
+        self.requeuing: set[str] = set()  # places (job/<id>) of the requeues running now
+        self.requeued: dict[str, tuple[str, float]] = {}  # job -> (incident, unix time)
+        self._requeue_times: deque[float] = deque()  # unix times of requeues that ran
         self.drained: dict[str, str] = {}  # node -> incident that drained it
         self.draining: set[str] = set()  # nodes whose drain is running now
         self.resetting: set[str] = set()  # GPUs (node/gpu/N) whose reset is running now
@@ -65,6 +77,65 @@ class SafetyChecks:
                 self.drained[row.node] = row.incident_id
             elif row.action in ("resume_node", "release_node") and row.state == "succeeded":
                 self.drained.pop(row.node, None)
+
+    def learn_requeued(self, rows: list[ActionRow], owns: Callable[[str], bool]) -> None:
+        """Which jobs the journal's ``rows`` say were requeued, and when (across restarts)."""
+        for row in reversed(rows):  # oldest first
+            job = row.params.get("job")
+            if (
+                owns(row.node)
+                and row.action.endswith("requeue_job")
+                and row.state in ("succeeded", "failed")
+                and isinstance(job, str)
+            ):
+                self.requeued[job] = (row.incident_id, row.created_ms / 1000)
+                self._requeue_times.append(row.created_ms / 1000)
+
+    def job_of(self, incident: IncidentRow) -> str | None:
+        """The job of the rank on the incident's GPU, as its rule saw it (none known: None)."""
+        if self._gpu_job is None or "/gpu/" not in incident.target:
+            return None
+        node, _, rest = incident.target.partition("/gpu/")
+        index = rest.split("/", 1)[0]
+        return self._gpu_job(node, int(index)) if index.isdigit() else None
+
+    def place(self, incident: IncidentRow, spec: ActionSpec) -> str:
+        """What an action holds while decided and running (:func:`place`; a requeue its job)."""
+        if spec.name == "requeue_job":
+            return f"job/{self.job_of(incident)}"
+        return place(incident, spec)
+
+    def _requeue_skip(self, incident: IncidentRow) -> str:
+        """Why the incident's job must not be requeued, whatever the limits ("" when it may)."""
+        if self._requeue_on is None or not self._requeue_on():
+            return "requeue is off ([collector.actions.slurm] requeue = true turns it on)"
+        job = self.job_of(incident)
+        if job is None:
+            return f"no training job is known on {gpu_of(incident.target)}"
+        if f"job/{job}" in self.requeuing:
+            return f"job {job} is being requeued for another incident"
+        last = self.requeued.get(job)
+        ago = self._clock.now() - last[1] if last is not None else math.inf
+        if last is not None and ago < self.config.requeue_cooldown_s:
+            return (
+                f"job {job} was requeued {ago:.0f} s ago for {last[0]} (requeue_cooldown "
+                f"{self.config.requeue_cooldown_s:g} s)"
+            )
+        return ""
+
+    def _requeue_limit(self) -> tuple[str, str]:
+        """No more than ``max_requeues`` requeues in ``requeue_window_s``."""
+        now, times = self._clock.now(), self._requeue_times
+        while times and now - times[0] > self.config.requeue_window_s:
+            times.popleft()
+        taken = len(times) + len(self.requeuing)
+        if taken >= self.config.max_requeues:
+            why = (
+                f"requeue limit reached: {taken} requeues in the last "
+                f"{self.config.requeue_window_s:g} s (max_requeues {self.config.max_requeues})"
+            )
+            return "skipped", why
+        return "planned", ""
 
     def fleet_size(self) -> int:
         """How many nodes the fleet model knows."""
@@ -97,6 +168,7 @@ class SafetyChecks:
                 and cooldown_key(incident, spec) in self.resetting
                 and f"{cooldown_key(incident, spec)} is being reset for another incident"
             )
+            or (spec.name == "requeue_job" and self._requeue_skip(incident))
         )
         if why:
             return "skipped", why
@@ -105,13 +177,19 @@ class SafetyChecks:
         mono = self._clock.monotonic()
         where = cooldown_key(incident, spec)
         last = self._last_action.get((where, spec.name))
-        if spec.name != "notify" and last is not None and mono - last < self.config.node_cooldown_s:
+        if (
+            spec.name not in ("notify", "requeue_job")  # a requeue's limits are its job's
+            and last is not None
+            and mono - last < self.config.node_cooldown_s
+        ):
             return (
                 "skipped",
                 f"cooldown: {spec.name} ran on {where} {mono - last:.0f} s ago",
             )
         if spec.name == "drain_node":
             return self._drain_refusal(mono)
+        if spec.name == "requeue_job":
+            return self._requeue_limit()
         return "planned", ""
 
     def fleet_refusal(
@@ -150,15 +228,29 @@ class SafetyChecks:
 
     def busy_set(self, spec: ActionSpec) -> set[str] | None:
         """Where an action of this kind marks what it is working on, if anywhere."""
-        return {"drain_node": self.draining, "reset_gpu": self.resetting}.get(spec.name)
+        return {
+            "drain_node": self.draining,
+            "reset_gpu": self.resetting,
+            "requeue_job": self.requeuing,
+        }.get(spec.name)
 
     def drain_started(self) -> None:
         """A drain starts now: it counts toward the breaker's window."""
         self._drain_starts.append(self._clock.monotonic())
 
-    def ran(self, incident: IncidentRow, spec: ActionSpec) -> None:
-        """The action ran now: its cooldown starts."""
+    def ran(
+        self, incident: IncidentRow, spec: ActionSpec, *, where: str = "", refused: bool = False
+    ) -> None:
+        """The action ran now: its cooldown starts.
+
+        A requeue (``where`` is ``job/<id>``) counts toward its job's cooldown and the requeue
+        limit unless it was refused (then nothing ran).
+        """
         self._last_action[cooldown_key(incident, spec), spec.name] = self._clock.monotonic()
+        if spec.name == "requeue_job" and not refused and where.startswith("job/"):
+            now = self._clock.now()
+            self.requeued[where.removeprefix("job/")] = (incident.id, now)
+            self._requeue_times.append(now)
 
     def _ranks_on(self, incident: IncidentRow) -> list[tuple[str, int, str]]:
         """The training ranks on the incident's GPU (none known: empty)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ActionOutcome", "Drainer", "GpuResetter", "Notifier", "refused"]
+__all__ = ["ActionOutcome", "Drainer", "GpuResetter", "JobRequeuer", "Notifier", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +50,12 @@ class GpuResetter(Protocol):
 
     async def reset(self, node: str, target: str, *, force: bool) -> ActionOutcome:
         """Reset the GPU ``target`` (a key like ``node/gpu/3``) of ``node``."""
+        ...
+
+
+class JobRequeuer(Protocol):
+    """Puts a training job back in its scheduler's queue, to start again without a node."""
+
+    async def requeue(self, job: str, node: str | None) -> ActionOutcome:
+        """Requeue ``job`` keeping it off ``node`` (None: anywhere); refused when it may not be."""
         ...

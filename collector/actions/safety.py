@@ -22,3 +22,6 @@ class SafetyConfig:
     breaker_max_drains: int = 5
     breaker_cooldown_s: float = 3600.0
     reset_retry_s: float = 60.0
+    max_requeues: int = 4  # requeue_job: at most this many within requeue_window_s
+    requeue_window_s: float = 3600.0
+    requeue_cooldown_s: float = 86400.0  # before the same job is requeued again

@@ -57,6 +57,7 @@ __all__ = [
     "SlurmRefusedError",
     "is_single_node_name",
     "parse_node_line",
+    "run_scontrol",
     "sanitize_reason",
 ]
 
@@ -90,15 +91,17 @@ class SlurmError(CollectorError):
     """``scontrol`` could not be run, timed out, failed, or printed something unreadable.
 
     Attributes:
-        node: the node the command was about.
+        node: the node the command was about ("" for a job's command that names none).
         stderr: what scontrol printed on failure (stdout when stderr was empty), trimmed.
+        job: the Slurm job the command was about ("" for a node's).
     """
 
-    def __init__(self, message: str, *, node: str, stderr: str = "") -> None:
-        """Keep the node and scontrol's own words next to the message."""
+    def __init__(self, message: str, *, node: str = "", stderr: str = "", job: str = "") -> None:
+        """Keep the node or job and scontrol's own words next to the message."""
         super().__init__(message)
         self.node = node
         self.stderr = stderr
+        self.job = job
 
 
 class SlurmRefusedError(SlurmError):
@@ -431,41 +434,66 @@ class SlurmNodes:
 
     async def _run(self, node: str, *args: str) -> str:
         """Run scontrol with ``args``; return its stdout, or raise `SlurmError` naming ``node``."""
-        what = f"scontrol {args[0]}"
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self._scontrol,
-                *args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={**os.environ, **self._env},
-            )
-        except OSError as exc:
-            msg = (
-                f"{what} for node {node!r} could not start {self._scontrol!r}: {exc.strerror}"
-                " (is slurm-client installed and scontrol on PATH?)"
-            )
-            log.error("slurm_command_failed", node=node, args=list(args), error=msg)
-            raise SlurmError(msg, node=node) from exc
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                stdout, stderr = await proc.communicate()
-        except TimeoutError as exc:
-            msg = f"{what} for node {node!r} timed out after {self._timeout_s:g} s"
-            log.error("slurm_command_failed", node=node, args=list(args), error=msg)
-            raise SlurmError(msg, node=node) from exc
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: leave no child behind
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if proc.returncode != 0:
-            said = _trim(stderr) or _trim(stdout)
-            msg = f"{what} for node {node!r} failed (exit {proc.returncode}): {said or 'no output'}"
-            log.error("slurm_command_failed", node=node, args=list(args), error=msg)
-            raise SlurmError(msg, node=node, stderr=said)
-        return stdout.decode(errors="replace")
+        return await run_scontrol(
+            self._scontrol, args, env=self._env, timeout_s=self._timeout_s, node=node
+        )
+
+
+async def run_scontrol(  # noqa: PLR0913 - the command, its arguments, and whom it is about
+    scontrol: str,
+    args: tuple[str, ...],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    node: str = "",
+    job: str = "",
+) -> str:
+    """Run ``scontrol *args`` (no shell, under ``timeout_s``); return its stdout.
+
+    ``env`` is laid over the collector's environment. ``node`` or ``job`` says whom the command
+    is about, in the message and on the error.
+
+    Raises:
+        SlurmError: scontrol could not start, timed out or exited non-zero; the message names
+            the node or job and carries what scontrol said.
+    """
+    what = f"scontrol {args[0]}"
+    about = f"job {job!r}" if job else f"node {node!r}"
+    fields = {"node": node, "job": job} if job else {"node": node}
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            scontrol,
+            *args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **env},
+        )
+    except OSError as exc:
+        msg = (
+            f"{what} for {about} could not start {scontrol!r}: {exc.strerror}"
+            " (is slurm-client installed and scontrol on PATH?)"
+        )
+        log.error("slurm_command_failed", **fields, args=list(args), error=msg)
+        raise SlurmError(msg, node=node, job=job) from exc
+    try:
+        async with asyncio.timeout(timeout_s):
+            stdout, stderr = await proc.communicate()
+    except TimeoutError as exc:
+        msg = f"{what} for {about} timed out after {timeout_s:g} s"
+        log.error("slurm_command_failed", **fields, args=list(args), error=msg)
+        raise SlurmError(msg, node=node, job=job) from exc
+    finally:
+        if proc.returncode is None:  # timed out or cancelled: leave no child behind
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        said = _trim(stderr) or _trim(stdout)
+        msg = f"{what} for {about} failed (exit {proc.returncode}): {said or 'no output'}"
+        log.error("slurm_command_failed", **fields, args=list(args), error=msg)
+        raise SlurmError(msg, node=node, stderr=said, job=job)
+    return stdout.decode(errors="replace")
 
 
 def is_single_node_name(node: str) -> bool:

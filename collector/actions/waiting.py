@@ -121,8 +121,11 @@ class WaitingActions:
                     row.id, row.incident_id, spec, name=row.action, cut_short=True
                 )
                 continue
-            # A reset may have run; running it twice is not safe. People decide.
-            await self._actions.finish(row.id, "failed", CUT_SHORT)
+            # A reset may have run; running it twice is not safe. People decide. So with a
+            # requeue, which may have left its job held between its requeuehold and release.
+            job = row.params.get("job") if kind == "requeue_job" else None
+            held = f": job {job} may be held in Slurm (scontrol release {job})" if job else ""
+            await self._actions.finish(row.id, "failed", CUT_SHORT + held)
 
     async def settle(
         self,

@@ -115,6 +115,20 @@ class TestExamples:
         assert (code, err) == (0, "")
         assert "drains via slurm and webhook, 1 notify channels" in out
 
+    def test_requeue_is_named_when_on(self, capsys, tmp_path: Path, monkeypatch):
+        """``requeue = true`` shows in the summary; a quoted one is refused, naming the key."""
+        monkeypatch.setenv("FLEETWATCH_NOTIFY_SECRET", "s3cret-notify")
+        path = full_collector(tmp_path)
+        text = path.read_text()
+        path.write_text(text.replace("enabled = true\n", "enabled = true\nrequeue = true\n"))
+        code, out, err = run(capsys, str(path))
+        assert (code, err) == (0, "")
+        assert "1 notify channels, requeues jobs via slurm" in out
+        path.write_text(text.replace("enabled = true\n", 'enabled = true\nrequeue = "yes"\n'))
+        code, _, err = run(capsys, str(path))
+        assert code != 0
+        assert "actions.slurm.requeue must be true or false" in err
+
     def test_env_file_supplies_secret_variables(self, capsys, tmp_path: Path, monkeypatch):
         """--env-file reads the unit's EnvironmentFile= format; the secret is never printed."""
         monkeypatch.delenv("FLEETWATCH_NOTIFY_SECRET", raising=False)

@@ -385,3 +385,24 @@ def kind_of(value: object) -> Kind:
         return Kind.NAMES
     assert isinstance(value, dict), value
     return Kind.SIGNALS
+
+
+class TestRequeueJobAction:
+    def test_defaults_to_excluding_the_node(self):
+        """``requeue_job`` keeps the job off the incident's node unless told not to."""
+        (rule,) = parse_rules(one_rule("gpu", "true", "actions: [requeue_job]"), "r.yaml").rules
+        assert rule.actions[0].params == {"exclude_node": True}
+        text = one_rule("gpu", "true", "actions: [{requeue_job: {exclude_node: false}}]")
+        (rule,) = parse_rules(text, "r.yaml").rules
+        assert rule.actions[0].params == {"exclude_node": False}
+
+    @pytest.mark.parametrize(("scope", "when"), [("node", "true"), ("job", "true")])
+    def test_needs_a_gpu_scope(self, scope, when):
+        """The job comes from the rank on the incident's GPU: node and job rules cannot."""
+        found = problems(one_rule(scope, when, "actions: [requeue_job]"))
+        assert any(f"requeue_job needs a GPU (its rank's job), and a {scope}" in p for p in found)
+
+    def test_option_is_checked(self):
+        """A quoted boolean is refused, naming the parameter."""
+        found = problems(one_rule("gpu", "true", 'actions: [{requeue_job: {exclude_node: "no"}}]'))
+        assert any("requeue_job.exclude_node must be true or false" in p for p in found), found
