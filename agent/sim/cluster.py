@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, TypeAlias
 import structlog
 
 from agent.config import AgentConfig
-from agent.jobs.stacks import SimulatedDumper, StackDumper
 from agent.main import Hardware, build_agent
 from agent.preflight.runners import PreflightRunners
 from agent.sim.bmc import SimRedfishService
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from agent.agent import Agent
+    from agent.jobs.stacks import StackDumper
     from fleetwatch.clock import Clock
 
 log = structlog.get_logger("agent.sim")
@@ -40,8 +40,9 @@ def sim_hardware(
 
     The BMC is the agent's own Redfish reader over the simulated BMC's documents; ``preflight``
     measures its pre-flight checks (None: no runners, those checks could not run). A rank's
-    stacks are simulated too (:class:`~agent.jobs.stacks.SimulatedDumper`: an all-reduce),
-    unless ``stacks`` reads them (the rank processes are real: py-spy can).
+    stacks are simulated too (the node's :class:`~agent.jobs.stacks.SimulatedDumper`: an
+    all-reduce, or where a simulated job's hang left the rank), unless ``stacks`` reads them (the
+    rank processes are real: py-spy can).
     """
     return Hardware(
         preflight=preflight or PreflightRunners(),
@@ -52,7 +53,7 @@ def sim_hardware(
         boot_id=node.boot_id,
         gpu_reset=lambda gpu: node.reset_gpu(gpu.index),
         bmc=RedfishBmc(SimRedfishService(node.bmc), f"{node.name}-bmc"),
-        stacks=stacks or SimulatedDumper(),
+        stacks=stacks or node.stacks,
     )
 
 

@@ -56,6 +56,10 @@ class SimGpu:
     lost: bool = False
     slowdown: float = 1.0  # step-time factor a simulated training job reads (1.0: healthy)
     processes: list[int] = field(default_factory=list)  # pids of compute processes on the GPU
+    # What the training rank on this GPU does next (a hang scenario's fault, played once by a
+    # simulated job with rank processes: "stop", "exit", "stuck", "desync"; "" nothing).
+    rank_fault: str = ""
+    wedged: bool = False  # the driver is wedged on it (nvml_hang): its rank's kernels never end
     resets: int = 0
     reset_fails: bool = False  # the driver cannot reset it (nvidia-smi answers an error)
     # A reset waits until this is set, as a real one takes seconds (None: it does not wait).

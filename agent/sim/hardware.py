@@ -11,6 +11,7 @@ import hashlib
 import uuid as uuidlib
 from typing import TYPE_CHECKING
 
+from agent.jobs.stacks import SimulatedDumper
 from agent.sim.bmc import SimBmc
 from agent.sim.devices import H100_BUSES, H100_NVLINKS, SimGpu, SimIbPort
 from agent.sim.kmsg import SimKmsg
@@ -101,6 +102,10 @@ class SimNode:
         # bad cable to another node on one rail (by peer node and port index), as factors.
         self.p2p_factors: dict[tuple[int, int], float] = {}
         self.cable_factors: dict[tuple[str, int], float] = {}
+        # What py-spy would read of the node's rank processes (simulated: they run no training
+        # code), and until when a stalled filesystem holds the jobs on the node (monotonic).
+        self.stacks = SimulatedDumper()
+        self.stall_until = 0.0
         if gpus <= len(H100_BUSES):
             for g in self.gpus:
                 self.pcie_paths[g.index] = self.sysfs.write_gpu_pcie_path(g.sysfs_bus_id)
@@ -254,10 +259,21 @@ class SimNode:
         and sysfs go on working.
         """
         self.nvml.hang(self.gpus[gpu])
+        self.gpus[gpu].wedged = True
 
     def nvml_hang_clear(self, gpu: int | None = None) -> None:
         """The blocked NVML calls on ``gpu`` (None: on every GPU) return."""
         self.nvml.release(None if gpu is None else self.gpus[gpu])
+        for g in self.gpus if gpu is None else [self.gpus[gpu]]:
+            g.wedged = False
+
+    def rank_fault(self, gpu: int, what: str) -> None:
+        """The training rank on ``gpu`` plays ``what`` next (a simulated job reads it)."""
+        self.gpus[gpu].rank_fault = what
+
+    def stall(self, seconds: float) -> None:
+        """Every job's ranks on the node block outside their collectives for ``seconds``."""
+        self.stall_until = self.clock.monotonic() + seconds
 
     def slow(self, gpu: int, factor: float) -> None:
         """The GPU computes ``factor`` times slower (a training job's step time grows)."""

@@ -110,6 +110,14 @@ class FaultKind(StrEnum):
     POWER_CLEAR = "power_clear"
     RESET_FAILS = "reset_fails"
     AGENT_CUTOFF = "agent_cutoff"
+    # A training rank's own hang, played by a simulated job whose ranks are processes
+    # (agent/sim/training.py): stopped, exited, stuck before its collective, in another one; or
+    # every rank on the node stalled outside any collective (a filesystem).
+    RANK_STOP = "rank_stop"
+    RANK_EXIT = "rank_exit"
+    RANK_STUCK = "rank_stuck"
+    RANK_DESYNC = "rank_desync"
+    JOB_STALL = "job_stall"
 
 
 # The parameters each kind takes (all required), with their type.
@@ -160,6 +168,18 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.POWER_CLEAR: {"gpu": int},
     FaultKind.RESET_FAILS: {"gpu": int},
     FaultKind.AGENT_CUTOFF: {"seconds": float},
+    FaultKind.RANK_STOP: {"gpu": int},
+    FaultKind.RANK_EXIT: {"gpu": int},
+    FaultKind.RANK_STUCK: {"gpu": int},
+    FaultKind.RANK_DESYNC: {"gpu": int},
+    FaultKind.JOB_STALL: {"seconds": float},
+}
+# The rank hangs, as the rank on the GPU plays them (SimGpu.rank_fault).
+RANK_FAULTS: Final = {
+    FaultKind.RANK_STOP: "stop",
+    FaultKind.RANK_EXIT: "exit",
+    FaultKind.RANK_STUCK: "stuck",
+    FaultKind.RANK_DESYNC: "desync",
 }
 # Faults whose ``factor`` is a share of the healthy bandwidth, in (0, 1].
 _SHARE_FACTORS: Final = frozenset({FaultKind.P2P_LOW, FaultKind.BAD_CABLE})
@@ -240,6 +260,17 @@ class Fault:
             FaultKind.AGENT_CUTOFF: lambda: (
                 f"agent cut off from the collector for {p['seconds']:g} s"
             ),
+            FaultKind.RANK_STOP: lambda: f"the training rank on GPU {p['gpu']} is stopped",
+            FaultKind.RANK_EXIT: lambda: f"the training rank on GPU {p['gpu']} dies",
+            FaultKind.RANK_STUCK: lambda: (
+                f"the training rank on GPU {p['gpu']} never enters its next collective"
+            ),
+            FaultKind.RANK_DESYNC: lambda: (
+                f"the training rank on GPU {p['gpu']} enters another collective than its peers"
+            ),
+            FaultKind.JOB_STALL: lambda: (
+                f"every training rank stalls outside its collectives for {p['seconds']:g} s"
+            ),
         }
         text = details.get(self.kind)
         args = ", ".join(f"{k}={v}" for k, v in p.items())
@@ -264,7 +295,7 @@ class Scenario:
             params = dict(f.params)
             if f.kind == FaultKind.IB_FLAP:
                 params["every"] = round(params["every"] * factor, 3)
-            if f.kind == FaultKind.AGENT_CUTOFF:
+            if f.kind in (FaultKind.AGENT_CUTOFF, FaultKind.JOB_STALL):
                 params["seconds"] = round(params["seconds"] * factor, 3)
             faults.append(replace(f, at_s=round(f.at_s * factor, 3), params=params))
         return replace(self, duration_s=duration_s, faults=tuple(faults))
@@ -394,7 +425,7 @@ def _check_new_kinds(
     if kind == FaultKind.POWER_CAP and not MIN_CAP_W <= params["watts"] <= MAX_CAP_W:
         msg = f"{where}: watts must be {MIN_CAP_W} to {MAX_CAP_W}, got {params['watts']}"
         raise ScenarioError(msg)
-    if kind == FaultKind.AGENT_CUTOFF and params["seconds"] <= 0:
+    if kind in (FaultKind.AGENT_CUTOFF, FaultKind.JOB_STALL) and params["seconds"] <= 0:
         msg = f"{where}: seconds must be more than 0, got {params['seconds']:g}"
         raise ScenarioError(msg)
     if kind == FaultKind.BAD_CABLE and (params["peer"] not in nodes or params["peer"] == node):
@@ -457,6 +488,15 @@ def load_scenario(path: Path | None = None) -> Scenario:
     return parse_scenario(text, where)
 
 
+def _rank_fault(what: str) -> Callable[[SimNode, dict[str, Any]], None]:
+    """Apply a rank hang: the rank on the fault's GPU plays ``what`` next."""
+
+    def apply(node: SimNode, params: dict[str, Any]) -> None:
+        node.rank_fault(params["gpu"], what)
+
+    return apply
+
+
 _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.XID: lambda n, p: n.xid(p["gpu"], p["xid"]),
     FaultKind.GPU_LOST: lambda n, p: n.xid(p["gpu"], 79),
@@ -511,6 +551,8 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.POWER_CAP: lambda n, p: _power(n, p["gpu"], POWER_CAP_REASON, p["watts"]),
     FaultKind.POWER_CLEAR: lambda n, p: _power(n, p["gpu"], 0, None),
     FaultKind.RESET_FAILS: lambda n, p: setattr(n.gpus[p["gpu"]], "reset_fails", True),
+    **{kind: _rank_fault(what) for kind, what in RANK_FAULTS.items()},
+    FaultKind.JOB_STALL: lambda n, p: n.stall(p["seconds"]),
 }
 
 

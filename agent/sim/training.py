@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 
+from agent.sim.job_hangs import RankHangs
 from fleetwatch.jobclient import report_step
 
 if TYPE_CHECKING:
@@ -80,11 +81,14 @@ class SimTrainingJob:
         nccl_timeout_s: float = 30.0,
         restart_after_s: float = 10.0,
         hold_gpus: bool = True,
+        processes: bool = False,
     ) -> None:
         """A job over ``placements``; step times are reported as simulated, not as slept.
 
         ``node_up`` tells a running node from a crashed one (None: nodes never crash);
-        ``hold_gpus`` makes each rank a compute process on its GPU while the job runs.
+        ``hold_gpus`` makes each rank a compute process on its GPU while the job runs;
+        ``processes`` runs each rank as a process of its own, which the hang faults act on
+        (:mod:`agent.sim.job_hangs`; the ranks then always hold their GPUs).
         """
         self.job_id = job_id
         self.allocation = list(placements)  # every GPU the job may run on
@@ -100,6 +104,7 @@ class SimTrainingJob:
         self.checkpoint_step = 0  # the step the last checkpoint resumes at
         self._ports_down_since: dict[tuple[str, int], float] = {}
         self._held: list[Placement] = []
+        self._procs = RankHangs(job_id, nccl_timeout_s) if processes else None
         self.compute_s = compute_s
         self.comm_s = comm_s
         self.noise = noise
@@ -153,7 +158,8 @@ class SimTrainingJob:
         """
         if self._node_fault(node, now):
             return False
-        return all(all(node.gpus[p.gpu].nvlink_up) for p in self.allocation if p.node is node)
+        gpus = [node.gpus[p.gpu] for p in self.allocation if p.node is node]
+        return all(all(g.nvlink_up) and not g.wedged for g in gpus)
 
     def _node_fault(self, node: SimNode, now: float) -> str:
         if not self.node_up(node.name):
@@ -161,15 +167,21 @@ class SimTrainingJob:
         for index, gpu in enumerate(node.gpus):
             if gpu.lost and any(p.node is node and p.gpu == index for p in self.allocation):
                 return f"{node.name} GPU {index} lost"
+        self._track_ports(node, now)
+        for index, port in enumerate(node.ib_ports):
+            since = self._ports_down_since.get((node.name, index))
+            if since is not None and now - since >= self.nccl_timeout_s:
+                return f"{node.name} IB port {port.device}/{port.port} down past the NCCL timeout"
+        return ""
+
+    def _track_ports(self, node: SimNode, now: float) -> None:
+        """Note when each of the node's IB ports went down (and forget the ones back up)."""
         for index, port in enumerate(node.ib_ports):
             key = (node.name, index)
             if port.state == "ACTIVE":
                 self._ports_down_since.pop(key, None)
-                continue
-            since = self._ports_down_since.setdefault(key, now)
-            if now - since >= self.nccl_timeout_s:
-                return f"{node.name} IB port {port.device}/{port.port} down past the NCCL timeout"
-        return ""
+            else:
+                self._ports_down_since.setdefault(key, now)
 
     def _fatal(self, now: float) -> str:
         """Why the running job dies now ("" while it may go on)."""
@@ -180,6 +192,10 @@ class SimTrainingJob:
 
     def _hold(self) -> None:
         """The ranks become compute processes on their GPUs (a reset of one waits)."""
+        if self._procs is not None:
+            self._procs.hold(self.placements)
+            self._held = list(self.placements)
+            return
         if not self.hold_gpus:
             return
         for p in self.placements:
@@ -189,8 +205,12 @@ class SimTrainingJob:
                 pids.append(pid)
         self._held = list(self.placements)
 
-    def _release(self) -> None:
-        """The ranks' processes exit (the job died or stopped)."""
+    def _release(self, *, ending: bool = False) -> None:
+        """The ranks' processes exit (the job died or stopped; ``ending``: it ends normally)."""
+        if self._procs is not None:
+            self._procs.release(ending=ending)
+            self._held = []
+            return
         for p in self._held:
             pids = p.node.gpus[p.gpu].processes
             if PID_BASE + p.rank in pids:
@@ -222,7 +242,7 @@ class SimTrainingJob:
 
     def stop(self) -> None:
         """The job ends: its processes leave the GPUs."""
-        self._release()
+        self._release(ending=True)
 
     def _compute(self, gpu: SimGpu) -> float:
         clock = gpu.sm_clock_mhz or FULL_CLOCK_MHZ
@@ -248,6 +268,22 @@ class SimTrainingJob:
             factor *= NVLINK_ERRORS_FACTOR
         return self.comm_s * factor * (1 + self._random.gauss(0, self.noise))
 
+    def _held_back(self, now: float) -> bool:
+        """Whether no step runs now: a fault killed the job, or holds its ranks (processes)."""
+        if self._procs is None:
+            if why := self._fatal(now):
+                self._crash(why, now)
+                return True
+            return False
+        for node in {id(p.node): p.node for p in self.placements}.values():
+            self._track_ports(node, now)
+        verdict = self._procs.check(
+            self.placements, self.step, now, self.node_up, self._ports_down_since
+        )
+        if verdict:
+            self._crash(verdict, now)
+        return verdict is not None
+
     def run_step(self) -> float:
         """Run (simulate) one step on every rank and report it; return the step time.
 
@@ -257,10 +293,9 @@ class SimTrainingJob:
         mono = self.clock.monotonic()
         if not self._try_restart(mono):
             return 0.0
-        if not self._held and self.hold_gpus:
+        if not self._held and (self.hold_gpus or self._procs is not None):
             self._hold()
-        if why := self._fatal(mono):
-            self._crash(why, mono)
+        if self._held_back(mono):
             return 0.0
         live = [p for p in self.placements if not p.node.gpus[p.gpu].lost]
         computes = {p.rank: self._compute(p.node.gpus[p.gpu]) for p in live}
@@ -272,6 +307,10 @@ class SimTrainingJob:
             self.checkpoint_step = self.step
         world = len(self.allocation)
         for p in live:
+            if self._procs is not None:
+                report = self._report(p, step_time, computes[p.rank], checkpoint)
+                self.sent += self._procs.report(p.rank, report)
+                continue
             sent = report_step(
                 self.job_id,
                 p.rank,
@@ -289,6 +328,25 @@ class SimTrainingJob:
         self.step += 1
         return step_time
 
+    def _report(
+        self,
+        p: Placement,
+        step_time: float,
+        compute: float,
+        checkpoint: tuple[float, float] | None,
+    ) -> dict[str, object]:
+        """The step report a rank process sends (report_step's arguments)."""
+        return {
+            "step": self.step,
+            "step_time": step_time,
+            "tokens": self.tokens_per_rank,
+            "compute_time": compute,
+            "checkpoint": list(checkpoint) if checkpoint else None,
+            "gpu": p.gpu,
+            "world_size": len(self.allocation),
+            "params": self.params,
+        }
+
     async def run(self, steps: int | None = None, *, pace: float = 1.0) -> None:
         """Step until cancelled (or ``steps`` done), sleeping each step's time times ``pace``.
 
@@ -299,4 +357,4 @@ class SimTrainingJob:
                 step_time = self.run_step()
                 await self.clock.sleep(step_time * pace if self.running else DOWN_POLL_S)
         finally:
-            self._release()
+            self._release(ending=True)

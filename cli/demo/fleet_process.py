@@ -5,7 +5,8 @@ each with a share of the nodes, so that the agents' polls do not starve the coll
 loop (with 256 nodes in the demo's own process, most never got to say Hello). The nodes are
 :class:`agent.sim.cluster.SimCluster` nodes (simulated hardware, real agents, real gRPC to the
 collector); the agents start spread over one poll interval, as a real fleet's are not in step;
-a simulated training job runs on every GPU of the process's nodes.
+a simulated training job runs on every GPU of the process's nodes, each rank a process of its
+own while the job has at most ``--rank-processes`` ranks (the scenario's rank hangs need them).
 
 The pipe: one JSON object per line both ways. This process writes ``{"op": "ready", ...}`` once
 its agents run and the job steps, then answers each request from stdin: ``{"op": "inject",
@@ -127,11 +128,14 @@ class DemoJob:
         sockets = cluster.job_sockets.values()
         while not all(p.exists() for p in sockets) and clock.monotonic() < deadline:
             await clock.sleep(0.05)
+        nodes = [node for name, node in cluster.nodes.items() if name not in skip]
+        ranks = sum(len(node.gpus) for node in nodes)
         self.job = SimTrainingJob.on_nodes(
             args.job,
-            [node for name, node in cluster.nodes.items() if name not in skip],
+            nodes,
             cluster.job_sockets,
             clock,
+            processes=ranks <= args.rank_processes,
             compute_s=0.08,
             checkpoint_every=args.checkpoint_every,
             node_up=cluster.running,
@@ -201,6 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=40)
     parser.add_argument("--nccl-timeout", type=float, default=3.0)
     parser.add_argument("--restart-after", type=float, default=7.5)
+    parser.add_argument(
+        "--rank-processes",
+        type=int,
+        default=64,
+        help="a job of at most this many ranks runs each rank as a process (rank hangs need it)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--preflight", action="store_true", help="simulated pre-flight runners")
     parser.add_argument("--plant", default="[]", help="faults on the hardware before it starts")

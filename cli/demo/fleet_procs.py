@@ -68,6 +68,9 @@ class FleetSpec:
     checkpoint_every: int
     nccl_timeout_s: float
     restart_after_s: float
+    # A process's job runs each rank as a process of its own (which the scenario's rank hangs
+    # act on) when it has at most this many ranks; a bigger one reports from the fleet process.
+    rank_processes: int = 64
     # Pre-flight: the simulator's runners, faults planted before the agents start, and a job
     # that waits for start_job (every node in one process: the runners meet in one fabric).
     preflight: bool = False
@@ -161,6 +164,8 @@ class FleetProcesses:
                 str(spec.nccl_timeout_s),
                 "--restart-after",
                 str(spec.restart_after_s),
+                "--rank-processes",
+                str(spec.rank_processes),
                 "--seed",
                 str(index + 1),
                 "--plant",

@@ -38,6 +38,7 @@ from cli.demo.wiring import (
 )
 from cli.dev.webhook_receiver import Delivery, WebhookReceiver
 from collector.config import CollectorConfig
+from collector.jobs.config import JobsConfig
 from collector.main import CollectorService
 from collector.model.node_states import node_state
 
@@ -55,8 +56,12 @@ RULES_INTERVAL_S = 0.25
 # The demo job checkpoints every this many steps; it dies of a port down for this share of the
 # scenario (NCCL's timeout, on demo time) and restarts after this share of it.
 DEMO_CHECKPOINT_STEPS = 40
-DEMO_NCCL_TIMEOUT_SHARE = 0.1
+DEMO_NCCL_TIMEOUT_SHARE = 0.2
 DEMO_RESTART_SHARE = 0.25
+# A job with no step for this share of the scenario is hung (the default floor is 30 s, a whole
+# demo), and one whose rank ended without a word for this share is failed.
+DEMO_HANG_FLOOR_SHARE = 0.06
+DEMO_EXIT_GRACE_SHARE = 0.03
 CONNECT_TIMEOUT_S = 120.0  # the scenario starts once every agent is connected, or after this
 
 
@@ -127,6 +132,11 @@ async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
                 rules=(rules.path,),
                 rules_interval=RULES_INTERVAL_S,
                 actions=demo_actions(receiver.url, secret_file),
+                jobs=JobsConfig(
+                    hang_floor_s=DEMO_HANG_FLOOR_SHARE * scenario.duration_s,
+                    exit_grace_s=DEMO_EXIT_GRACE_SHARE * scenario.duration_s,
+                    culprit_window_s=max(2 * opts.poll_interval, 1.0),
+                ),
             )
             notes = [*rules.describe(), *actions_note(receiver.url)]
             result = await _run(opts, scenario, names, cfg, notes, clock=clock, out=out)

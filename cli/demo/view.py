@@ -62,6 +62,13 @@ def job_line(elapsed_s: float | None, job: dict[str, Any]) -> str:
             f"MFU {job['mfu']:.0%}, ETTR {job['ettr']:.0%}"
         ),
     ]
+    state = job.get("state", "running")
+    if state in {"hung", "failed"}:
+        culprits = job.get("culprits") or []
+        held = f": {culprits[0]}" if culprits else ": no rank stands out"
+        parts.append(f"{state.upper()}{held}")
+    if job.get("restarts"):
+        parts.append(f"restarts {job['restarts']}")
     if job["stragglers"]:
         parts.append(
             f"stragglers on {', '.join(job['straggler_nodes'])} "

@@ -30,7 +30,7 @@ from collector.jobs.diagnosis import (
     job_fabric_nodes,
     node_evidence,
 )
-from collector.jobs.evidence import EvidenceGatherer
+from collector.jobs.evidence import RECORDER_LABEL, EvidenceGatherer
 from collector.jobs.liveness import Liveness, judge, suspects
 from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
 from collector.jobs.state import JobState
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from collector.jobs.state import FinishedStep
     from collector.model.fleet import FleetModel
     from collector.model.history import History
+    from collector.model.state import NodeState
     from fleetwatch.clock import Clock
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -472,7 +473,11 @@ class JobBook:
     def job_map(self, job: JobState) -> dict[str, Any]:
         """The ``job`` variables of one job."""
         active = self.active(job)
-        liveness = judge(job, self._clock.monotonic(), self.config, active=active)
+        nodes = self._fleet.view()
+        silent = frozenset(n for n in job.nodes() if (s := nodes.get(n)) and not s.reachable)
+        liveness = judge(
+            job, self._clock.monotonic(), self.config, active=active, silent_nodes=silent
+        )
         stacks = self._stacks(job, liveness)
         culprits = self._culprits(job, liveness, stacks)
         self._culprit_ranks[job.job_id] = {int(c["rank"]): c["hardware"] == "yes" for c in culprits}
@@ -554,6 +559,27 @@ class JobBook:
             return None
         return found.localisation if found.asked_at >= liveness.since else None
 
+    def _suspects(
+        self,
+        job: JobState,
+        liveness: Liveness,
+        stacks: Localisation | None,
+        nodes: dict[str, NodeState],
+    ) -> list[tuple[int, str]]:
+        """The ranks on nodes that stopped answering, then those whose processes stand out.
+
+        What the ranks of a node that stopped answering did is unknown (a crashed node's ranks
+        never say they are gone): they come first.
+        """
+        found = suspects(job, liveness, stacks, self.config.culprit_window_s)
+        silent = [
+            (rank, f"its node {held.node} stopped answering (unreachable)")
+            for rank, held in sorted(job.ranks.items())
+            if (node := nodes.get(held.node)) is not None and not node.reachable
+        ]
+        named = {rank for rank, _ in silent}
+        return silent + [(rank, why) for rank, why in found if rank not in named]
+
     def _culprits(
         self, job: JobState, liveness: Liveness, stacks: Localisation | None
     ) -> list[dict[str, str]]:
@@ -564,7 +590,7 @@ class JobBook:
         history = self.history
         now = self._clock.monotonic()
         out = []
-        for rank, why in suspects(job, liveness, stacks):
+        for rank, why in self._suspects(job, liveness, stacks, nodes):
             held = job.ranks.get(rank)
             if held is None:
                 continue
@@ -721,8 +747,9 @@ def _liveness_parts(
         parts.append("culprits: " + "; ".join(c["text"] for c in culprits[:4]))
     elif liveness.state == "hung":
         parts.append("no rank's process stands out (stopped, D state or gone)")
-    if stacks is not None:
-        parts.append(f"stacks: {stacks.verdict}")
+    if stacks is not None:  # labelled: the recorders' and the stacks', or the stacks' alone
+        labelled = stacks.verdict.startswith(RECORDER_LABEL)
+        parts.append(stacks.verdict if labelled else f"stacks: {stacks.verdict}")
     return parts
 
 

@@ -24,6 +24,7 @@ _POSITIVE = (
     "hang_factor",
     "hang_floor_s",
     "exit_grace_s",
+    "culprit_window_s",
     "checkpoint_floor_s",
 )
 _COUNTS = (
@@ -79,6 +80,10 @@ class JobsConfig:
     hang_factor: float = 5.0
     hang_floor_s: float = 30.0
     exit_grace_s: float = 10.0
+    # Of the ranks gone in a failed job, those that went within this of the first are its
+    # culprits; the later ones were ended by the failure (NCCL's watchdog, the launcher). Two
+    # agent polls (5 s each by default): ranks gone together may be seen one poll apart.
+    culprit_window_s: float = 10.0
     # An announced checkpoint adds max(3 x the job's longest checkpoint, this) to the deadline.
     checkpoint_floor_s: float = 600.0
 

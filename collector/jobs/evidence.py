@@ -52,6 +52,7 @@ MAX_FRAMES: Final = 64  # innermost frames kept of a rank's thread
 MAX_THREADS: Final = 256  # threads of a dump looked at
 MAX_TEXT: Final = 200
 SHOWN_FRAMES: Final = 8  # frames of each rank in the API
+RECORDER_LABEL: Final = "flight recorder: "  # a verdict that heard the recorders starts so
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def merged(stacks: Localisation, recorders: CollectiveVerdict | None) -> Localis
     ]
     named = {rank for rank, _ in suspects}
     suspects += [(r, why) for r, why in stacks.suspects if r not in named]
-    verdict = f"{recorders.verdict}; stacks: {stacks.verdict}"
+    verdict = f"{RECORDER_LABEL}{recorders.verdict}; stacks: {stacks.verdict}"
     return Localisation(stacks.groups, stacks.unknown, tuple(suspects), verdict)
 
 

@@ -27,6 +27,7 @@ gathered in this hang). A suspect the stacks name too is told with what its stac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -50,7 +51,7 @@ class Liveness:
     state: str  # running, hung, failed, finished, idle
     silent_s: float  # since the last finished step (or first heard of, before any)
     deadline_s: float  # how long a step may take before the job is hung (0: not learned yet)
-    gone: tuple[int, ...]  # ranks whose process exited
+    gone: tuple[int, ...]  # ranks whose process exited since the job's last finished step
     since: float | None  # monotonic: when it became hung or failed
 
 
@@ -73,14 +74,28 @@ def deadline(job: JobState, config: JobsConfig) -> float:
     return limit
 
 
-def judge(job: JobState, now: float, config: JobsConfig, *, active: bool) -> Liveness:
-    """The job's state at ``now`` (monotonic)."""
+def judge(
+    job: JobState,
+    now: float,
+    config: JobsConfig,
+    *,
+    active: bool,
+    silent_nodes: frozenset[str] = frozenset(),
+) -> Liveness:
+    """The job's state at ``now`` (monotonic).
+
+    ``silent_nodes``: nodes that stopped answering; their ranks' processes cannot be described
+    (a crashed node's ranks never say they are gone), so a hang is judged by the others'.
+    """
     last = job.steps[-1].at if job.steps else job.first_seen
     silent = max(0.0, now - last)
     limit = deadline(job, config)
     watched = {r: p for r, p in job.processes.items() if now - p.seen <= STALE_S}
-    gone = tuple(sorted(r for r, p in watched.items() if p.state in GONE))
-    there = [r for r in watched if r not in gone]
+    ended = {r for r, p in watched.items() if p.state in GONE}
+    there = [r for r in watched if r not in ended]
+    # a rank that ended before the job's last finished step does not hold it (the job went on,
+    # or restarted without it): only those that ended since count
+    gone = tuple(sorted(r for r in ended if (watched[r].gone_since or now) >= last))
     dirty = [r for r in gone if watched[r].farewell != "ok"]
     if watched and not there and not dirty:
         return Liveness("finished", silent, limit, gone, None)
@@ -90,17 +105,23 @@ def judge(job: JobState, now: float, config: JobsConfig, *, active: bool) -> Liv
             return Liveness("failed", silent, limit, gone, first + config.exit_grace_s)
         return Liveness("running", silent, limit, gone, None)
     # hung only while the agents say, after the deadline passed, that every process is there
-    if there and limit and silent > limit and min(watched[r].seen for r in there) > last + limit:
+    heard = [r for r in there if (h := job.ranks.get(r)) is None or h.node not in silent_nodes]
+    if heard and limit and silent > limit and min(watched[r].seen for r in heard) > last + limit:
         return Liveness("hung", silent, limit, gone, last + limit)
     return Liveness("running" if active or there else "idle", silent, limit, gone, None)
 
 
 def suspects(
-    job: JobState, liveness: Liveness, stacks: Localisation | None = None
+    job: JobState,
+    liveness: Liveness,
+    stacks: Localisation | None = None,
+    window_s: float = math.inf,
 ) -> list[tuple[int, str]]:
     """(rank, why) of the ranks whose own process stands out: gone, stopped, in D state.
 
-    ``stacks``: the ranks' stacks grouped in this hang (None: none gathered yet).
+    ``stacks``: the ranks' stacks grouped in this hang (None: none gathered yet). Of the ranks
+    gone, only those that went within ``window_s`` of the first: the later ones were ended by
+    what the first one's end did (a watchdog, the launcher), not the other way round.
     """
     said = {"": 0, "error": 1, "ok": 2}
 
@@ -113,7 +134,14 @@ def suspects(
         "error": "its process ended in an uncaught exception",
         "ok": "its process exited",
     }
-    out = [(r, why_gone[job.processes[r].farewell]) for r in sorted(liveness.gone, key=order)]
+    times = [job.processes[r].gone_since for r in liveness.gone]
+    first = min((t for t in times if t is not None), default=None)
+    early = [
+        r
+        for r in liveness.gone
+        if first is None or (job.processes[r].gone_since or first) <= first + window_s
+    ]
+    out = [(r, why_gone[job.processes[r].farewell]) for r in sorted(early, key=order)]
     for rank, process in sorted(job.processes.items()):
         why = STANDS_OUT.get(process.state)
         if why is not None:

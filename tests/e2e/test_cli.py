@@ -46,7 +46,15 @@ def test_demo_runs_and_summarises(tmp_path: Path):
     assert re.search(
         r"\] FIRING +critical gpu_lost node-01/gpu/3 → drain_node succeeded \(webhook 200\)", out
     )
-    assert re.search(r"FIRING +critical nvlink_down node-02/gpu/5 → reset_gpu succeeded", out)
+    # the NVLink's reset waits for the job's rank on that GPU, named, then goes once NCCL's
+    # watchdog ended the job (the lost GPU's rank died with it, and the job failed)
+    assert re.search(
+        r"FIRING +critical nvlink_down node-02/gpu/5 → reset_gpu deferred \(waiting: .*"
+        r"held by job demo-pretrain rank \d+",
+        out,
+    )
+    assert re.search(r"ACTION +reset_gpu succeeded \(node-02 agent: GPU 5 reset\)", out)
+    assert re.search(r"job demo-pretrain step \d+: .* \| FAILED: rank 3 on node-01 GPU 3: ", out)
     # the summary's tables, read from the collector's journal
     assert re.search(r"firing +critical +gpu_lost +node-01/gpu/3", out)
     assert re.search(r"drain_node +node-01/gpu/3 +succeeded +drain webhook: delivered", out)

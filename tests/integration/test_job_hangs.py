@@ -242,7 +242,8 @@ async def test_a_rank_broadcasting_while_the_others_all_reduce_is_named_by_its_f
                 f"all_reduce #{seq} (out of step)"
             )
             assert recorders["suspects"][0]["why"] == said
-            assert evidence["verdict"].startswith(f"rank {SLEEPER} entered broadcast #{seq}")
+            told = f"flight recorder: rank {SLEEPER} entered broadcast #{seq}"
+            assert evidence["verdict"].startswith(told)
             assert hung["culprits"][0].startswith(f"rank {SLEEPER} on node-2"), hung["culprits"]
             assert said in hung["culprits"][0]
             assert hung["culprit_nodes"] == ["node-2"]

@@ -7,6 +7,7 @@ from agent.poll.sampler import Sampler
 from agent.sim.hardware import SimNode
 from agent.sim.scenario import (
     PARAMS,
+    RANK_FAULTS,
     Fault,
     FaultKind,
     ScenarioError,
@@ -164,6 +165,12 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.IB_SYMBOL_ERRORS: [],
     FaultKind.IB_CONGESTION: [],
     FaultKind.SLOW_GPU: [],
+    # A rank's hang leaves nothing in the hardware: the job's rank processes play it.
+    FaultKind.RANK_STOP: [],
+    FaultKind.RANK_EXIT: [],
+    FaultKind.RANK_STUCK: [],
+    FaultKind.RANK_DESYNC: [],
+    FaultKind.JOB_STALL: [],
     # No error counter shows these: no events, no samples move (pre-flight measures them).
     FaultKind.P2P_LOW: [],
     FaultKind.BAD_CABLE: [],
@@ -217,6 +224,15 @@ INVENTORY: dict[FaultKind, tuple[str, str]] = {
 }
 
 
+def _check_rank_faults(kind: FaultKind, node: SimNode, clock: FakeClock) -> None:
+    """A rank's hang waits on its GPU for the job; a stall on the node, until when it ends."""
+    if kind in RANK_FAULTS:
+        assert [g.rank_fault for g in node.gpus if g.rank_fault] == [RANK_FAULTS[kind]]
+        assert node.gpus[2].rank_fault == RANK_FAULTS[kind]
+    if kind == FaultKind.JOB_STALL:  # 5 s from when it was played, 8 s ago by the fake clock
+        assert node.stall_until == pytest.approx(clock.monotonic() - 8.0 + 5.0)
+
+
 class TestEachFaultKind:
     def test_every_kind_has_an_expectation(self):
         """No fault kind is left untested (a crash is the collector's to see; the BMC's faults
@@ -260,6 +276,7 @@ class TestEachFaultKind:
             assert samples[target, signal] == pytest.approx(value)
         if kind == FaultKind.SLOW_GPU:
             assert node.gpus[2].slowdown == pytest.approx(1.3)
+        _check_rank_faults(kind, node, clock)
         _check_power_and_reset(kind, node, samples)
         if kind == FaultKind.P2P_LOW:
             assert node.p2p_factors == {(2, 5): 0.5}

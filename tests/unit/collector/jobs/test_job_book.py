@@ -743,13 +743,20 @@ def test_jobs_config_from_table_takes_known_keys():
 
 
 def describe(
-    w: JobWorld, states: dict[int, str], job: str = "j", wchans: dict[int, str] | None = None
+    w: JobWorld,
+    states: dict[int, str],
+    job: str = "j",
+    wchans: dict[int, str] | None = None,
+    silent: frozenset[str] = frozenset(),
 ) -> None:
     """Each node's agent describes its ranks' processes (every rank, as ``states`` says or
-    sleeping, waiting where ``wchans`` says or in the collective's socket read)."""
+    sleeping, waiting where ``wchans`` says or in the collective's socket read), but the agents
+    of ``silent`` nodes, which say nothing."""
     by_node: dict[str, list[pb.RankProcess]] = {}
     for rank in range(w.ranks):
         node, _ = w.place(rank)
+        if node in silent:
+            continue
         state = states.get(rank, "sleeping")
         wchan = (wchans or {}).get(rank, "unix_stream_read_generic")
         process = pb.RankProcess(
@@ -864,6 +871,57 @@ def test_every_rank_gone_with_one_killed_is_failed_not_finished():
     assert (
         job["culprits"][0] == "rank 6 on node-d GPU 0: its process ended without a word (killed?)"
     )
+
+
+def test_ranks_ended_by_the_failure_later_are_not_its_culprits():
+    """Rank 2 died (an exception: its GPU fell off); 30 s later NCCL's watchdog ended the others
+    (without a word): only rank 2 is named, not the ranks the watchdog killed."""
+    w = job_world()
+    w.run(range(20))
+    describe_ended(w, {2: "error"})
+    assert w.job()["state"] == "failed"
+    w.clock.advance(15.0)
+    describe_ended(w, {r: "error" if r == 2 else "" for r in range(w.ranks)})
+    job = w.job()
+    assert (job["state"], job["ranks_gone"]) == ("failed", 8)
+    assert job["culprits"] == ["rank 2 on node-b GPU 0: its process ended in an uncaught exception"]
+
+
+def test_a_crashed_node_hangs_the_job_within_its_deadline_and_its_ranks_are_named():
+    """node-c crashed: its agent went silent and nobody tells that its ranks are gone; the
+    others wait in the collective. Hung once the deadline passed (not once node-c's ranks went
+    stale), node-c's ranks named first."""
+    w = job_world()
+    w.run(range(20))
+    crashed = frozenset({"node-c"})
+    w.fleet.view()["node-c"].reachable = False  # what FleetModel.overdue does to a silent node
+    for _ in range(35):
+        w.clock.advance(1.0)
+        describe(w, {}, silent=crashed)
+    job = w.job()
+    assert job["state"] == "hung"
+    assert job["culprits"][:2] == [
+        "rank 4 on node-c GPU 0: its node node-c stopped answering (unreachable)",
+        "rank 5 on node-c GPU 1: its node node-c stopped answering (unreachable)",
+    ]
+
+
+def test_ranks_gone_before_a_restart_do_not_fail_the_restarted_job():
+    """Rank 2's process died and the job failed; it restarted without it (the others' new
+    processes step on). Running, not failed; and hung again when its steps stop."""
+    w = job_world()
+    w.run(range(20))
+    describe_ended(w, {2: "error"})
+    assert w.job()["state"] == "failed"
+    for step in range(20, 30):  # the restart: new steps from the other ranks
+        w.clock.advance(1.0)
+        for rank in range(w.ranks):
+            if rank != 2:
+                w.report(rank, step)
+    describe_ended(w, {2: "error"})
+    assert w.job()["state"] == "running"
+    job = silent_for(w, 35, {2: "exited"})
+    assert job["state"] == "hung"
 
 
 def test_a_node_describes_only_the_ranks_it_holds_and_a_live_successor_wins():

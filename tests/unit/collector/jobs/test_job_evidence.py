@@ -426,7 +426,8 @@ class TestFlightRecorder:
         assert evidence is not None
         assert evidence["flight_recorder"]["suspects"] == [{"rank": 3, "why": said}]
         assert evidence["flight_recorder"]["ranks"] == list(range(8))
-        assert evidence["verdict"].startswith("rank 3 never entered all_reduce #41")
+        said_first = "flight recorder: rank 3 never entered all_reduce #41"
+        assert evidence["verdict"].startswith(said_first)
         assert "; stacks: no rank stands out" in evidence["verdict"]
         ranks = {r["rank"]: r for r in evidence["ranks"]}
         assert ranks[3]["collectives"][0]["recent"] == ["all_reduce #39", "all_reduce #40"]
