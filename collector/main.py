@@ -167,7 +167,9 @@ class CollectorService:
             heartbeat_interval_ms=int(cfg.heartbeat_interval * 1000),
             poll_interval_ms=int(cfg.poll_interval * 1000),
         )
-        self.jobs = JobBook(config=cfg.jobs, fleet=self.fleet, clock=clock)
+        self.jobs = JobBook(
+            config=cfg.jobs, fleet=self.fleet, clock=clock, xid_class=self._xid_class
+        )
         self.grpc = FleetServer(
             fleet=self.fleet,
             journal=self.journal,

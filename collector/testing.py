@@ -126,10 +126,11 @@ def job_world(
     for name in nodes:
         hello = made_up_hello(name, gpus=gpus, ib_ports=1, model=H100)
         fleet.on_hello(hello, clock.monotonic(), clock.now())
-    book = JobBook(config=config or JobsConfig(), fleet=fleet, clock=clock)
-    evaluator = Evaluator(
-        rules=load_rules(), fleet=fleet, catalog=load_catalog(), clock=clock, jobs=book
+    catalog = load_catalog()
+    book = JobBook(
+        config=config or JobsConfig(), fleet=fleet, clock=clock, xid_class=catalog.class_of
     )
+    evaluator = Evaluator(rules=load_rules(), fleet=fleet, catalog=catalog, clock=clock, jobs=book)
     fleet.observer = evaluator
     return JobWorld(clock, fleet, book, evaluator, nodes, gpus)
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from agent.sim.devices import SimGpu
-    from agent.sim.training import Placement
+    from agent.sim.placement import Placement
 
 log = structlog.get_logger("agent.sim.training")
 

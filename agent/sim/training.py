@@ -23,12 +23,12 @@ job is gone. Several jobs can share a fleet, each on some of every node's GPUs (
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import structlog
 
 from agent.sim.job_hangs import RankHangs
+from agent.sim.placement import Placement
 from fleetwatch.jobclient import report_step
 
 if TYPE_CHECKING:
@@ -48,16 +48,6 @@ PID_BASE: Final = 400_000  # the pids the ranks' compute processes have on their
 DOWN_POLL_S: Final = 0.25  # how often a crashed job looks whether it may start again
 
 log = structlog.get_logger("agent.sim.training")
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one rank runs, and where its node's agent listens."""
-
-    rank: int
-    node: SimNode
-    gpu: int
-    socket: Path
 
 
 class SimTrainingJob:

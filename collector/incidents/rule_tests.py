@@ -196,11 +196,14 @@ class _Run:
             self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
             self.fleet.apply_report(name, pb.Report())  # an agent's first Report follows
         self.extras = dict(NO_DRAINS)
-        self.book = JobBook(config=JobsConfig(), fleet=self.fleet, clock=self.clock)
+        catalog = load_catalog()
+        self.book = JobBook(
+            config=JobsConfig(), fleet=self.fleet, clock=self.clock, xid_class=catalog.class_of
+        )
         self.evaluator = Evaluator(
             rules=load_rules(rule_paths, builtin=builtin),
             fleet=self.fleet,
-            catalog=load_catalog(),
+            catalog=catalog,
             clock=self.clock,
             jobs=self.book,
             fleet_extras=lambda: self.extras,

@@ -96,9 +96,15 @@ class JobBook:
         config: JobsConfig,
         fleet: FleetModel,
         clock: Clock,
+        xid_class: Callable[[int], str] | None = None,
     ) -> None:
-        """Empty; the rules evaluator lends ``history`` (hardware evidence reads its windows)."""
+        """Empty; the rules evaluator lends ``history`` (hardware evidence reads its windows).
+
+        ``xid_class`` classes an Xid as the catalog in use does: a culprit's application Xids
+        (13, 31, 43, ...) are told but are not hardware evidence (None: every Xid is).
+        """
         self.config = config
+        self._xid_class = xid_class
         self._fleet = fleet
         self._clock = clock
         self.history: History | None = None
@@ -602,9 +608,12 @@ class JobBook:
             if history is not None and node is not None:
                 uuids = {held.gpu_uuid} if held.gpu_uuid else set()
                 window = Window(history, now - 3600.0, now)
-                lines = list(node_evidence(node, uuids, window, self.config).lines)
+                found = node_evidence(node, uuids, window, self.config, xid_class=self._xid_class)
+                lines = found.lines
                 if lines:
                     text += "; hardware: " + "; ".join(lines)
+                if found.application:
+                    text += "; the application's own errors: " + "; ".join(found.application)
             hardware = "yes" if lines else "no"
             out.append({"node": held.node, "text": text, "rank": str(rank), "hardware": hardware})
         return out

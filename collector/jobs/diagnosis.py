@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 from collector.model.target_keys import gpu_key, link_key, port_key
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from collector.jobs.config import JobsConfig
     from collector.jobs.state import JobState
@@ -42,6 +42,7 @@ SLOWDOWN_REASONS: Final = {
     0x80: "power brake",
 }
 LOW_CLOCK_SHARE: Final = 0.9
+APPLICATION_CLASS: Final = "application"  # the Xid catalog's class of a program's own errors
 NVLINK_ERROR_SIGNALS: Final = ("nvlink_replay_errors", "nvlink_crc_errors")
 IB_ERROR_SIGNALS: Final = ("ib_symbol_error", "ib_port_rcv_errors")  # what a sick fabric shows
 CONGESTION_SIGNAL: Final = "ib_port_xmit_wait_per_second"
@@ -66,10 +67,13 @@ class NodeEvidence:
     # Congestion and IB error counters: what a degraded fabric shows on many nodes at once
     # (a port that went down is its own cable's or HCA's, and stays in ``communication``).
     fabric: list[str] = field(default_factory=list)
+    # Xids the catalog classes as the application's own (13, 31, 43, ...): told, never taken
+    # for a hardware fault (the program, not the GPU, is at fault).
+    application: list[str] = field(default_factory=list)
 
     @property
     def lines(self) -> list[str]:
-        """Every finding, compute first."""
+        """Every hardware finding, compute first."""
         return self.compute + self.communication + self.fabric
 
 
@@ -105,8 +109,27 @@ class Diagnosis:
         return "suspects: " + ", ".join(parts)
 
 
-def _gpu_evidence(
-    node: NodeState, gpu: GpuState, window: Window, clock: float | None, config: JobsConfig
+def _xid_evidence(
+    name: str, xids: list[int], xid_class: Callable[[int], str] | None
+) -> tuple[list[str], list[str]]:
+    """The GPU's Xids as (hardware, application) lines: the catalog's application class apart."""
+    own = [x for x in xids if xid_class is not None and xid_class(x) == APPLICATION_CLASS]
+    hardware = [x for x in xids if x not in own]
+    return (
+        [f"{name} Xid {', '.join(str(x) for x in hardware)}"] if hardware else [],
+        [f"{name} Xid {', '.join(str(x) for x in own)}"] if own else [],
+    )
+
+
+def _gpu_evidence(  # noqa: PLR0913 - the GPU, the window, and how to read what it shows
+    node: NodeState,
+    gpu: GpuState,
+    window: Window,
+    clock: float | None,
+    config: JobsConfig,
+    *,
+    application: list[str],
+    xid_class: Callable[[int], str] | None,
 ) -> tuple[list[str], list[str]]:
     history, since, now = window.history, window.since, window.now
     compute: list[str] = []
@@ -124,9 +147,9 @@ def _gpu_evidence(
     sm_clock = gpu.number("sm_clock_mhz")
     if sm_clock is not None and clock and sm_clock < LOW_CLOCK_SHARE * clock:
         compute.append(f"{name} SM clock {sm_clock:.0f} MHz (job median {clock:.0f})")
-    xids = history.xids(key, since)
-    if xids:
-        compute.append(f"{name} Xid {', '.join(str(x) for x in sorted(set(xids)))}")
+    hardware, own = _xid_evidence(name, sorted(set(history.xids(key, since))), xid_class)
+    compute += hardware
+    application += own
     dbe = history.increase(key, "ecc_dbe_aggregate_total", since, now)
     if dbe > 0:
         compute.append(f"{name} {dbe:.0f} uncorrectable ECC errors")
@@ -178,19 +201,33 @@ def _port_evidence(
     return link, fabric
 
 
-def node_evidence(
+def node_evidence(  # noqa: PLR0913 - the node, the window, and how to read it
     node: NodeState,
     gpu_uuids: set[str],
     window: Window,
     config: JobsConfig,
+    *,
     job_clock: float | None = None,
+    xid_class: Callable[[int], str] | None = None,
 ) -> NodeEvidence:
-    """Hardware evidence on ``node`` since ``since`` (its job's GPUs only, if named)."""
+    """Hardware evidence on ``node`` since ``since`` (its job's GPUs only, if named).
+
+    ``xid_class`` classes Xids as the catalog does: the ``application`` ones are set apart (None:
+    every Xid is taken for the hardware's).
+    """
     evidence = NodeEvidence(node.name)
     for gpu in node.gpus.values():
         if gpu_uuids and gpu.uuid not in gpu_uuids:
             continue
-        compute, comm = _gpu_evidence(node, gpu, window, job_clock, config)
+        compute, comm = _gpu_evidence(
+            node,
+            gpu,
+            window,
+            job_clock,
+            config,
+            application=evidence.application,
+            xid_class=xid_class,
+        )
         evidence.compute += compute
         evidence.communication += comm
     for port in node.ports.values():
@@ -229,7 +266,7 @@ def job_evidence(
     for name, uuids in gpus_by_node.items():
         node = nodes.get(name)
         if node is not None:
-            out[name] = node_evidence(node, uuids, window, config, clock)
+            out[name] = node_evidence(node, uuids, window, config, job_clock=clock)
     return out
 
 
