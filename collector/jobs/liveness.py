@@ -12,7 +12,8 @@ From that and the job's finished steps, a job is:
 - ``hung``: every watched rank process is there (as the agents said after the deadline passed),
   yet no step finished for longer than the job's own deadline, ``max(hang_factor x p99 step
   time, hang_floor_s)``, learned once ``HANG_MIN_STEPS`` steps finished (a job that never
-  finished a step is still starting up);
+  finished a step is still starting up); a job some of whose ranks exited ``ok`` since its last
+  step is ending, and hung only if the rest are still there ``exit_grace_s`` later;
 - ``running`` otherwise, or ``idle`` when nothing was heard of it for ``idle_after_s`` and no
   process says more (an agent too old to watch processes).
 
@@ -103,6 +104,11 @@ def judge(
         first = min(watched[r].gone_since or now for r in dirty)
         if now - first >= config.exit_grace_s and last <= first:
             return Liveness("failed", silent, limit, gone, first + config.exit_grace_s)
+        return Liveness("running", silent, limit, gone, None)
+    # ending: a rank exited ok since the last step and the others are on their way out (a gloo
+    # or NCCL teardown takes seconds); stuck there past exit_grace_s, the job is hung after all
+    clean = [watched[r].gone_since or now for r in gone]
+    if clean and now - min(clean) < config.exit_grace_s:
         return Liveness("running", silent, limit, gone, None)
     # hung only while the agents say, after the deadline passed, that every process is there
     heard = [r for r in there if (h := job.ranks.get(r)) is None or h.node not in silent_nodes]

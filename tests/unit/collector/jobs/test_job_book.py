@@ -873,6 +873,33 @@ def test_every_rank_gone_with_one_killed_is_failed_not_finished():
     )
 
 
+def test_a_job_whose_ranks_are_on_their_way_out_is_not_hung_until_they_linger():
+    """The job's last step, then a slow teardown (gloo's takes seconds): rank 0 exited ok 27 s
+    after the last step while the others are still there past the 30 s deadline: ending, not
+    hung. Still there exit_grace_s (10 s) after rank 0 went: hung after all."""
+    w = job_world()
+    w.run(range(20))
+    silent_for(w, 26)
+
+    def ending(seconds: int) -> dict[str, Any]:
+        for _ in range(seconds):
+            w.clock.advance(1.0)
+            by_node: dict[str, list[pb.RankProcess]] = {}
+            for rank in range(w.ranks):
+                state, word = ("exited", "ok") if rank == 0 else ("sleeping", "")
+                process = pb.RankProcess(
+                    job_id="j", rank=rank, state=state, farewell=word, pid=100 + rank, cpu_s=1.0
+                )
+                by_node.setdefault(w.place(rank)[0], []).append(process)
+            for node, processes in by_node.items():
+                w.book.ingest(node, pb.JobReport(processes=processes))
+        return w.job()
+
+    assert ending(8)["state"] == "running"  # 34 s after the last step, 7 s after rank 0 went
+    job = ending(5)
+    assert job["state"] == "hung"
+
+
 def test_ranks_ended_by_the_failure_later_are_not_its_culprits():
     """Rank 2 died (an exception: its GPU fell off); 30 s later NCCL's watchdog ended the others
     (without a word): only rank 2 is named, not the ranks the watchdog killed."""
