@@ -11,6 +11,8 @@ they would see on a real node:
   peers enter the step's all-reduce;
 - a GPU lost: the rank on it dies (its CUDA context is gone); a GPU whose driver is wedged
   (``nvml_hang``): its rank blocks in ``torch.cuda.synchronize`` and never enters the collective;
+- an NVLink of a rank's GPU down (Xid 74): the collective stalls with every rank in it, the
+  rank on that GPU too (nothing but the hardware tells it apart);
 - a node crash: its ranks are gone at once;
 - an IB port of one of its nodes down: every rank waits in the collective (nobody stands out)
   until the port is back, or until NCCL's timeout ends the job;
@@ -170,6 +172,9 @@ class RankHangs:
             elif gpu.wedged:
                 culprits[p.rank] = "wedged"
                 whys.append(f"{p.node.name} GPU {p.gpu} wedged")
+            elif not all(gpu.nvlink_up):
+                culprits[p.rank] = "in_collective"  # its peers' transfers over the link stall
+                whys.append(f"{p.node.name} GPU {p.gpu} NVLink down")
         if culprits:
             self._play(placements, culprits, step)
             return Hang("; ".join(dict.fromkeys(whys)), now)
@@ -196,7 +201,7 @@ class RankHangs:
                 continue
             what = culprits.get(p.rank)
             stacks = p.node.stacks
-            if what is None:
+            if what is None or what == "in_collective":
                 proc.tell(op="enter", collective="all_reduce", seq=seq)
             elif what == "stop":
                 proc.stop()

@@ -56,8 +56,8 @@ RULES_INTERVAL_S = 0.25
 # The demo job checkpoints every this many steps; it dies of a port down for this share of the
 # scenario (NCCL's timeout, on demo time) and restarts after this share of it.
 DEMO_CHECKPOINT_STEPS = 40
-DEMO_NCCL_TIMEOUT_SHARE = 0.2
-DEMO_RESTART_SHARE = 0.25
+DEMO_NCCL_TIMEOUT_SHARE = 0.15
+DEMO_RESTART_SHARE = 0.1
 # A job with no step for this share of the scenario is hung (the default floor is 30 s, a whole
 # demo), and one whose rank ended without a word for this share is failed.
 DEMO_HANG_FLOOR_SHARE = 0.06

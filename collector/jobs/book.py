@@ -22,6 +22,7 @@ from collector.jobs.checkpoint_policy import (
     advise,
     failure_rate,
 )
+from collector.jobs.culprits import Culprits
 from collector.jobs.diagnosis import (
     Diagnosis,
     Window,
@@ -31,7 +32,7 @@ from collector.jobs.diagnosis import (
     node_evidence,
 )
 from collector.jobs.evidence import RECORDER_LABEL, EvidenceGatherer
-from collector.jobs.liveness import Liveness, judge, suspects
+from collector.jobs.liveness import Liveness, judge
 from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
 from collector.jobs.state import JobState
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from collector.jobs.state import FinishedStep
     from collector.model.fleet import FleetModel
     from collector.model.history import History
-    from collector.model.state import NodeState
     from fleetwatch.clock import Clock
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -565,58 +565,15 @@ class JobBook:
             return None
         return found.localisation if found.asked_at >= liveness.since else None
 
-    def _suspects(
-        self,
-        job: JobState,
-        liveness: Liveness,
-        stacks: Localisation | None,
-        nodes: dict[str, NodeState],
-    ) -> list[tuple[int, str]]:
-        """The ranks on nodes that stopped answering, then those whose processes stand out.
-
-        What the ranks of a node that stopped answering did is unknown (a crashed node's ranks
-        never say they are gone): they come first.
-        """
-        found = suspects(job, liveness, stacks, self.config.culprit_window_s)
-        silent = [
-            (rank, f"its node {held.node} stopped answering (unreachable)")
-            for rank, held in sorted(job.ranks.items())
-            if (node := nodes.get(held.node)) is not None and not node.reachable
-        ]
-        named = {rank for rank, _ in silent}
-        return silent + [(rank, why) for rank, why in found if rank not in named]
-
     def _culprits(
         self, job: JobState, liveness: Liveness, stacks: Localisation | None
     ) -> list[dict[str, str]]:
-        """The ranks that stand out in a hang or a failure: where, why, what the hardware shows."""
+        """The ranks that stand out in a hang or a failure (:mod:`collector.jobs.culprits`)."""
         if liveness.state not in {"hung", "failed"}:
             return []
-        nodes = self._fleet.view()
-        history = self.history
-        now = self._clock.monotonic()
-        out = []
-        for rank, why in self._suspects(job, liveness, stacks, nodes):
-            held = job.ranks.get(rank)
-            if held is None:
-                continue
-            node = nodes.get(held.node)
-            gpu = node.gpus.get(held.gpu_uuid) if node is not None else None
-            where = f"{held.node} GPU {gpu.index}" if gpu is not None else held.node
-            text = f"rank {rank} on {where}: {why}"
-            lines: list[str] = []
-            if history is not None and node is not None:
-                uuids = {held.gpu_uuid} if held.gpu_uuid else set()
-                window = Window(history, now - 3600.0, now)
-                found = node_evidence(node, uuids, window, self.config, xid_class=self._xid_class)
-                lines = found.lines
-                if lines:
-                    text += "; hardware: " + "; ".join(lines)
-                if found.application:
-                    text += "; the application's own errors: " + "; ".join(found.application)
-            hardware = "yes" if lines else "no"
-            out.append({"node": held.node, "text": text, "rank": str(rank), "hardware": hardware})
-        return out
+        return Culprits(
+            self._fleet.view(), self.history, self.config, self._clock.monotonic(), self._xid_class
+        ).name(job, liveness, stacks)
 
     @staticmethod
     def _summary(  # noqa: PLR0913 - the figures the line is made of

@@ -42,6 +42,7 @@ SLOWDOWN_REASONS: Final = {
     0x80: "power brake",
 }
 LOW_CLOCK_SHARE: Final = 0.9
+NVML_HUNG_SIGNAL: Final = "agent_nvml_hung"  # the agent's NVML calls block (a wedged driver)
 APPLICATION_CLASS: Final = "application"  # the Xid catalog's class of a program's own errors
 NVLINK_ERROR_SIGNALS: Final = ("nvlink_replay_errors", "nvlink_crc_errors")
 IB_ERROR_SIGNALS: Final = ("ib_symbol_error", "ib_port_rcv_errors")  # what a sick fabric shows
@@ -70,6 +71,9 @@ class NodeEvidence:
     # Xids the catalog classes as the application's own (13, 31, 43, ...): told, never taken
     # for a hardware fault (the program, not the GPU, is at fault).
     application: list[str] = field(default_factory=list)
+    # Of the findings, the faults that stop a collective rather than slow it: a GPU lost, an Xid,
+    # uncorrectable ECC, an NVLink or IB port down (a hang's evidence; throttling is not).
+    hard: list[str] = field(default_factory=list)
 
     @property
     def lines(self) -> list[str]:
@@ -129,6 +133,7 @@ def _gpu_evidence(  # noqa: PLR0913 - the GPU, the window, and how to read what 
     config: JobsConfig,
     *,
     application: list[str],
+    hard: list[str],
     xid_class: Callable[[int], str] | None,
 ) -> tuple[list[str], list[str]]:
     history, since, now = window.history, window.since, window.now
@@ -138,6 +143,7 @@ def _gpu_evidence(  # noqa: PLR0913 - the GPU, the window, and how to read what 
     key = gpu_key(node.name, gpu.index)
     if not gpu.present:
         compute.append(f"{name} lost")
+        hard.append(compute[-1])
     reasons = int(gpu.number("clock_event_reasons") or 0)
     throttled = [text for bit, text in SLOWDOWN_REASONS.items() if reasons & bit]
     if throttled:
@@ -150,13 +156,18 @@ def _gpu_evidence(  # noqa: PLR0913 - the GPU, the window, and how to read what 
     hardware, own = _xid_evidence(name, sorted(set(history.xids(key, since))), xid_class)
     compute += hardware
     application += own
+    hard += hardware
     dbe = history.increase(key, "ecc_dbe_aggregate_total", since, now)
     if dbe > 0:
         compute.append(f"{name} {dbe:.0f} uncorrectable ECC errors")
+        hard.append(compute[-1])
     if gpu.nvlinks_down:
-        comm.append(f"{name} {gpu.nvlinks_down} NVLinks down")
+        links = "NVLink" if gpu.nvlinks_down == 1 else "NVLinks"
+        comm.append(f"{name}: {gpu.nvlinks_down} {links} down")
+        hard.append(comm[-1])
     elif (downs := history.events(key, "nvlink_down", since)) > 0:
         comm.append(f"{name} NVLink went down {downs}x")
+        hard.append(comm[-1])
     worst_link = max(
         (
             sum(
@@ -216,6 +227,9 @@ def node_evidence(  # noqa: PLR0913 - the node, the window, and how to read it
     every Xid is taken for the hardware's).
     """
     evidence = NodeEvidence(node.name)
+    if node.signals.get(NVML_HUNG_SIGNAL) == 1:
+        evidence.compute.append("NVML hung (the driver does not answer)")
+        evidence.hard.append(evidence.compute[-1])
     for gpu in node.gpus.values():
         if gpu_uuids and gpu.uuid not in gpu_uuids:
             continue
@@ -226,6 +240,7 @@ def node_evidence(  # noqa: PLR0913 - the node, the window, and how to read it
             job_clock,
             config,
             application=evidence.application,
+            hard=evidence.hard,
             xid_class=xid_class,
         )
         evidence.compute += compute
@@ -233,6 +248,7 @@ def node_evidence(  # noqa: PLR0913 - the node, the window, and how to read it
     for port in node.ports.values():
         link, fabric = _port_evidence(node, port, window, config)
         evidence.communication += link
+        evidence.hard += link  # a port down, or that went down
         evidence.fabric += fabric
     return evidence
 

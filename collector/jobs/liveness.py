@@ -12,8 +12,9 @@ From that and the job's finished steps, a job is:
 - ``hung``: every watched rank process is there (as the agents said after the deadline passed),
   yet no step finished for longer than the job's own deadline, ``max(hang_factor x p99 step
   time, hang_floor_s)``, learned once ``HANG_MIN_STEPS`` steps finished (a job that never
-  finished a step is still starting up); a job some of whose ranks exited ``ok`` since its last
-  step is ending, and hung only if the rest are still there ``exit_grace_s`` later;
+  finished a step is still starting up); a job some of whose ranks said ``ok`` since its last
+  step (exited, or still exiting) is ending, and hung only if the rest are still there
+  ``exit_grace_s`` later;
 - ``running`` otherwise, or ``idle`` when nothing was heard of it for ``idle_after_s`` and no
   process says more (an agent too old to watch processes).
 
@@ -105,9 +106,14 @@ def judge(
         if now - first >= config.exit_grace_s and last <= first:
             return Liveness("failed", silent, limit, gone, first + config.exit_grace_s)
         return Liveness("running", silent, limit, gone, None)
-    # ending: a rank exited ok since the last step and the others are on their way out (a gloo
-    # or NCCL teardown takes seconds); stuck there past exit_grace_s, the job is hung after all
-    clean = [watched[r].gone_since or now for r in gone]
+    # ending: a rank said ok since the last step (exited, or still exiting: an interpreter with
+    # torch takes seconds to end) and the others are on their way out; stuck there past
+    # exit_grace_s, the job is hung after all
+    clean = [
+        p.said_since or p.gone_since or now
+        for r, p in watched.items()
+        if p.farewell == "ok" and (r in gone or r in there)
+    ]
     if clean and now - min(clean) < config.exit_grace_s:
         return Liveness("running", silent, limit, gone, None)
     # hung only while the agents say, after the deadline passed, that every process is there
@@ -153,7 +159,7 @@ def suspects(
         if why is not None:
             out.append((rank, f"its process is {why}"))
     if not out and liveness.state == "hung":
-        out += outliers(job, liveness)
+        out += outliers(job)
     if stacks is not None and liveness.state == "hung":
         return with_stacks(out, stacks)
     return out
@@ -170,14 +176,14 @@ def with_stacks(found: list[tuple[int, str]], stacks: Localisation) -> list[tupl
     return [(rank, f"{why}; {said[rank]}" if rank in said else why) for rank, why in found]
 
 
-def outliers(job: JobState, liveness: Liveness) -> list[tuple[int, str]]:
+def outliers(job: JobState) -> list[tuple[int, str]]:
     """In a hang where no process stands out by its state: the ranks that wait somewhere else.
 
     The ranks are grouped by where their process waits (its state and wait channel). When one
     group holds more than half of them, the ranks outside it are suspects: in a wedged
     collective every healthy rank waits in the same place, and the one holding them elsewhere.
     """
-    there = {r: p for r, p in job.processes.items() if r not in liveness.gone}
+    there = {r: p for r, p in job.processes.items() if p.state not in GONE}
     places: dict[tuple[str, str], list[int]] = {}
     for rank, process in there.items():
         places.setdefault((process.state, process.wchan), []).append(rank)

@@ -19,3 +19,4 @@ class RankProcess:
     gone_since: float | None = None  # when it was first seen gone
     farewell: str = ""  # what it said as it ended: ok, error, or nothing
     wchan: str = ""  # the kernel function it sleeps in ("" running or unknown)
+    said_since: float | None = None  # when its farewell was first seen (it may still be exiting)

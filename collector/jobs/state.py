@@ -220,6 +220,10 @@ class JobState:
             if process.state in GONE:
                 was_gone = before is not None and before.gone_since is not None
                 gone_since = before.gone_since if was_gone and before else now
+            said_since = None
+            if process.farewell:
+                kept = before is not None and before.farewell == process.farewell
+                said_since = before.said_since if kept and before else now
             self.processes[rank] = RankProcess(
                 process.state,
                 process.cpu_s,
@@ -228,6 +232,7 @@ class JobState:
                 gone_since,
                 process.farewell,
                 process.wchan,
+                said_since,
             )
 
     def _job_fields(self, report: pb.JobStep) -> None:

@@ -180,3 +180,46 @@ async def test_a_stuck_rank_a_dying_rank_and_a_lost_gpu(
         await wait_until(lambda: view(service, "job-c").get("state") == "running", 60, "restart")
         assert {p.node.name for p in made["job-c"].placements} == {"node-1"}
         assert view(service, "job-c")["restarts"] >= 1
+
+
+@pytest.mark.timeout(180)
+async def test_hardware_that_wedges_a_collective_names_the_rank_on_it(
+    collector_config: Any, receiver: Any, tmp_path: Path
+):
+    """nvlink_down on node-2 GPU 0 (job-a's rank 2): every rank waits alike in the all-reduce,
+    and only the hardware names rank 2; its node is drained (gpu_hang_culprit). nvml_hang on
+    node-1 GPU 2 (job-b's rank 0): the rank blocks in torch.cuda.synchronize and never enters
+    the collective, named with the wedged driver as evidence."""
+    async with (
+        job_fleet(collector_config, receiver, tmp_path, NODES, poll_interval=0.2, jobs=HANGS) as (
+            service,
+            cluster,
+        ),
+        jobs(cluster),
+    ):
+        await steady(service)
+        await hit(cluster, "node-2", FaultKind.NVLINK_DOWN, gpu=0, link=3)
+        await wait_until(lambda: view(service, "job-a").get("state") == "hung", 60, "job-a hung")
+        await wait_until(lambda: bool(culprits(service, "job-a")), 30, "job-a's culprit")
+        said = "every rank waits alike, and its node or GPU shows faults"
+        wedged = culprits(service, "job-a")
+        assert wedged == [f"rank 2 on node-2 GPU 0: {said}; hardware: GPU 0: 1 NVLink down"]
+        await wait_until(
+            lambda: any(
+                (i["rule"], i["target"]) == ("gpu_hang_culprit", "node-2/gpu/0")
+                for i in api(service, "GET", "/api/v1/incidents")[1]["incidents"]
+            ),
+            30,
+            "gpu_hang_culprit on node-2/gpu/0",
+        )
+        # The wedged driver is the node's: played after, so that it is not job-a's evidence too.
+        await hit(cluster, "node-1", FaultKind.NVML_HANG, gpu=2)
+        await wait_until(lambda: view(service, "job-b").get("state") == "hung", 60, "job-b hung")
+        await wait_until(
+            lambda: "synchronize" in " ".join(culprits(service, "job-b")), 30, "job-b's culprit"
+        )
+        blocked = culprits(service, "job-b")[0]
+        assert blocked.startswith("rank 0 on node-1 GPU 2: "), blocked
+        assert "flight recorder: never entered all_reduce #" in blocked
+        assert "hardware: NVML hung (the driver does not answer)" in blocked
+        cluster.nodes["node-1"].nvml_hang_clear()

@@ -16,6 +16,7 @@ from collector.testing import (
     uniform_compute,
 )
 from fleetwatch import PROTOCOL_VERSION
+from fleetwatch.model import Target, sample_to_pb
 from fleetwatch.testing import made_up_uuid
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -873,10 +874,12 @@ def test_every_rank_gone_with_one_killed_is_failed_not_finished():
     )
 
 
-def test_a_job_whose_ranks_are_on_their_way_out_is_not_hung_until_they_linger():
-    """The job's last step, then a slow teardown (gloo's takes seconds): rank 0 exited ok 27 s
-    after the last step while the others are still there past the 30 s deadline: ending, not
-    hung. Still there exit_grace_s (10 s) after rank 0 went: hung after all."""
+@pytest.mark.parametrize("leaving", ["exited", "sleeping"])
+def test_a_job_whose_ranks_are_on_their_way_out_is_not_hung_until_they_linger(leaving: str):
+    """The job's last step, then a slow teardown (gloo's takes seconds): rank 0 said ok 27 s
+    after the last step (exited, or still exiting: an interpreter with torch takes seconds to
+    end) while the others are still there past the 30 s deadline: ending, not hung. Still there
+    exit_grace_s (10 s) after rank 0 said so: hung after all."""
     w = job_world()
     w.run(range(20))
     silent_for(w, 26)
@@ -886,7 +889,7 @@ def test_a_job_whose_ranks_are_on_their_way_out_is_not_hung_until_they_linger():
             w.clock.advance(1.0)
             by_node: dict[str, list[pb.RankProcess]] = {}
             for rank in range(w.ranks):
-                state, word = ("exited", "ok") if rank == 0 else ("sleeping", "")
+                state, word = (leaving, "ok") if rank == 0 else ("sleeping", "")
                 process = pb.RankProcess(
                     job_id="j", rank=rank, state=state, farewell=word, pid=100 + rank, cpu_s=1.0
                 )
@@ -933,6 +936,54 @@ def test_a_crashed_node_hangs_the_job_within_its_deadline_and_its_ranks_are_name
     ]
 
 
+def nvlink_down(w: JobWorld, node: str, index: int) -> None:
+    """The GPU reports one of its NVLinks down."""
+    uuid = made_up_uuid(node, index)
+    sample = sample_to_pb(Target.nvlink(uuid, 3), "nvlink_up", 0)
+    w.fleet.apply_report(node, pb.Report(samples=[sample]))
+
+
+def test_a_hang_where_every_rank_waits_alike_names_the_rank_whose_gpu_faulted():
+    """Every rank waits in the collective, no process stands out; node-c GPU 1's NVLink went
+    down: its rank (5) is named, with the evidence. A throttled GPU alone names nobody: it slows
+    a collective, it does not stop one."""
+    w = job_world()
+    w.run(range(20))
+    w.throttle("node-a", 0)
+    job = silent_for(w, 35)
+    assert (job["state"], job["culprits"]) == ("hung", [])
+    nvlink_down(w, "node-c", 1)
+    job = silent_for(w, 1)
+    said = "every rank waits alike, and its node or GPU shows faults"
+    assert job["culprits"] == [f"rank 5 on node-c GPU 1: {said}; hardware: GPU 1: 1 NVLink down"]
+
+
+def test_a_fault_on_most_of_the_jobs_gpus_names_none_of_them():
+    w = job_world()
+    w.run(range(20))
+    for rank in range(5):
+        node, _ = w.place(rank)
+        nvlink_down(w, node, rank % w.gpus)
+    job = silent_for(w, 35)
+    assert (job["state"], job["culprits"]) == ("hung", [])
+
+
+def test_beside_a_silent_node_the_ranks_its_end_ended_are_not_named():
+    """node-c crashed and NCCL's watchdog then ended the other ranks (without a word): failed,
+    and only node-c's ranks are named, not the ones the watchdog ended."""
+    w = job_world()
+    w.run(range(20))
+    w.fleet.view()["node-c"].reachable = False
+    ended = {r: "" for r in range(w.ranks) if w.place(r)[0] != "node-c"}
+    describe_ended(w, ended)
+    job = w.job()
+    assert job["state"] == "failed"
+    assert [c.split(":")[0] for c in job["culprits"]] == [
+        "rank 4 on node-c GPU 0",
+        "rank 5 on node-c GPU 1",
+    ]
+
+
 def test_ranks_gone_before_a_restart_do_not_fail_the_restarted_job():
     """Rank 2's process died and the job failed; it restarted without it (the others' new
     processes step on). Running, not failed; and hung again when its steps stop."""
@@ -948,7 +999,7 @@ def test_ranks_gone_before_a_restart_do_not_fail_the_restarted_job():
     describe_ended(w, {2: "error"})
     assert w.job()["state"] == "running"
     job = silent_for(w, 35, {2: "exited"})
-    assert job["state"] == "hung"
+    assert (job["state"], job["culprits"]) == ("hung", [])  # rank 2's old process is not one
 
 
 def test_a_node_describes_only_the_ranks_it_holds_and_a_live_successor_wins():
