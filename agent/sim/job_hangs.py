@@ -159,22 +159,10 @@ class RankHangs:
         culprits: dict[int, str] = {}  # rank -> what it does instead of entering the collective
         whys: list[str] = []
         for p in placements:
-            gpu = p.node.gpus[p.gpu]
-            if not node_up(p.node.name):
-                culprits[p.rank] = "gone"
-                whys.append(f"{p.node.name} crashed")
-            elif gpu.lost:
-                culprits[p.rank] = "lost"
-                whys.append(f"{p.node.name} GPU {p.gpu} lost")
-            elif gpu.rank_fault:
-                culprits[p.rank], gpu.rank_fault = gpu.rank_fault, ""
-                whys.append(f"rank {p.rank} on {p.node.name} GPU {p.gpu}: {culprits[p.rank]}")
-            elif gpu.wedged:
-                culprits[p.rank] = "wedged"
-                whys.append(f"{p.node.name} GPU {p.gpu} wedged")
-            elif not all(gpu.nvlink_up):
-                culprits[p.rank] = "in_collective"  # its peers' transfers over the link stall
-                whys.append(f"{p.node.name} GPU {p.gpu} NVLink down")
+            found = _fault_under(p, node_up)
+            if found is not None:
+                culprits[p.rank], why = found
+                whys.append(why)
         if culprits:
             self._play(placements, culprits, step)
             return Hang("; ".join(dict.fromkeys(whys)), now)
@@ -216,3 +204,24 @@ class RankHangs:
             else:  # stuck, wedged: it never enters the collective
                 self.ranks.stand(p.rank, "stuck" if what == "stuck" else "wedged", stacks)
                 proc.tell(op="sleep")
+
+
+def _fault_under(p: Placement, node_up: Callable[[str], bool]) -> tuple[str, str] | None:
+    """What the fault under a rank makes it do, and why (None: nothing is wrong under it).
+
+    A scenario's rank fault is played once: it is taken off the GPU here.
+    """
+    gpu = p.node.gpus[p.gpu]
+    where = f"{p.node.name} GPU {p.gpu}"
+    if not node_up(p.node.name):
+        return "gone", f"{p.node.name} crashed"
+    if gpu.lost:
+        return "lost", f"{where} lost"
+    if gpu.rank_fault:
+        what, gpu.rank_fault = gpu.rank_fault, ""
+        return what, f"rank {p.rank} on {where}: {what}"
+    if gpu.wedged:
+        return "wedged", f"{where} wedged"
+    if not all(gpu.nvlink_up):
+        return "in_collective", f"{where} NVLink down"  # the transfers over the link stall
+    return None
