@@ -46,15 +46,15 @@ def test_demo_runs_and_summarises(tmp_path: Path):
     assert re.search(
         r"\] FIRING +critical gpu_lost node-01/gpu/3 → drain_node succeeded \(webhook 200\)", out
     )
-    # the NVLink's reset waits for the job's rank on that GPU, named, then goes once NCCL's
-    # watchdog ended the job (the lost GPU's rank died with it, and the job failed)
-    assert re.search(
-        r"FIRING +critical nvlink_down node-02/gpu/5 → reset_gpu deferred \(waiting: .*"
-        r"held by job demo-pretrain rank \d+",
-        out,
-    )
-    assert re.search(r"ACTION +reset_gpu succeeded \(node-02 agent: GPU 5 reset\)", out)
-    assert re.search(r"job demo-pretrain step \d+: .* \| FAILED: rank 3 on node-01 GPU 3: ", out)
+    # the NVLink's GPU is reset: at once, or once the job's rank has left the GPU (the job
+    # failed with the lost GPU's rank, and NCCL's watchdog ends it: which comes first depends
+    # on timing); a reset that waits names the job that holds the GPU
+    assert re.search(r"reset_gpu succeeded \(node-02 agent: GPU 5 reset\)", out)
+    for waited in re.findall(r"reset_gpu deferred \(waiting: [^)]*\)[^)]*\)", out):
+        assert "held by job demo-pretrain rank " in waited, waited
+    # the job failed with the lost GPU's rank, named, and its node was the culprit
+    assert re.search(r"job_rank_lost +job/demo-pretrain +job demo-pretrain at step \d+", out)
+    assert re.search(r"gpu_hang_culprit +node-01/gpu/3 +rank 3 of job demo-pretrain", out)
     # the summary's tables, read from the collector's journal
     assert re.search(r"firing +critical +gpu_lost +node-01/gpu/3", out)
     assert re.search(r"drain_node +node-01/gpu/3 +succeeded +drain webhook: delivered", out)
