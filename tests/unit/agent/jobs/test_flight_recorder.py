@@ -26,13 +26,11 @@ from agent.jobs.flight_recorder import (
     groups_of,
     read_answer,
 )
-from agent.jobs.listener import JobQueue, serve_job_socket
 from agent.jobs.peer_identity import start_ticks
 from agent.jobs.report import JobReportError
 from fleetwatch import jobclient
 from fleetwatch.testing import free_port, wait_until
-from tests.job_node import INVENTORY
-from tests.rank_process import shared_dir
+from tests.job_node import open_job_socket
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -168,14 +166,10 @@ def test_an_unusable_answer_says_why(data, said):
 
 @pytest.fixture
 async def job_socket():
-    with shared_dir() as where:
-        path = where / "jobs.sock"
-        queue = JobQueue()
-        reader = await serve_job_socket(path, 0o666, queue, lambda: INVENTORY)
+    async with open_job_socket() as opened:
         try:
-            yield path, queue
+            yield opened
         finally:
-            reader.close()
             jobclient._recorders.pop(os.getpid(), None)
 
 

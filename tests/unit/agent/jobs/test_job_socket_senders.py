@@ -18,7 +18,7 @@ from fleetwatch.testing import wait_until
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from fleetwatch.wire.validate import WireError
 from fleetwatch.wire.validate_jobs import MAX_DATAGRAM_BYTES, validate_job_step
-from tests.job_node import INVENTORY
+from tests.job_node import INVENTORY, open_job_socket
 from tests.rank_process import (
     cgroup_root,
     deliver,
@@ -42,14 +42,8 @@ def _clean_client(monkeypatch):
 @pytest.fixture
 async def agent_socket():
     """A real job socket at a path every uid can reach, feeding a queue that looks in /proc."""
-    with shared_dir() as where:
-        path = where / "jobs.sock"
-        queue = JobQueue()
-        reader = await serve_job_socket(path, 0o666, queue, lambda: INVENTORY)
-        try:
-            yield path, queue
-        finally:
-            reader.close()
+    async with open_job_socket() as opened:
+        yield opened
 
 
 def read(queue: JobQueue):

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.config import AgentConfig
-from agent.jobs.listener import JobQueue, serve_job_socket
+from agent.jobs.listener import JobQueue
 from agent.jobs.peer_identity import PeerResolver
 from agent.jobs.rank_dumps import RankDumps
 from agent.jobs.stacks import PySpyDumper, SimulatedDumper, StackResult, find_py_spy
@@ -29,8 +29,8 @@ from fleetwatch.wire.settings import COMMAND_REFUSED
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.xid_catalog import load_catalog
 from tests.hung_rank import FUNCTION, hung_rank
-from tests.job_node import INVENTORY
-from tests.rank_process import deliver, ranks, shared_dir, step_reports
+from tests.job_node import open_job_socket
+from tests.rank_process import deliver, ranks, step_reports
 
 VICTIM, ATTACKER = 2001, 2002
 
@@ -57,14 +57,8 @@ def sampler(tmp_path: Path) -> Sampler:
 @pytest.fixture
 async def job_socket():
     """A real job socket every uid can reach (mode 0666, as shipped), feeding a queue."""
-    with shared_dir() as where:
-        path = where / "jobs.sock"
-        queue = JobQueue()
-        reader = await serve_job_socket(path, 0o666, queue, lambda: INVENTORY)
-        try:
-            yield path, queue
-        finally:
-            reader.close()
+    async with open_job_socket() as opened:
+        yield opened
 
 
 class Recording:
