@@ -31,7 +31,7 @@ from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
 from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from collector.ingest.server import FleetServer, refuse_a_port_in_use
 from collector.ingest.tls import server_credentials
-from collector.jobs.book import JobBook
+from collector.jobs.book import SLURM_OWNER, JobBook
 from collector.model.fleet import FleetModel
 from collector.model.liveness import LivenessMonitor
 from collector.model.node_states import NodeFlags
@@ -105,16 +105,22 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
 
 
 def job_on_gpu(jobs: JobBook, fleet: FleetModel) -> Callable[[str, int], str | None]:
-    """``(node, GPU index) -> job``: the job of the rank a GPU rule sees there.
+    """``(node, GPU index) -> Slurm job id``: the Slurm job of the rank a GPU rule sees there.
 
-    The culprit's first, as :meth:`JobBook.rank_on` orders them; None when none runs there.
+    The culprit's first, as :meth:`JobBook.rank_on` orders them. Only a job that the node's
+    kernel placed in a Slurm job (its ranks' cgroup, as the agent read it: the book's owner
+    ``Slurm job J``) has one: a job id a rank merely reported names nothing to requeue, since
+    any user can report any id. None when no such job runs there.
     """
 
     def job(node: str, index: int) -> str | None:
         held = fleet.view().get(node)
         gpu = next((g for g in held.gpus.values() if g.index == index), None) if held else None
         found = jobs.rank_on(node, gpu.uuid).get("job") if gpu is not None else None
-        return str(found) if found else None
+        state = jobs.jobs.get(str(found)) if found else None
+        if state is None or not state.owner.startswith(SLURM_OWNER):
+            return None
+        return state.owner.removeprefix(SLURM_OWNER)
 
     return job
 

@@ -204,10 +204,12 @@ class SlurmCluster:
             raise SlurmHarnessError(msg)
         return granted.group(1)
 
-    def submit(self, node: str, *options: str) -> str:
-        """Run ``sleep 300`` as a batch job on ``node`` (sbatch ``options`` added); its id."""
+    def submit(self, node: str | None, *options: str) -> str:
+        """Run ``sleep 300`` as a batch job on ``node`` (None: where Slurm puts it; only
+        ``real_node`` runs jobs, so exclude the spares) with sbatch ``options``; its id."""
+        where = ("-w", node) if node is not None else ()
         done = self.run(
-            "sbatch", "-w", node, "-J", "fleetwatch-test", "-o", "/dev/null", *options,
+            "sbatch", *where, "-J", "fleetwatch-test", "-o", "/dev/null", *options,
             "--wrap", "sleep 300",
         )  # fmt: skip
         submitted = _SUBMITTED.search(done.stdout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 import structlog
@@ -19,7 +20,6 @@ from agent.sources.sysfs_io import FdBudget
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
-    from pathlib import Path
 
     from agent.agent import Agent
     from agent.jobs.stacks import StackDumper
@@ -78,6 +78,7 @@ class SimCluster:
         preflight: RunnersFor | None = None,
         gauge_interval: float | None = None,
         stacks: StackDumper | None = None,
+        proc_root: Path | None = None,
     ) -> None:
         """Build the nodes (and their sysfs trees under ``root``) and their agents.
 
@@ -88,7 +89,8 @@ class SimCluster:
         default; a Unix socket path must stay under 108 bytes) and keeps its state (the outbox
         spool) in ``state_dir/<node>`` (None: in memory only). The agents share this process,
         so none of them bounds the process's memory or CPU (``memory_max_bytes`` and
-        ``poll_cpu_max_share`` are 0).
+        ``poll_cpu_max_share`` are 0). ``proc_root`` is where every agent reads /proc (None:
+        /proc itself), where a test shows its rank processes in a scheduler's cgroup.
         """
         self.nodes: dict[str, SimNode] = {}
         self.agents: dict[str, Agent] = {}
@@ -124,6 +126,7 @@ class SimCluster:
                 nvml_call_timeout=nvml_call_timeout,
                 memory_max_bytes=0,
                 poll_cpu_max_share=0.0,
+                proc_root=proc_root or Path("/proc"),
             )
             self.nodes[name] = node
             self.configs[name] = cfg

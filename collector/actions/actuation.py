@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from collector.actions.guards import UnsafeArgumentError, check_node, delivery_key, drain_reason
+from collector.actions.local_checks import no_slurm_job
 from collector.actions.ports import ActionOutcome, refused
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Actuation:
         """Requeue the job of the rank on the incident's GPU, off its node (``exclude_node``)."""
         job = self._job_of(incident) if self._job_of is not None else None
         if job is None:
-            return ActionOutcome(ok=False, detail=f"no training job is known on {incident.target}")
+            return ActionOutcome(ok=False, detail=no_slurm_job(incident.target))
         if self._requeuer is None:
             return ActionOutcome(ok=False, detail="requeue_job: no requeuer is configured")
         exclude = node if spec.params.get("exclude_node", True) else None

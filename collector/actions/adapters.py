@@ -112,6 +112,9 @@ _NOT_REQUEUED = {
         "slurm.conf without --requeue)"
     ),
     RequeueOutcome.NOT_BATCH: "is not a batch job (salloc, srun): Slurm requeues sbatch jobs only",
+    RequeueOutcome.NOT_ON_NODE: (
+        "does not run on {node} (NodeList={nodes}): the rank there is not this job's"
+    ),
     RequeueOutcome.ASKS_FOR_NODE: (
         "asks for {node} by name (ReqNodeList={required}): with {node} excluded it could never "
         "start again"
@@ -150,7 +153,10 @@ class SlurmRequeuer:
             return ActionOutcome(ok=False, detail=f"slurm: {exc}")
         if result.outcome is not RequeueOutcome.REQUEUED:
             why = _NOT_REQUEUED[result.outcome].format(
-                state=result.before.state, node=node, required=result.before.required
+                state=result.before.state,
+                node=node,
+                required=result.before.required,
+                nodes=result.before.nodes,
             )
             return ActionOutcome(
                 ok=False, detail=f"refused: slurm: job {job} {why}; not requeued", refused=True

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.actions")
 
 
+def no_slurm_job(where: str) -> str:
+    """Why ``requeue_job`` has nothing to requeue on ``where`` (a node's GPU)."""
+    return (
+        f"no Slurm job is known on {where}: requeue_job requeues only a job whose ranks the "
+        "node's kernel placed in a Slurm job (their cgroup)"
+    )
+
+
 class SafetyChecks:
     """What this collector did, and whether an action may run now because of it."""
 
@@ -111,7 +119,7 @@ class SafetyChecks:
             return "requeue is off ([collector.actions.slurm] requeue = true turns it on)"
         job = self.job_of(incident)
         if job is None:
-            return f"no training job is known on {gpu_of(incident.target)}"
+            return no_slurm_job(gpu_of(incident.target))
         if f"job/{job}" in self.requeuing:
             return f"job {job} is being requeued for another incident"
         last = self.requeued.get(job)

@@ -4,8 +4,9 @@ For job J and node N, :meth:`SlurmJobs.requeue` runs, each as an argument list u
 
 1. ``scontrol show job -o J``: J must be one batch job (``BatchFlag=1``) that Slurm lets be
    requeued (``Requeue=1``: ``JobRequeue=1`` in slurm.conf, Slurm's default, or ``--requeue``),
-   now ``RUNNING`` or ``SUSPENDED``, and must not ask for N by name (``ReqNodeList``): excluded,
-   it could never start again. Anything else is refused, and nothing runs.
+   now ``RUNNING`` or ``SUSPENDED``, must run on N (``NodeList``: a job elsewhere is not the
+   one to blame on N), and must not ask for N by name (``ReqNodeList``): excluded, it could
+   never start again. Anything else is refused, and nothing runs.
 2. ``scontrol requeuehold J``: J goes back to pending, held. Slurm changes ``ExcNodeList`` only
    while a job is pending ("Job is no longer pending execution" otherwise), and held it cannot
    start on N before step 3.
@@ -102,6 +103,8 @@ class RequeueOutcome(StrEnum):
     """``BatchFlag=0`` (salloc, srun): Slurm requeues batch jobs only."""
     ASKS_FOR_NODE = "asks_for_node"
     """The job asks for the node by name (``ReqNodeList``): excluded, it would never start."""
+    NOT_ON_NODE = "not_on_node"
+    """The job does not run on the node (``NodeList``): the rank there is not this job's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +376,8 @@ class SlurmJobs:
             return RequeueOutcome.NOT_RUNNING
         if not before.requeue:
             return RequeueOutcome.NOT_REQUEUEABLE
+        if node is not None and not (before.nodes and hostlist_covers(before.nodes, node)):
+            return RequeueOutcome.NOT_ON_NODE
         if node is not None and before.required and hostlist_covers(before.required, node):
             return RequeueOutcome.ASKS_FOR_NODE
         return None

@@ -307,6 +307,10 @@ class Evaluator:
                 for rule in by_scope[Scope.JOB]:
                     data = {"job": job, "fleet": sweep.fleet}
                     outcomes += self._evaluate(rule, key, key, data, sweep.now)
+            # a rank named a culprit (or no longer): its GPU's rules at the next tick
+            self.changes.dirty |= {
+                (node, gpu_key(node, index)) for node, index in self.jobs.take_culprit_changes()
+            }
         for rule in by_scope[Scope.FLEET]:
             data = {"fleet": sweep.fleet}
             outcomes += self._evaluate(rule, FLEET_KEY, FLEET_KEY, data, sweep.now)

@@ -37,7 +37,7 @@ from collector.jobs.peak_flops import flops_per_token, mfu, peak_flops
 from collector.jobs.state import JobState
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from collector.jobs.checkpoint_policy import CheckpointAdvice
     from collector.jobs.config import JobsConfig
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from collector.jobs.state import FinishedStep
     from collector.model.fleet import FleetModel
     from collector.model.history import History
+    from collector.model.state import NodeState
     from fleetwatch.clock import Clock
     from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 
@@ -114,6 +115,8 @@ class JobBook:
         self._diagnoses: dict[str, tuple[int, Diagnosis]] = {}
         # each job's culprits as last judged: rank -> its node or GPU shows hardware faults
         self._culprit_ranks: dict[str, dict[int, bool]] = {}
+        # GPUs (node, index) whose rank was named a culprit or no longer is, since last taken
+        self._culprits_changed: set[tuple[str, int]] = set()
         self._placement: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (node, GPU) -> ranks
         self._node_ranks: Counter[str] = Counter()  # ranks held, by the node that reports them
         self._flagged: dict[str, set[int]] = {}  # straggling ranks by job, as last told
@@ -417,6 +420,32 @@ class JobBook:
                 best = data
         return best
 
+    def _note_culprits_changed(
+        self,
+        job: JobState,
+        before: dict[int, bool],
+        after: dict[int, bool],
+        nodes: Mapping[str, NodeState],
+    ) -> None:
+        """Keep the GPUs of the ranks named or unnamed (or whose hardware verdict changed)."""
+        for rank in before.keys() | after.keys():
+            if rank in before and rank in after and before[rank] == after[rank]:
+                continue
+            held = job.ranks.get(rank)
+            node = nodes.get(held.node) if held is not None else None
+            gpu = node.gpus.get(held.gpu_uuid) if node is not None and held is not None else None
+            if held is not None and gpu is not None:
+                self._culprits_changed.add((held.node, gpu.index))
+
+    def take_culprit_changes(self) -> set[tuple[str, int]]:
+        """The GPUs (node, index) whose rank's culprit verdict changed since the last call.
+
+        The evaluator marks them changed, so ``gpu_hang_culprit`` is judged at its next tick
+        rather than when the fleet's sweep comes round to them (``full_sweep_s``).
+        """
+        changed, self._culprits_changed = self._culprits_changed, set()
+        return changed
+
     def _rank_map(self, job: JobState, rank: int) -> dict[str, Any]:
         status = job.stragglers.stragglers.get(rank)
         ratio = job.stragglers.ratio(rank) or 1.0
@@ -486,7 +515,11 @@ class JobBook:
         )
         stacks = self._stacks(job, liveness)
         culprits = self._culprits(job, liveness, stacks)
-        self._culprit_ranks[job.job_id] = {int(c["rank"]): c["hardware"] == "yes" for c in culprits}
+        named = {int(c["rank"]): c["hardware"] == "yes" for c in culprits}
+        before = self._culprit_ranks.get(job.job_id, {})
+        if named != before:
+            self._note_culprits_changed(job, before, named, nodes)
+        self._culprit_ranks[job.job_id] = named
         tokens_per_s, step_time = self.throughput(job)
         age, advice = self.checkpoint(job)
         drop = job.drops.active if active else None

@@ -209,42 +209,46 @@ def fake_scontrol(tmp_path: Path) -> tuple[Path, Path]:
 
 class TestRequeueSteps:
     async def test_requeuehold_exclude_release_in_that_order(self, tmp_path):
-        """A running job is read, requeued held, made to exclude the node besides what it
-        excluded, released and read back: each step one argument list."""
+        """A job running on node-01 (submitted with ``-x node-[02-04]``) is read, requeued
+        held, made to exclude node-01 besides what it excluded (the hostlist as Slurm printed
+        it), released and read back: each step one argument list."""
         scontrol, calls = replaying_scontrol(
-            tmp_path, ["show-job-running.txt", "show-job-released.txt"]
+            tmp_path, ["show-job-running-anywhere.txt", "show-job-released-anywhere.txt"]
         )
-        result = await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-07")
+        result = await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-01")
         assert calls_of(calls) == [
             ["show", "job", "-o", "1"],
             ["requeuehold", "1"],
-            ["update", "JobId=1", "ExcNodeList=node-07"],
+            ["update", "JobId=1", "ExcNodeList=node-[02-04],node-01"],
             ["release", "1"],
             ["show", "job", "-o", "1"],
         ]
-        assert (result.outcome, result.excluded) == (RequeueOutcome.REQUEUED, "node-07")
+        assert (result.outcome, result.excluded) == (
+            RequeueOutcome.REQUEUED,
+            "node-[02-04],node-01",
+        )
         assert result.after is not None
         assert (result.after.restarts, result.after.held) == (1, False)
+        again = tmp_path / "again"
+        again.mkdir()
+        scontrol, _ = replaying_scontrol(
+            again, ["show-job-running-anywhere.txt", "show-job-released-anywhere.txt"]
+        )
+        done = await SlurmRequeuer(SlurmJobs(scontrol=str(scontrol))).requeue("1", "node-01")
+        assert done.ok
+        assert "excluding node-01 (ExcNodeList=node-[02-04],node-01)" in done.detail, done.detail
 
-    @pytest.mark.parametrize(
-        ("node", "update"),
-        [
-            ("node-03", None),
-            ("node-04", ["update", "JobId=1", "ExcNodeList=node-[02-03],node-04"]),
-        ],
-    )
-    async def test_what_the_job_excluded_stays_excluded(self, tmp_path, node, update):
-        """A job submitted with ``-x node-[02-03]`` keeps that hostlist as given, the node
-        appended; a node it excludes already is not written again."""
+    @pytest.mark.parametrize("node", ["node-03", "node-07"])
+    async def test_a_job_not_on_the_node_is_refused(self, tmp_path, node):
+        """A job that runs on node-01 is not the job of a rank on another node (one it excludes,
+        or one it never mentions): refused before any change, its NodeList named."""
         scontrol, calls = replaying_scontrol(tmp_path, ["show-job-running-excluding.txt"])
         result = await SlurmJobs(scontrol=str(scontrol)).requeue("1", node)
-        assert result.outcome is RequeueOutcome.REQUEUED
-        updates = [c for c in calls_of(calls) if c[0] == "update"]
-        assert updates == ([update] if update else [])
+        assert result.outcome is RequeueOutcome.NOT_ON_NODE
+        assert calls_of(calls) == [["show", "job", "-o", "1"]]
         done = await SlurmRequeuer(SlurmJobs(scontrol=str(scontrol))).requeue("1", node)
-        assert done.ok
-        kept = "already excluded" if update is None else "ExcNodeList=node-[02-03],node-04"
-        assert kept in done.detail, done.detail
+        assert (done.ok, done.refused) == (False, True)
+        assert f"does not run on {node} (NodeList=node-01)" in done.detail, done.detail
 
     async def test_without_a_node_nothing_is_excluded(self, tmp_path):
         """``exclude_node: false`` requeues and releases, and changes no ExcNodeList."""
@@ -255,7 +259,7 @@ class TestRequeueSteps:
     async def test_pending_job_is_refused_and_nothing_runs(self, tmp_path):
         """A job already pending (requeued by Slurm or a person) is not requeued again."""
         scontrol, calls = replaying_scontrol(tmp_path, ["show-job-released.txt"])
-        result = await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-07")
+        result = await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-01")
         assert result.outcome is RequeueOutcome.NOT_RUNNING
         assert calls_of(calls) == [["show", "job", "-o", "1"]]
 
@@ -283,15 +287,19 @@ class TestRequeueSteps:
     async def test_failed_exclusion_releases_the_job_and_says_so(self, tmp_path):
         """When the update fails after requeuehold the job is released, never left held, and
         the error says it was requeued without the exclusion."""
-        scontrol, calls = replaying_scontrol(tmp_path, ["show-job-running.txt"], fail="update")
-        with pytest.raises(SlurmError, match=r"requeued, but setting ExcNodeList=node-07 failed"):
-            await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-07")
+        scontrol, calls = replaying_scontrol(
+            tmp_path, ["show-job-running-anywhere.txt"], fail="update"
+        )
+        with pytest.raises(SlurmError, match=r"requeued, but setting ExcNodeList=.* failed"):
+            await SlurmJobs(scontrol=str(scontrol)).requeue("1", "node-01")
         assert [c[0] for c in calls_of(calls)] == ["show", "requeuehold", "update", "release"]
 
     async def test_failed_release_says_the_job_is_held_and_what_to_run(self, tmp_path):
         """A release that fails is reported with the command that frees the job."""
-        scontrol, _ = replaying_scontrol(tmp_path, ["show-job-running.txt"], fail="release")
-        done = await SlurmRequeuer(SlurmJobs(scontrol=str(scontrol))).requeue("1", "node-07")
+        scontrol, _ = replaying_scontrol(
+            tmp_path, ["show-job-running-anywhere.txt"], fail="release"
+        )
+        done = await SlurmRequeuer(SlurmJobs(scontrol=str(scontrol))).requeue("1", "node-01")
         assert (done.ok, done.refused) == (False, False)
         assert "it is held; run scontrol release 1" in done.detail, done.detail
 

@@ -6,10 +6,13 @@ from collector.incidents.evaluator import Evaluator
 from collector.incidents.rule_reads import watched_signals
 from collector.model.fleet import FleetModel
 from collector.model.target_keys import gpu_key
+from collector.testing import job_world
 from fleetwatch.model import EventKind, Target, sample_to_pb
-from fleetwatch.testing import FakeClock, made_up_hello
+from fleetwatch.signals import IB_STATE
+from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
+from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.engine import Phase
-from rules.loader import parse_rules
+from rules.loader import load_rules, parse_rules
 from rules.xid_catalog import load_catalog
 
 RULES = """\
@@ -655,3 +658,51 @@ def test_the_fleet_tally_comes_in_parts_and_share_of_ports_from_it():
     assert parts == [[]] * -(-count // TALLY_CHUNK) + [[]]
     assert ev.tally.shares == {("ib_port_xmit_wait_per_second", 1000.0): direct}
     assert {e.rule for e in ev.engine.open_incidents()} == {"congested"}
+
+
+def test_a_rank_named_culprit_has_its_gpu_judged_at_the_next_tick_not_at_the_sweep():
+    """Rank 5 of a job (node-c GPU 1; node-c's IB port went down) is killed: once the book
+    names it the failed job's culprit, gpu_hang_culprit fires on its GPU at the next tick or the
+    one after, not when an hour's sweep comes round to node-c (the GPU has no incident of its
+    own, which would have it evaluated every tick: the fault is the port's)."""
+    w = job_world()
+    ev = Evaluator(
+        rules=load_rules(),
+        fleet=w.fleet,
+        catalog=load_catalog(),
+        clock=w.clock,
+        jobs=w.book,
+        full_sweep_s=3600.0,
+    )
+    w.fleet.observer = ev
+    w.run(range(20))
+    ev.tick()
+    port = Target.ib_port("mlx5_0", 1)
+    w.fleet.apply_report("node-c", pb.Report(samples=[sample_to_pb(port, IB_STATE, "DOWN")]))
+    ticks_named, ticks_fired = None, None
+    for tick in range(1, 31):
+        w.clock.advance(1.0)
+        for node in w.nodes:
+            processes = [
+                pb.RankProcess(job_id="j", rank=r, state="exited" if r == 5 else "sleeping")
+                for r in range(w.ranks)
+                if w.place(r)[0] == node
+            ]
+            w.book.ingest(node, pb.JobReport(processes=processes))
+        outcomes = ev.tick()
+        if ticks_named is None and w.book.rank_on("node-c", made_up_uuid("node-c", 1)).get(
+            "hang_culprit"
+        ):
+            ticks_named = tick
+        fired = [
+            o.transition.incident.target
+            for o in outcomes
+            if o.transition.incident.rule == "gpu_hang_culprit"
+            and o.transition.incident.phase == Phase.FIRING
+        ]
+        if fired and ticks_fired is None:
+            assert fired == ["node-c/gpu/1"]
+            ticks_fired = tick
+    assert ticks_named is not None, "rank 5 was never named"
+    assert ticks_fired is not None, "gpu_hang_culprit never fired"
+    assert ticks_fired - ticks_named <= 1, (ticks_named, ticks_fired)
