@@ -8,7 +8,16 @@ STAMP := $(VENV)/.installed
 # checks that script, too. It is no dependency of fleetwatch: installed into the venv only when
 # missing, pinned to the version whose CPU build this machine has (plain `torch` would pull GBs of
 # CUDA packages).
-TORCH := $(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+# The framework callbacks' tests (tests/unit/fleetwatch/integrations/) train a tiny model with the
+# real Hugging Face Trainer (transformers, and accelerate, which its Trainer needs) and the real
+# Lightning Trainer (pytorch-lightning: the same Trainer as the `lightning` package, which installs
+# it and more), and mypy checks fleetwatch/integrations/ against them. They depend on torch, so
+# they are installed here, with the torch pin, and not in the [dev] extra: pip would install that
+# before this line and fetch a CUDA torch from PyPI for them. About 290 MB and 25-50 s more (with
+# numpy, tokenizers, safetensors, huggingface-hub, torchmetrics, aiohttp). Checked by version: one
+# missing or different reinstalls the set.
+TORCH_PINS := torch==2.13.0 transformers==5.24.0 accelerate==1.15.0 pytorch-lightning==2.6.6
+TORCH := $(BIN)/python -c 'import sys, importlib.metadata as m; sys.exit(any(m.version(n).split("+")[0] != v for n, v in (p.split("==") for p in sys.argv[1:])))' $(TORCH_PINS) 2>/dev/null || $(BIN)/python -m pip install --quiet $(TORCH_PINS)
 
 .PHONY: demo test lint typecheck rules unit proto dashboards clean
 

@@ -9,36 +9,46 @@ must name its node, and a certificate that has expired or is not valid yet is a 
 file passes when the daemon would start with it (and could connect, as far as its certificates
 go).
 
-Every problem is listed, not only the first: a collector file whose table does not load is
-checked again table by table (the top-level keys, each part of ``actions``, ``ingest``,
-``jobs``), so that each table's first problem shows. Values a hostile or broken file holds (a
-key of megabytes) are shown cut, never whole. A secret file (API token, journal password,
-webhook secret, ``--env-file``) that others can read, that anyone but its owner can write, or
-that a group other than the service's (``fleetwatch``) can read is a warning, not a problem.
+Every problem is listed, not only the first, each at its line as the collector's reload gives
+it (:mod:`fleetwatch.config_lines`): a file that does not load is read again, its unknown keys
+named one by one (with the known key they are closest to), a collector's parts checked on their
+own (each part of ``actions``, ``ingest``, ``jobs``), and the rest loaded again without the keys
+each problem names until it loads, so the checks that follow (rules, TLS, secrets) still run.
+Every TLS file that cannot be read is named. Values a hostile or broken file holds (a key of
+megabytes) are shown cut, never whole. A secret file (API token, journal password, webhook
+secret, ``--env-file``) that others can read, that anyone but its owner can write, or that a
+group other than the service's (``fleetwatch``) can read is a warning, not a problem; so is a
+collector whose rules drain or notify with nothing configured to carry it out.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import grp
 import re
 import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from collector.exceptions import CollectorError
-from fleetwatch.config_file import not_utf8, shown_key, shown_path
+from fleetwatch.config_file import not_utf8, shown_key, shown_keys, shown_path
+from fleetwatch.config_lines import FileProblem, locate
 from rules.exceptions import RulesError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import TextIO
 
     from agent.config import AgentConfig
+    from collector.actions.config import ActionsConfig
     from collector.config import CollectorConfig
     from fleetwatch.clock import Clock
     from fleetwatch.tls import TlsMaterial
+    from rules.model import RuleSet
 
 KINDS: Final = ("agent", "collector")
 DEFAULT_FILES: Final = {kind: Path(f"/etc/fleetwatch/{kind}.toml") for kind in KINDS}
@@ -46,18 +56,101 @@ _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SERVICE_GROUP: Final = "fleetwatch"  # the units' Group=; it may read the secret files
 MAX_LINE: Final = 2_000  # the longest line the check prints; longer ones are cut
 _PARTS: Final = ("actions", "ingest", "jobs")  # sub-tables of [collector] checked on their own
+# Keys whose value a TLS check needs as written: when one was set aside, the check is skipped
+# (its message would be about the default, not about the file).
+_TLS_INPUTS: Final = {
+    "agent": frozenset(
+        {"tls_cert", "tls_key", "tls_ca", "tls_server_name", "insecure", "node"}
+        | {"collector", "collectors"}
+    ),
+    "collector": frozenset({"tls_cert", "tls_key", "tls_client_ca", "insecure", "listen"}),
+}
+_SUGGEST_CHARS: Final = 100  # a key longer than this gets no "did you mean"
+_Config = TypeVar("_Config")
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What checking one file as one kind found: a summary when clean, else the problems.
 
-    Warnings (a secret file others can read) are printed either way and fail nothing.
+    Warnings (a secret file others can read, rules whose actions nothing would carry out)
+    are printed either way and fail nothing.
     """
 
     summary: str
     problems: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+
+
+def accepted_keys(kind: str) -> dict[str, frozenset[str]]:
+    """The keys each table of a ``kind`` file takes, read from the loaders' own dataclasses.
+
+    Tables are named from the kind's own (``""``, ``actions``, ``actions.slurm``); a ``*``
+    stands for any name (``actions.notify.*``: each notify channel).
+    """
+    fields = dataclasses.fields
+    if kind == "agent":
+        from agent.bmc_config import BmcConfig  # noqa: PLC0415 - each kind loads its own code
+        from agent.config import AgentConfig  # noqa: PLC0415
+
+        return {
+            "": frozenset(f.name for f in fields(AgentConfig)),
+            "bmc": frozenset(f.name for f in fields(BmcConfig)),
+        }
+    from collector.actions.config import SAFETY_KEYS, SLURM_KEYS, WEBHOOK_KEYS  # noqa: PLC0415
+    from collector.config import CollectorConfig  # noqa: PLC0415
+    from collector.ingest.throttle import IngestLimits  # noqa: PLC0415
+    from collector.jobs.config import JobsConfig  # noqa: PLC0415
+
+    return {
+        "": frozenset(f.name for f in fields(CollectorConfig)),
+        "actions": frozenset({*SAFETY_KEYS, "slurm", "drain_webhook", "notify"}),
+        "actions.slurm": frozenset(SLURM_KEYS),
+        "actions.drain_webhook": frozenset(WEBHOOK_KEYS),
+        "actions.notify.*": frozenset(WEBHOOK_KEYS),
+        "ingest": frozenset(f.name for f in fields(IngestLimits)),
+        "jobs": frozenset(f.name for f in fields(JobsConfig)),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Puts the problems of one config file at their line, as the collector's reload does.
+
+    ``sections``: the tables whose keys a message may name (the kind's own first, then the
+    sub-tables whose messages name keys without their table: ``collector.jobs: min_drop``).
+    """
+
+    file: str
+    text: str
+    sections: tuple[str, ...]
+
+    @classmethod
+    def of(cls, path: Path, *sections: str) -> _Place:
+        """The file's text read once (none when unreadable: the loader says why)."""
+        try:
+            text = path.read_text("utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        return cls(str(path), text, sections)
+
+    def at(self, message: str) -> FileProblem:
+        """``message`` at the line that sets the key it names (or of a TOML syntax error)."""
+        found = FileProblem(self.file, message)
+        for section in self.sections:
+            found = locate(self.file, self.text, section, message)
+            if found.line is not None:
+                break
+        return found
+
+    def outside(self, message: str) -> FileProblem:
+        """A problem in a file the config names (a rule file), which gives its own place."""
+        return FileProblem(self.file, message)
+
+
+def _shown(problems: Iterable[FileProblem]) -> tuple[str, ...]:
+    """Each problem as ``file:line: message``, the placed ones in the file's order first."""
+    return tuple(str(p) for p in sorted(problems, key=lambda p: (p.line is None, p.line or 0)))
 
 
 def read_env_file(path: Path) -> tuple[dict[str, str], list[str]]:
@@ -98,7 +191,8 @@ def file_kinds(path: Path) -> tuple[list[str], str | None]:
     except UnicodeDecodeError as exc:
         return [], not_utf8(path, "the config file", exc)
     except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
-        return [], f"{shown_path(path)}: invalid TOML: {str(exc)[:200]}"
+        message = f"{shown_path(path)}: invalid TOML: {str(exc)[:200]}"
+        return [], str(locate(str(path), "", "", message))  # at the error's line and column
     kinds: list[str] = [kind for kind in KINDS if isinstance(raw.get(kind), dict)]
     if not kinds:
         return [], (
@@ -108,50 +202,167 @@ def file_kinds(path: Path) -> tuple[list[str], str | None]:
     return kinds, None
 
 
-def _catalog_and_tls(
-    catalog: Path | None,
+def _file_table(
+    path: Path, kind: str, place: _Place
+) -> tuple[dict[str, Any] | None, list[FileProblem]]:
+    """The keys of the file's ``[kind]`` table the loader knows, and a problem for each other.
+
+    As the loader reads the file (a file without the table is read as the table), but a key
+    above the first table or not known is named and left out rather than stopping the check:
+    ``unknown key actions.max_drained_nodez; did you mean actions.max_drained_nodes?``. None
+    when the file or its table cannot be read at all (the loader's message says why).
+    """
+    try:
+        raw = tomllib.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        return None, []
+    table = raw.get(kind, raw)
+    if not isinstance(table, dict):
+        return None, []
+    what = f"{kind} config"
+    stray = [
+        f"{what}: key {shown_key(key)} outside the [{kind}] table (above it); move it into it"
+        for key, value in raw.items()
+        if table is not raw and not isinstance(value, dict)
+    ]
+    values, unknown = _known(table, kind, accepted_keys(kind), "", "")
+    return values, [place.at(message) for message in (*stray, *unknown)]
+
+
+def _known(
+    values: dict[str, Any], kind: str, tables: Mapping[str, frozenset[str]], name: str, table: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``values`` without the keys ``tables[table]`` lacks, nor those its sub-tables lack.
+
+    A message names each key left out by its dotted path (``name``: that of ``values``).
+    """
+    kept: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in values.items():
+        dotted = f"{name}{shown_key(key)}"
+        inner = f"{table}.{key}".lstrip(".")
+        if key not in tables[table]:
+            unknown.append(_unknown_key(kind, dotted, key, name, tables[table]))
+        elif isinstance(value, dict) and inner in tables:
+            kept[key], found = _known(value, kind, tables, f"{dotted}.", inner)
+            unknown += found
+        elif isinstance(value, dict) and f"{inner}.*" in tables:  # named channels, each a table
+            kept[key] = {}
+            for channel, sub in value.items():
+                kept[key][channel] = sub
+                if isinstance(sub, dict):
+                    where = f"{dotted}.{shown_key(channel)}."
+                    kept[key][channel], found = _known(sub, kind, tables, where, f"{inner}.*")
+                    unknown += found
+        else:
+            kept[key] = value
+    return kept, unknown
+
+
+def _unknown_key(kind: str, dotted: str, key: str, prefix: str, known: frozenset[str]) -> str:
+    """``unknown key K; did you mean M?`` (the closest known key), or the keys it may be."""
+    close = difflib.get_close_matches(key, sorted(known), n=1) if len(key) < _SUGGEST_CHARS else []
+    if close:
+        return f"{kind} config: unknown key {dotted}; did you mean {prefix}{close[0]}?"
+    table = f"[{kind}.{prefix}".rstrip(".") + "]"
+    return f"{kind} config: unknown key {dotted}; {table} takes {', '.join(sorted(known))}"
+
+
+def _named(message: str, key: str, kind: str) -> bool:
+    """Whether ``message`` names ``key`` of ``[kind]``, as ``key`` or ``kind.key`` (a table).
+
+    Only before any ``got VALUE``: a value is not a key.
+    """
+    head = message.split(" got ", 1)[0]
+    return re.search(rf"(?<![\w.])(?:{kind}\.)?{re.escape(key)}(?!\w)", head) is not None
+
+
+def _until_it_loads(
+    values: dict[str, Any],
+    load: Callable[[dict[str, Any]], _Config],
+    error: type[Exception],
+    place: _Place,
+) -> tuple[_Config | None, list[FileProblem], set[str]]:
+    """Load ``values``; at each problem, set aside the keys its message names and load again.
+
+    The loaders stop at their first problem: each round reports one and leaves out what it
+    names (``tls_cert, tls_key, tls_ca go together`` names three), so the next round finds the
+    next. Returns the config of the keys that passed (None when a problem names no key), the
+    problems, and the keys set aside, whose checks the caller skips.
+    """
+    problems: list[FileProblem] = []
+    aside: set[str] = set()
+    while True:
+        try:
+            return load(values), problems, aside
+        except error as exc:
+            message = str(exc)
+        problems.append(place.at(message))
+        named = {key for key in values if _named(message, key, place.sections[0])}
+        if not named:
+            return None, problems, aside
+        aside |= named
+        values = {key: value for key, value in values.items() if key not in named}
+
+
+def _catalog_problems(catalog: Path | None, place: _Place) -> list[FileProblem]:
+    """A problem loading the Xid catalog, which names its own file."""
+    from rules.xid_catalog import load_catalog  # noqa: PLC0415
+
+    try:
+        load_catalog(catalog)
+    except RulesError as exc:
+        return [place.outside(str(exc))]
+    return []
+
+
+def _tls_problems(
+    files: Sequence[tuple[str, Path | None]],
     material: Callable[[], TlsMaterial | None],
     error: type[Exception],
     what: str,
     clock: Clock,
 ) -> list[str]:
-    """Problems loading the Xid catalog and the TLS files (``error`` is the daemon's own)."""
-    from rules.xid_catalog import load_catalog  # noqa: PLC0415
-
-    problems: list[str] = []
-    try:
-        load_catalog(catalog)
-    except RulesError as exc:
-        problems.append(str(exc))
+    """Problems of the TLS files, every unreadable one named (the loader stops at the first)."""
+    unreadable: list[str] = []
+    for key, path in files:
+        if path is None:
+            continue
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            unreadable.append(f"{what}: {key} {shown_path(path)}: {exc.strerror}")
+    if unreadable:
+        return unreadable
     try:
         loaded = material()
     except error as exc:
-        problems.append(str(exc))
-    else:
-        problems.extend(_validity(loaded, f"{what}: tls_cert", clock))
-    return problems
+        return [str(exc)]
+    return _validity(loaded, f"{what}: tls_cert", clock)
 
 
 def check_agent(path: Path, clock: Clock) -> Outcome:
     """Load ``path`` as the agent does at start; certificates are checked for ``clock``'s now."""
     from agent.bmc_config import open_bmc  # noqa: PLC0415
-    from agent.config import load_agent_config  # noqa: PLC0415 - each kind loads its own code
     from agent.exceptions import AgentError  # noqa: PLC0415
     from agent.link.tls import tls_material  # noqa: PLC0415
 
-    try:
-        cfg = load_agent_config(path, {})
-    except AgentError as exc:
-        return Outcome("", (str(exc),))
-    problems = _catalog_and_tls(
-        cfg.xid_catalog, lambda: tls_material(cfg), AgentError, "agent config", clock
-    )
+    place = _Place.of(path, "agent", "agent.bmc")
+    cfg, problems, aside = _load_agent(path, place)
+    if cfg is None:
+        return Outcome("", _shown(problems))
+    problems += _catalog_problems(cfg.xid_catalog, place)
+    if not aside & _TLS_INPUTS["agent"]:
+        tls = [(key, getattr(cfg, key)) for key in ("tls_cert", "tls_key", "tls_ca")]
+        found = _tls_problems(tls, lambda: tls_material(cfg), AgentError, "agent config", clock)
+        problems += map(place.at, found)
     warnings: list[str] = []
     if cfg.bmc is not None:  # its credentials are read as at start (the BMC is not asked)
         try:
             open_bmc(cfg.bmc)
         except AgentError as exc:
-            problems.append(str(exc))
+            problems.append(place.at(str(exc)))
         warnings = _secret_file_warnings([("[agent.bmc] password_file", cfg.bmc.password_file)])
     bmc = f"BMC {cfg.bmc.protocol} {cfg.bmc.address}" if cfg.bmc else "BMC off"
     summary = (
@@ -161,48 +372,65 @@ def check_agent(path: Path, clock: Clock) -> Outcome:
         f"kernel log {cfg.kmsg_path or 'off'}, GPU resets {'on' if cfg.gpu_reset else 'off'}, "
         f"{bmc}"
     )
-    return Outcome(summary, tuple(problems), tuple(warnings))
+    return Outcome(summary, _shown(problems), tuple(warnings))
+
+
+def _load_agent(
+    path: Path, place: _Place
+) -> tuple[AgentConfig | None, list[FileProblem], set[str]]:
+    """The config as the agent loads it, or as much of it as loads, with every problem."""
+    from agent.config import load_agent_config  # noqa: PLC0415 - each kind loads its own code
+    from agent.exceptions import AgentError  # noqa: PLC0415
+
+    try:
+        return load_agent_config(path, {}), [], set()
+    except AgentError as exc:
+        first = place.at(str(exc))
+    values, problems = _file_table(path, "agent", place)
+    if values is None:
+        return None, [first], set()
+
+    def load(known: dict[str, Any]) -> AgentConfig:
+        # The loader takes an override ``collector`` as --collector (a comma list, replacing
+        # ``collectors``): the file's key goes in afterwards, checked as the file's.
+        cfg = load_agent_config(None, {k: v for k, v in known.items() if k != "collector"})
+        if "collector" in known:
+            cfg = dataclasses.replace(cfg, collector=known["collector"])
+        return cfg
+
+    cfg, found, aside = _until_it_loads(values, load, AgentError, place)
+    return cfg, (problems + found) or [first], aside
 
 
 def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Outcome:
     """Load ``path`` as the collector does at start, with ``environ`` for webhook secrets."""
     from collector.ingest.tls import tls_material  # noqa: PLC0415
-    from rules.gates_file import GatesFileError, load_gates  # noqa: PLC0415
-    from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
 
-    cfg, problems = _load_collector(path)
+    place = _Place.of(path, "collector", "collector.jobs", "collector.ingest")
+    cfg, problems, aside = _load_collector(path, place)
     if cfg is None:
-        return Outcome("", tuple(problems))
-    rule_count = 0
-    try:
-        rule_count = len(load_rules(list(cfg.rules)).rules)
-    except RulesError as exc:
-        problems.extend(f"rules: {line}" for line in str(exc).splitlines())
-    try:
-        load_gates(cfg.preflight_gates)
-    except GatesFileError as exc:
-        problems.extend(f"preflight_gates: {line}" for line in str(exc).splitlines())
-    problems += _catalog_and_tls(
-        cfg.xid_catalog,
-        lambda: tls_material(cfg.server_tls()),
-        CollectorError,
-        "collector config",
-        clock,
-    )
+        return Outcome("", _shown(problems))
+    rules, found = _rules_and_gates(cfg, place)
+    problems += found + _catalog_problems(cfg.xid_catalog, place)
+    if not aside & _TLS_INPUTS["collector"]:
+        tls = [("tls_cert", cfg.tls_cert), ("tls_key", cfg.tls_key)]
+        tls.append(("tls_client_ca", cfg.tls_client_ca))
+        found_tls = _tls_problems(
+            tls, lambda: tls_material(cfg.server_tls()), CollectorError, "collector config", clock
+        )
+        problems += map(place.at, found_tls)
     actions = cfg.actions
     hooks = [(f"actions.notify.{shown_key(name)}", hook) for name, hook in actions.notify.items()]
     if actions.drain_webhook is not None:
         hooks.insert(0, ("actions.drain_webhook", actions.drain_webhook))
-    for key, hook in hooks:
+    checks: list[Callable[[Mapping[str, str]], object]] = [cfg.api_token]
+    checks.append(cfg.journal_config().password)
+    checks += [functools.partial(hook.sender, clock, key) for key, hook in hooks]
+    for check_secret in checks:
         try:
-            hook.sender(clock, key, environ)
+            check_secret(environ)
         except CollectorError as exc:
-            problems.append(str(exc))
-    for secret in (cfg.api_token, cfg.journal_config().password):
-        try:
-            secret(environ)
-        except CollectorError as exc:
-            problems.append(str(exc))
+            problems.append(place.at(str(exc)))
     warnings = _secret_file_warnings(
         [
             ("api_token_file", cfg.api_token_file),
@@ -210,62 +438,76 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
             *((f"{key}.secret_file", hook.secret_file) for key, hook in hooks),
         ]
     )
+    if rules is not None and "actions" not in aside:
+        warnings += _sink_warnings(actions, rules)
     drainers = {"slurm": actions.slurm.enabled, "webhook": actions.drain_webhook is not None}
     summary = (
         f"listen {cfg.listen} ({_transport(cfg)}), http {cfg.http} ({_api_changes(cfg)}), "
         f"journal {cfg.journal_config().where()}, "
-        f"{rule_count} rules{'' if cfg.rules else ' (built-in)'}, "
+        f"{0 if rules is None else len(rules.rules)} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels"
         f"{', requeues jobs via slurm' if actions.slurm.requeue else ''}"
         f"{', dry run' if actions.safety.dry_run else ''}"
     )
-    return Outcome(summary, tuple(problems), tuple(warnings))
+    return Outcome(summary, _shown(problems), tuple(warnings))
 
 
-def _load_collector(path: Path) -> tuple[CollectorConfig | None, list[str]]:
+def _rules_and_gates(
+    cfg: CollectorConfig, place: _Place
+) -> tuple[RuleSet | None, list[FileProblem]]:
+    """The rules (None when they do not load) and the problems of the rule and gates files."""
+    from rules.gates_file import GatesFileError, load_gates  # noqa: PLC0415
+    from rules.loader import load_rules  # noqa: PLC0415 - CEL loads only when needed
+
+    rules, problems = None, []
+    try:
+        rules = load_rules(list(cfg.rules))
+    except RulesError as exc:
+        problems += [place.outside(f"rules: {line}") for line in str(exc).splitlines()]
+    try:
+        load_gates(cfg.preflight_gates)
+    except GatesFileError as exc:
+        lines = str(exc).splitlines()
+        problems += [place.outside(f"preflight_gates: {line}") for line in lines]
+    return rules, problems
+
+
+def _load_collector(
+    path: Path, place: _Place
+) -> tuple[CollectorConfig | None, list[FileProblem], set[str]]:
     """The config as the collector loads it, or as much of it as loads, with every problem.
 
-    The loader stops at its first problem. Then the table is read again and each part checked
-    on its own (the top-level keys, each of ``_PARTS``; ``actions`` channel by channel), so a
-    mistake in ``[collector.jobs]`` does not hide one in ``[collector.actions]``. The config
-    returned then has the parts that passed (None when the top level fails), for the checks
-    that follow.
+    The loader stops at its first problem. Then the table is read again: unknown keys are
+    named, each part of ``_PARTS`` is checked on its own (``actions`` channel by channel), so a
+    mistake in ``[collector.jobs]`` does not hide one in ``[collector.actions]``, and the rest
+    loads without the keys each problem names. The config returned has the parts and keys
+    that passed (None when a problem names no key), for the checks that follow; the keys and
+    parts set aside are returned with it.
     """
-    from collector.config import (  # noqa: PLC0415
-        CollectorConfig,
-        load_collector_config,
-        parse_ingest,
-        parse_jobs,
-    )
-    from collector.exceptions import ConfigError  # noqa: PLC0415
-    from fleetwatch.config_file import merge_config  # noqa: PLC0415
+    from collector.config import load_collector_config, parse_ingest, parse_jobs  # noqa: PLC0415
 
     try:
-        return load_collector_config(path, {}), []
+        return load_collector_config(path, {}), [], set()
     except CollectorError as exc:
-        first = str(exc)
-    try:
-        values = merge_config(path, "collector", {}, CollectorConfig, ConfigError)
-    except CollectorError:
-        return None, [first]  # the file or its keys: there are no parts to tell apart
+        first = place.at(str(exc))
+    values, problems = _file_table(path, "collector", place)
+    if values is None:
+        return None, [first], set()
     parts = {key: values.pop(key) for key in _PARTS if key in values}
     checks: dict[str, Callable[[object], object]] = {"ingest": parse_ingest, "jobs": parse_jobs}
-    problems: list[str] = []
+    aside: set[str] = set()
     for key, raw in parts.items():
         found = _actions_problems(raw) if key == "actions" else _problem(checks[key], raw)
+        problems += map(place.at, found)
         if found:
-            problems.extend(found)
+            aside.add(key)
         else:
             values[key] = raw
-    cfg = None
-    try:
-        cfg = load_collector_config(None, values)
-    except CollectorError as exc:
-        problems.insert(0, str(exc))
-    if first not in problems:
-        problems.insert(0, first)
-    return cfg, list(dict.fromkeys(problems))
+    cfg, found_here, rest = _until_it_loads(
+        values, lambda known: load_collector_config(None, known), CollectorError, place
+    )
+    return cfg, list(dict.fromkeys(problems + found_here)) or [first], aside | rest
 
 
 def _actions_problems(raw: object) -> list[str]:
@@ -295,6 +537,54 @@ def _problem(check: Callable[[Any], object], raw: object) -> list[str]:
     except CollectorError as exc:
         return [str(exc)]
     return []
+
+
+def _sink_warnings(actions: ActionsConfig, rules: RuleSet) -> list[str]:
+    """Rules that drain or notify with nothing configured to carry it out: what happens then.
+
+    A drain goes through Slurm and/or a drain webhook, a notification through the webhook of
+    the rule's channel, else of ``default``. Without one, the action is journaled as failed
+    and goes no further: easy to miss until the day it matters.
+    """
+    drains: set[str] = set()
+    channels: dict[str, set[str]] = {}  # a channel rules notify: those rules
+    for rule in rules.rules:
+        for spec in (*rule.actions, *(rule.escalation.actions if rule.escalation else ())):
+            drain_first = spec.name == "reset_gpu" and spec.params.get("drain_first") is True
+            if spec.name == "drain_node" or drain_first:
+                drains.add(rule.name)
+            elif spec.name == "notify":
+                channels.setdefault(str(spec.params.get("channel", "default")), set()).add(
+                    rule.name
+                )
+    warnings: list[str] = []
+    if drains and not (actions.slurm.enabled or actions.drain_webhook is not None):
+        warnings.append(
+            f"no drain sink: {_some(drains)} drain nodes, but [collector.actions.slurm] is not "
+            "enabled and there is no [collector.actions.drain_webhook]: each drain is journaled "
+            "as failed and reaches no scheduler, which keeps placing jobs on the node; set "
+            "enabled = true under [collector.actions.slurm], or a url under "
+            "[collector.actions.drain_webhook]"
+        )
+    unheard = sorted(c for c in channels if c not in actions.notify)
+    if unheard and "default" not in actions.notify:
+        why = "no [collector.actions.notify.<channel>] is set"
+        if actions.notify:
+            why = f"channel(s) {shown_keys(unheard)} have no table there and there is no default"
+        notifying = {name for channel in unheard for name in channels[channel]}
+        warnings.append(
+            f"no notify sink: {_some(notifying)} notify, but {why}: each notification is "
+            "journaled as failed and reaches nobody; set a url under "
+            "[collector.actions.notify.default]"
+        )
+    return warnings
+
+
+def _some(names: set[str], shown: int = 3) -> str:
+    """``23 rules (a, b, c and 20 more)``, ``1 rule (a)``."""
+    first = sorted(names)[:shown]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} rule{'s' if len(names) > 1 else ''} ({', '.join(first)}{more})"
 
 
 def _secret_file_warnings(files: Sequence[tuple[str, Path | None]]) -> list[str]:

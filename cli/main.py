@@ -1,10 +1,14 @@
-"""The ``fleetwatch`` command: the daemons, the demo, and tools for people.
+"""The fleetwatch command: the daemons, the demo, and tools for people.
 
-Daemons: ``agent``, ``collector`` (SIGHUP, or ``systemctl reload``, makes them read their files
-again). Tools: ``config check``, ``certs ca|node|collector``,
-``rules check|test``, ``incidents``, ``actions``, ``drains [release NODE]``,
-``silence add|list|remove``, ``jobs [JOB [--dump]]``, ``scan FILE`` (hardware faults in a saved
+Daemons: agent, collector (SIGHUP, or systemctl reload, makes them read their files again).
+Tools for on-call: nodes [NODE], incidents, events, actions, drains [release NODE],
+silence add|list|remove, jobs [JOB [--dump]], preflight run|show|history. Tools for admins:
+config check, certs ca|node|collector, rules check|test, scan FILE (hardware faults in a saved
 log).
+
+Options such as --api, --token-file, -o json|wide|table (--json) and --log-level may come
+before or after the command. "fleetwatch COMMAND --help" shows each command's options and
+examples.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 from cli import certs as cli_certs
+from cli import conventions
 from cli import fleet as cli_fleet
 from cli import preflight as cli_preflight
 from cli import scan as cli_scan
+from cli.output import watch
 from fleetwatch import __version__
 from fleetwatch.clock import SystemClock
 from fleetwatch.logs import LogFormat, configure_logging, default_log_format
@@ -44,18 +50,10 @@ log = structlog.get_logger("fleetwatch")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fleetwatch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"fleetwatch {__version__}")
-    parser.add_argument(
-        "--log-level",
-        help="debug, info, warning or error (default: the config's log_level, or info)",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        help="json for journald/log shippers, console for a terminal "
-        "(default: console when stderr is a terminal, json otherwise)",
-    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     agent = sub.add_parser("agent", help="watch this node's GPUs, NVLinks and IB ports")
@@ -109,22 +107,26 @@ def _parser() -> argparse.ArgumentParser:
         help="plant problems no counter shows, qualify the cluster and hold them out first",
     )
     _add_tool_parsers(sub)
+    conventions.share(parser)
     return parser
 
 
-def _add_jobs_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], api_help: str, key_file_help: str
-) -> None:
+def _add_time_filters(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--since`` and ``--until``: a duration back from now, an ISO-8601 time, or Unix seconds."""
+    forms = "30m, 2h or 1d back from now, 2026-12-02T03:00 (UTC unless a zone is given), or Unix s"
+    parser.add_argument("--since", metavar="WHEN", help=f"only {what} from WHEN on: {forms}")
+    parser.add_argument("--until", metavar="WHEN", help=f"only {what} up to WHEN")
+
+
+def _add_jobs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jobs = sub.add_parser("jobs", help="training jobs: throughput, MFU, stragglers, drops")
-    jobs.add_argument("--api", default=_default_api(), help=api_help)
     jobs.add_argument("job", nargs="?", help="one job, rank by rank")
-    jobs.add_argument("--json", action="store_true", help="print the API's JSON")
+    jobs.add_argument("--node", help="only jobs with a rank on this node")
     jobs.add_argument(
         "--dump",
         action="store_true",
         help="ask the agents for each rank's stack now and group them (a change: sends the token)",
     )
-    jobs.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
 
 
 def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,30 +139,33 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("files", nargs="*", type=Path, help="rule files (default: the built-in)")
     test = rules_sub.add_parser("test", help="run rule unit tests (exit 1 when one fails)")
     test.add_argument("files", nargs="+", type=Path, help="rule test files")
+    dry = rules_sub.add_parser(
+        "eval",
+        help="what rules would do on the running fleet now: what fires, what each action "
+        "would meet (run, skipped, deferred, dry run); changes nothing (sends the token)",
+    )
+    dry.add_argument(
+        "--file", type=Path, metavar="RULES.yaml", help="rules to try (default: the running ones)"
+    )
 
     api_help = f"collector API address (default $FLEETWATCH_API or {_default_api()})"
-    key_file_help = (
-        "file holding the collector's API token, sent with changes (default: $FLEETWATCH_API_TOKEN)"
-    )
     incidents = sub.add_parser("incidents", help="list open incidents from the collector")
-    incidents.add_argument("--api", default=_default_api(), help=api_help)
     incidents.add_argument("--all", action="store_true", help="resolved ones too")
+    incidents.add_argument("--node", help="only this node's")
+    incidents.add_argument("--rule", help="only this rule's")
+    _add_time_filters(incidents, "incidents active")
     incidents.add_argument("--limit", type=int, default=100)
-    incidents.add_argument("--json", action="store_true", help="print the API's JSON")
 
     actions = sub.add_parser("actions", help="list actions the collector took, and outcomes")
-    actions.add_argument("--api", default=_default_api(), help=api_help)
     actions.add_argument("--node", help="only this node's")
+    _add_time_filters(actions, "actions taken")
     actions.add_argument("--limit", type=int, default=100)
-    actions.add_argument("--json", action="store_true", help="print the API's JSON")
 
-    _add_jobs_parser(sub, api_help, key_file_help)
+    _add_jobs_parser(sub)
     cli_fleet.add_parsers(sub, _default_api(), api_help)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
-    drains.add_argument("--api", default=_default_api(), help=api_help)
-    drains.add_argument("--json", action="store_true", help="print the API's JSON")
-    drains.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
+    drains.add_argument("--node", help="only this node")
     drains_sub = drains.add_subparsers(dest="drains_command")
     release = drains_sub.add_parser(
         "release", help="a node resumed outside fleetwatch: stop counting it toward the cap"
@@ -176,17 +181,25 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cli_preflight.add_parser(sub, _default_api())
 
     silence = sub.add_parser("silence", help="silences and maintenance windows: no actions run")
-    silence.add_argument("--api", default=_default_api(), help=api_help)
-    silence.add_argument("--token-file", type=Path, metavar="FILE", help=key_file_help)
     silence_sub = silence.add_subparsers(dest="silence_command", required=True)
-    add = silence_sub.add_parser("add", help="silence a node and/or rule for a while")
-    add.add_argument("--node", default="*", help="node name, or * for all (default)")
-    add.add_argument("--rule", default="*", help="rule name, or * for all (default)")
+    add = silence_sub.add_parser(
+        "add", help="silence a node's rules, a rule everywhere, or one rule on one node"
+    )
+    add.add_argument("--node", help="node name (with no --rule: every rule on it)")
+    add.add_argument("--rule", help="rule name (with no --node: on every node)")
+    add.add_argument(
+        "--all",
+        action="store_true",
+        help="every rule on every node (a fleet-wide silence must be asked for by name)",
+    )
+    add.add_argument(
+        "--force", action="store_true", help="a node or rule the collector does not know yet"
+    )
     add.add_argument("--duration", required=True, help="how long, e.g. 2h or 30m")
     add.add_argument("--starts-in", default="0s", help="start later: a maintenance window")
     add.add_argument("--reason", default="", help="shown with the silence and its incidents")
     listing = silence_sub.add_parser("list", help="silences not over yet")
-    listing.add_argument("--json", action="store_true", help="print the API's JSON")
+    listing.add_argument("--node", help="only silences that cover this node")
     remove = silence_sub.add_parser("remove", help="end a silence now")
     remove.add_argument("id", type=int)
 
@@ -401,8 +414,10 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_rules(args: argparse.Namespace) -> int:
     from cli import rules as cli_rules  # noqa: PLC0415
 
+    if args.rules_command == "eval":
+        return cli_rules.evaluate(args.api, args.file, sys.stdout, _token(args), output=args.output)
     run = cli_rules.check if args.rules_command == "check" else cli_rules.test
-    return run(args.files, sys.stdout, sys.stderr)
+    return run(args.files, sys.stdout, sys.stderr, output=args.output)
 
 
 def _run_config(args: argparse.Namespace) -> int:
@@ -423,16 +438,34 @@ def _run_config(args: argparse.Namespace) -> int:
 def _run_api_tool(args: argparse.Namespace) -> int:
     from cli import api as cli_api  # noqa: PLC0415
 
-    out, api = sys.stdout, args.api
+    out, api, output = sys.stdout, args.api, args.output
     if args.command == "incidents":
         return cli_api.incidents(
-            api, show_all=args.all, limit=args.limit, as_json=args.json, out=out
+            api,
+            show_all=args.all,
+            limit=args.limit,
+            output=output,
+            out=out,
+            node=args.node,
+            rule=args.rule,
+            since=args.since,
+            until=args.until,
         )
     if args.command == "actions":
-        return cli_api.actions(api, node=args.node, limit=args.limit, as_json=args.json, out=out)
+        return cli_api.actions(
+            api,
+            node=args.node,
+            limit=args.limit,
+            output=output,
+            out=out,
+            since=args.since,
+            until=args.until,
+        )
     if args.command == "jobs":
         token = _token(args) if args.dump else None
-        return cli_api.jobs(api, args.job, as_json=args.json, out=out, dump=args.dump, token=token)
+        return cli_api.jobs(
+            api, args.job, output=output, out=out, dump=args.dump, token=token, node=args.node
+        )
     if args.command == "drains":
         if args.drains_command == "release":
             return cli_api.release(
@@ -442,25 +475,39 @@ def _run_api_tool(args: argparse.Namespace) -> int:
                 out,
                 _token(args),
                 require_preflight=args.require_preflight,
+                output=output,
             )
-        return cli_api.drains(api, as_json=args.json, out=out)
+        return cli_api.drains(api, output=output, out=out, node=args.node)
     return _run_silence(cli_api, args)
 
 
 def _run_silence(cli_api: Any, args: argparse.Namespace) -> int:  # noqa: ANN401 - the module
-    out, api = sys.stdout, args.api
+    out, api, output = sys.stdout, args.api, args.output
     if args.silence_command == "add":
-        body = {
-            "node": args.node,
-            "rule": args.rule,
+        if not (args.node or args.rule or args.all):
+            msg = (
+                "silence add needs --node, --rule or both; --all silences every rule on every "
+                "node (say it if that is what you mean)"
+            )
+            raise ValueError(msg)
+        if args.all and (args.node or args.rule):
+            msg = "silence add: --all is every rule on every node; leave out --node and --rule"
+            raise ValueError(msg)
+        body: dict[str, Any] = {
+            "node": args.node or "*",
+            "rule": args.rule or "*",
             "duration": args.duration,
             "starts_in": args.starts_in,
             "reason": args.reason,
         }
-        return int(cli_api.add_silence(api, body, out, _token(args)))
+        if args.all:
+            body["all"] = True
+        if args.force:
+            body["force"] = True
+        return int(cli_api.add_silence(api, body, out, _token(args), output=output))
     if args.silence_command == "remove":
-        return int(cli_api.remove_silence(api, args.id, out, _token(args)))
-    return int(cli_api.silences(api, as_json=args.json, out=out))
+        return int(cli_api.remove_silence(api, args.id, out, _token(args), output=output))
+    return int(cli_api.silences(api, output=output, out=out, node=args.node))
 
 
 def _run_preflight(args: argparse.Namespace) -> int:
@@ -494,7 +541,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from fleetwatch.wire.validate import WireError  # noqa: PLC0415
     from rules.exceptions import RulesError  # noqa: PLC0415
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = conventions.parse(parser, argv, os.environ)
     args.log_format = args.log_format or default_log_format(sys.stderr)
     # The demo prints what the collector sees; its logs would only repeat it.
     level = (args.log_level or "info") if args.command in ("agent", "collector") else "error"
@@ -517,6 +565,8 @@ def _main(argv: Sequence[str] | None) -> int:
         "preflight": _run_preflight,
     }
     try:
+        if args.watch is not None:
+            return watch(lambda: runners[args.command](args), args.watch, sys.stdout)
         return runners[args.command](args)
     except JournalUnreachableError as exc:  # no configuration error: systemd tries again
         print(f"fleetwatch {args.command}: {exc}", file=sys.stderr)  # noqa: T201 - for people

@@ -11,9 +11,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from collector.actions.actuators import LiveActuators, build_actuators
 from collector.actions.dispatcher import Dispatcher
+from collector.actions.journaling import expand
 from collector.api.auth import ChangeGuard
 from collector.api.jobs import JobDesk
 from collector.api.preflight import PreflightDesk
+from collector.api.rules_eval import RulesDesk
 from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
@@ -267,6 +269,7 @@ class CollectorService:
         )
         self.preflight_desk = PreflightDesk(self.preflight, self.dispatcher)
         self.job_desk = JobDesk(self.jobs)
+        self.rules_desk = RulesDesk(lambda: self.evaluator, self.dispatcher.would, expand)
         self.registry.register(PreflightCollector(self.preflight, self.stats))
         host, port = split_host_port(cfg.http, "http")
         guard = ChangeGuard(
@@ -287,11 +290,13 @@ class CollectorService:
             drains=self.drains,
             preflight=self.preflight_desk,
             job_desk=self.job_desk,
+            rules_desk=self.rules_desk,
             clock=clock,
             jobs=self.jobs,
             node_flags=self.node_flags,
             allowed_hosts=cfg.http_allowed_hosts,
             nodes=self.node_metrics,
+            rules=lambda: self.evaluator.rules,  # read at each request: a reload swaps them
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -348,6 +353,7 @@ class CollectorService:
         self.drains.bind(asyncio.get_running_loop())
         self.preflight_desk.bind(asyncio.get_running_loop())
         self.job_desk.bind(asyncio.get_running_loop())
+        self.rules_desk.bind(asyncio.get_running_loop())
         if self.peers.shared:
             await self.peers.beat()
         await self._restore_nodes()

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 DS: Final = cm.DataSourceRef(type_val="prometheus", uid="${ds}")
+# The data source deploy/grafana/provisioning/datasources/fleetwatch.yaml provisions, which the
+# ``ds`` variable selects by default: Grafana's default Prometheus may be another one, whose
+# panels would all say "No data". A Grafana without it selects another Prometheus, as before.
+PROVISIONED_DS_UID: Final = "fleetwatch-prometheus"
+PROVISIONED_DS_NAME: Final = "fleetwatch Prometheus"
 TAG: Final = "fleetwatch"
 # Node states of fleetwatch_node_state, in the order a reader scans them, with their colours.
 NODE_STATES: Final = (
@@ -174,8 +179,8 @@ def new_dashboard(  # noqa: PLR0913 - a dashboard has that many knobs
 ) -> dm.Dashboard:
     """A built dashboard: its panels, numbered 1, 2, 3 ... (unique, as Grafana wants).
 
-    Every dashboard has the ``ds`` datasource variable (before ``variables``) and a drop-down of
-    links to its fleetwatch siblings.
+    Every dashboard has the ``ds`` datasource variable (before ``variables``), defaulting to the
+    provisioned data source, and a drop-down of links to its fleetwatch siblings.
 
     Args:
         title: The dashboard's title.
@@ -200,7 +205,12 @@ def new_dashboard(  # noqa: PLR0913 - a dashboard has that many knobs
         .refresh(refresh)
         .timezone("browser")
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .with_variable(dashboard.DatasourceVariable("ds").label("Prometheus").type("prometheus"))
+        .with_variable(
+            dashboard.DatasourceVariable("ds")
+            .label("Prometheus")
+            .type("prometheus")
+            .current(dm.VariableOption(text=PROVISIONED_DS_NAME, value=PROVISIONED_DS_UID))
+        )
         .link(
             dashboard.DashboardLink("fleetwatch")
             .type(dm.DashboardLinkType.DASHBOARDS)

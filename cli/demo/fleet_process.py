@@ -18,8 +18,8 @@ With ``--preflight`` the agents measure pre-flight checks with the simulator's r
 :class:`agent.sim.preflight.SimFabric` over this process's nodes), the faults of ``--plant`` (a
 JSON list of ``{"node", "kind", "params"}``) are on the hardware before the agents start, and
 the job waits for ``{"op": "start_job", "skip": [nodes]}`` (answered with ``{"op":
-"job_started", "nodes"}``): a node being qualified runs no job, and the nodes pre-flight held
-out run none at all.
+"job_started", "nodes"}``): a node being qualified runs no job, and the nodes the demo's
+placement skips (failed, or one end of a blamed link) run none at all.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def build(args: argparse.Namespace, clock: SystemClock) -> SpreadCluster:
 
 
 class DemoJob:
-    """The process's training job: on every node's GPUs, or all but those held out."""
+    """The process's training job: on every node's GPUs, or all but those pre-flight avoids."""
 
     def __init__(self, args: argparse.Namespace, cluster: SimCluster, clock: SystemClock) -> None:
         """Nothing runs until :meth:`start`."""
@@ -129,6 +129,8 @@ class DemoJob:
         while not all(p.exists() for p in sockets) and clock.monotonic() < deadline:
             await clock.sleep(0.05)
         nodes = [node for name, node in cluster.nodes.items() if name not in skip]
+        if not nodes:  # pre-flight left no node for it
+            return
         ranks = sum(len(node.gpus) for node in nodes)
         self.job = SimTrainingJob.on_nodes(
             args.job,

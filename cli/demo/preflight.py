@@ -5,17 +5,23 @@ pair with low peer-to-peer bandwidth, an IB port trained at half rate, a bad cab
 nodes: none of them moves an error counter) on the simulated hardware before the agents start,
 runs ``full`` pre-flight through the collector's own orchestration, prints what a person wants
 to know (each node's verdict, what was found and with what evidence, what was done about it),
-and starts the training job only on the nodes that passed.
+and places the training job (:func:`place_job`): on the nodes that passed, never across a link
+pre-flight blamed (a bad cable's two ends both pass; the job runs on one of them only).
+
+A node that failed is "held out" only when its drain succeeded; a drain the drain cap
+deferred has not happened yet, and the table says so.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
 from agent.preflight.executor import UTIL_EVERY_S
 from agent.sim.scenario import Fault, parse_scenario
+from cli.preflight import fold_names
 from fleetwatch.preflight.vocabulary import Level
 
 if TYPE_CHECKING:
@@ -31,7 +37,39 @@ PLANTED: Final = ("agent.sim", "builtin/preflight.yaml")
 # How long a simulated ladder rung keeps its GPUs busy (real seconds): the executor reads
 # utilisation once a second while a rung runs; two reads leave room for a loaded machine.
 UTIL_HOLD_S: Final = 2 * UTIL_EVERY_S + 0.5
-_SHOWN: Final = 110  # characters of a line of the table
+# Suspects that blame the link between two nodes (both ends pass): the job must not span it.
+LINK_KINDS: Final = frozenset({"cable", "pair"})
+CAP_DEFERRAL: Final = "drain cap reached"  # how the dispatcher words a drain the cap deferred
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlacement:
+    """Where the demo's job runs after pre-flight, and why it does not run on each other node."""
+
+    nodes: tuple[str, ...]  # the job runs here, in the run's order
+    held_out: tuple[str, ...] = ()  # failed, and drained
+    deferred: tuple[str, ...] = ()  # failed; the drain waits for room under the drain cap
+    not_drained: tuple[tuple[str, str], ...] = ()  # failed, no drain holds it: (node, why)
+    left_out: tuple[tuple[str, str], ...] = ()  # passed, one end of a blamed link: (node, why)
+
+    @property
+    def skip(self) -> set[str]:
+        """Every node the job does not run on."""
+        return {
+            *self.held_out,
+            *self.deferred,
+            *(n for n, _ in self.not_drained),
+            *(n for n, _ in self.left_out),
+        }
+
+    def lines(self) -> list[str]:
+        """Where the job starts, then each node it avoids (by name) and why."""
+        why = [(n, "failed, held out (drained)") for n in self.held_out]
+        why += [(n, "failed; drain deferred by the cap (not drained yet)") for n in self.deferred]
+        why += [(n, f"failed, not drained ({text})") for n, text in self.not_drained]
+        why += [(n, f"passed, but {text}") for n, text in self.left_out]
+        first = f"the job starts on {fold_names(self.nodes) or 'no node'}" + (":" if why else "")
+        return [first] + [f"  not on {n}: {text}" for n, text in sorted(why)]
 
 
 def planted(names: Sequence[str]) -> tuple[Fault, ...]:
@@ -54,8 +92,8 @@ def address_by_name(plan: Plan) -> None:
                     test.server_addr = test.peer
 
 
-async def qualify(collector: CollectorService, out: TextIO) -> set[str]:
-    """Run ``full`` pre-flight on every node, print the table; the nodes held out."""
+async def qualify(collector: CollectorService, out: TextIO) -> JobPlacement:
+    """Run ``full`` pre-flight on every node, print the table; where the job is to run."""
     service = collector.preflight
     plan = service.plan(Level.FULL, "all")
     print(
@@ -72,7 +110,53 @@ async def qualify(collector: CollectorService, out: TextIO) -> set[str]:
     for line in table(run, service.latest_results, actions, took):
         print(line, file=out)
     out.flush()
-    return {n for n, v in (run.node_verdicts or {}).items() if v == "fail"}
+    return place_job(run, actions)
+
+
+def place_job(run: RunRow, actions: Sequence[ActionRow]) -> JobPlacement:
+    """The job's nodes: those that passed, less one end of each link pre-flight blamed.
+
+    A node that failed (or that a suspect names) is avoided, whatever became of its drain: held
+    out when its drain succeeded, deferred when the drain cap holds the drain back, not drained
+    otherwise (a drain skipped, failed or still running, or none). A cable (or a pair two nodes
+    could not tell apart) blames the link between two nodes that both passed: the job keeps
+    the end named first in the run and leaves the other out; a node on several blamed links
+    goes first, so the fewest nodes are left out.
+    """
+    verdicts = run.node_verdicts or {}
+    suspects = run.suspects or []
+    failed = {n for n, v in verdicts.items() if v == "fail"}
+    failed |= {str(s["node"]) for s in suspects if s.get("node") and s["node"] in run.nodes}
+    held, deferred, not_drained = [], [], []
+    for node in (n for n in run.nodes if n in failed):
+        drains = [a for a in actions if a.node == node and a.action == "drain_node"]
+        holding = _holding(drains) if drains else None
+        if holding is not None and holding.state == "succeeded":
+            held.append(node)
+        elif holding is not None and holding.state == "deferred" and CAP_DEFERRAL in holding.detail:
+            deferred.append(node)
+        else:
+            why = "no drain" if holding is None else f"drain {holding.state}: {holding.detail}"
+            not_drained.append((node, why))
+    job = [n for n in run.nodes if n not in failed]
+    links = [
+        (str(s["nodes"][0]), str(s["nodes"][1]), f"the {s['kind']} {s['component']}")
+        for s in suspects
+        if s.get("kind") in LINK_KINDS and len(s.get("nodes") or ()) == 2  # noqa: PLR2004
+    ]
+    left_out: list[tuple[str, str]] = []
+    while spanned := [(a, b, w) for a, b, w in links if a in job and b in job]:
+        ends = [n for a, b, _ in spanned for n in (a, b)]
+        # the node on most blamed links; of equals, the one named last in the run
+        node = max(job, key=lambda n: (ends.count(n), job.index(n)))
+        why = "; ".join(
+            f"{w} joins it to {b if a == node else a}" for a, b, w in spanned if node in (a, b)
+        )
+        job.remove(node)
+        left_out.append((node, why))
+    return JobPlacement(
+        tuple(job), tuple(held), tuple(deferred), tuple(not_drained), tuple(left_out)
+    )
 
 
 def table(
@@ -80,7 +164,8 @@ def table(
 ) -> list[str]:
     """The table a person wants: each node's verdict, what was done and found, and why.
 
-    Then the links named (no node held out for them) and where the job runs.
+    Then the links named (no node held out for them) and where the job runs. What was found
+    is printed whole.
     """
     verdicts = run.node_verdicts or {}
     suspects = run.suspects or []
@@ -94,29 +179,19 @@ def table(
         action = "-"
         if drains:
             holding = _holding(drains)
-            action = f"drain {holding.state}" + (
-                f": {holding.detail[:70]}" if holding.detail else ""
-            )
+            action = f"drain {holding.state}" + (f": {holding.detail}" if holding.detail else "")
         shown = verdict.upper() if verdict == "fail" else verdict
         lines.append(f"  {node:<10} {shown:<8} {action}")
         if verdict != "fail":
             continue
-        lines += [
-            f"  {'':<10} {'':<8} {text[:_SHOWN]}" for text in _findings(node, suspects, results)
-        ]
+        lines += [f"  {'':<10} {'':<8} {text}" for text in _findings(node, suspects, results)]
     shared = [s for s in suspects if not s.get("node") and s.get("kind") != "explained"]
     for s in shared:
         nodes = ", ".join(s.get("nodes") or [])
         lines.append(f"  named, no node held out: {s['kind']} {s['component']} ({nodes})")
-        lines.append(f"    {str(s.get('reason', ''))[:_SHOWN]}")
-        lines += [f"    {e}"[:_SHOWN] for e in list(s.get("evidence") or [])[:2]]
-    held = sorted(n for n, v in verdicts.items() if v == "fail")
-    fit = [n for n in run.nodes if n not in held]
-    lines.append(
-        f"the job starts on {', '.join(fit) or 'no node'}"
-        + (f"; held out: {', '.join(held)}" if held else "")
-    )
-    return lines
+        lines.append(f"    {s.get('reason', '')}")
+        lines += [f"    {e}" for e in list(s.get("evidence") or [])[:2]]
+    return lines + place_job(run, actions).lines()
 
 
 def _holding(drains: Sequence[ActionRow]) -> ActionRow:

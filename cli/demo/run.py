@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from cli.demo.feed import IncidentFeed
 from cli.demo.fleet_procs import FleetProcesses, FleetSpec, demo_intervals
-from cli.demo.preflight import planted, qualify
+from cli.demo.preflight import JobPlacement, planted, qualify
 from cli.demo.view import (
     action_table,
     count_by,
@@ -95,7 +95,7 @@ class DemoResult:
     start_s: float = 0.0  # seconds the simulated nodes took to start
     started_unix: float = 0.0
     jobs: list[dict[str, object]] = field(default_factory=list)
-    held: set[str] = field(default_factory=set)  # nodes pre-flight held out
+    placement: JobPlacement | None = None  # where the job ran after pre-flight
 
 
 async def run_demo(opts: DemoOptions, clock: Clock, out: TextIO) -> DemoResult:
@@ -202,9 +202,14 @@ async def _run(  # noqa: PLR0913 - the demo's whole set-up
             file=out,
         )
         if opts.preflight:
-            result.held = await qualify(collector, out)
-            started = await fleet.start_job(result.held)
-            print(f"job {DEMO_JOB} started on {started} of {len(names)} nodes", file=out)
+            result.placement = await qualify(collector, out)
+            started = await fleet.start_job(result.placement.skip)
+            print(
+                f"job {DEMO_JOB} started on {started} of {len(names)} nodes"
+                if started
+                else f"job {DEMO_JOB} not started: pre-flight left no node for it",
+                file=out,
+            )
             print("\n=== the scenario starts now ===", file=out)
         result.started_unix = clock.now()
         feed.begin()

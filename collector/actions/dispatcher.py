@@ -250,6 +250,15 @@ class Dispatcher:
         if failed_reset:
             await self._escalate(incident, rule)
 
+    def would(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, more_drains: int = 0
+    ) -> tuple[str, str]:
+        """What this collector's safety limits would answer now for one action; changes nothing.
+
+        What a dry run of rules asks (``fleetwatch rules eval``).
+        """
+        return self._checks.would(incident, rule, spec, more_drains=more_drains)
+
     def plan(
         self,
         incident: IncidentRow,

@@ -156,7 +156,26 @@ class SafetyChecks:
             max(1, math.floor(fleet_size * self.config.max_drained_share)),
         )
 
-    def refusal(self, incident: IncidentRow, rule: Rule, spec: ActionSpec) -> tuple[str, str]:
+    def would(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, more_drains: int = 0
+    ) -> tuple[str, str]:
+        """:meth:`refusal` as a question: what it would answer now, changing nothing.
+
+        ``more_drains``: drains the question assumes will have started by then (a dry run of
+        several rules: the cap counts the ones before). The breaker is not opened, nor its
+        window trimmed.
+        """
+        return self.refusal(incident, rule, spec, more_drains=more_drains, asking=True)
+
+    def refusal(
+        self,
+        incident: IncidentRow,
+        rule: Rule,
+        spec: ActionSpec,
+        *,
+        more_drains: int = 0,
+        asking: bool = False,
+    ) -> tuple[str, str]:
         """(state, why) when the action must not run now; ("planned", "") when it may."""
         why = (
             (incident.suppressed_by and f"suppressed by {incident.suppressed_by}")
@@ -195,7 +214,7 @@ class SafetyChecks:
                 f"cooldown: {spec.name} ran on {where} {mono - last:.0f} s ago",
             )
         if spec.name == "drain_node":
-            return self._drain_refusal(mono)
+            return self._drain_refusal(mono, more=more_drains, asking=asking)
         if spec.name == "requeue_job":
             return self._requeue_limit()
         return "planned", ""
@@ -212,20 +231,29 @@ class SafetyChecks:
             incident, fleet, now_ms=now_ms, safety=self.config, cap=self.cap(size), size=size
         )
 
-    def _drain_refusal(self, mono: float) -> tuple[str, str]:
+    def _drain_refusal(
+        self, mono: float, *, more: int = 0, asking: bool = False
+    ) -> tuple[str, str]:
+        """The cap and the breaker; ``asking``: change nothing (:meth:`would`)."""
         if self.breaker_open_until is not None:
             if mono < self.breaker_open_until:
                 return "deferred", "circuit breaker open: drains came too fast"
-            self.breaker_open_until = None
+            if not asking:
+                self.breaker_open_until = None
         fleet_size = self.fleet_size()
         cap = self.cap(fleet_size)
-        taken = len(self.drained) + len(self.draining)
+        taken = len(self.drained) + len(self.draining) + more
         if taken >= cap:
             return (
                 "deferred",
                 f"drain cap reached: {taken} of {fleet_size} nodes drained or draining (cap {cap})",
             )
         starts = self._drain_starts
+        recent = sum(1 for t in starts if mono - t <= self.config.breaker_window_s)
+        if asking:
+            if recent + more >= self.config.breaker_max_drains:
+                return "deferred", "the circuit breaker would open: drains coming too fast"
+            return "planned", ""
         while starts and mono - starts[0] > self.config.breaker_window_s:
             starts.popleft()
         if len(starts) >= self.config.breaker_max_drains:

@@ -4,6 +4,8 @@ With a token configured, a change must carry ``Authorization: Bearer <token>``, 
 address; the token is compared in constant time. Without one, changes are accepted from
 loopback clients only, and only while the API itself listens on a loopback address: off
 loopback, nobody may change anything until a token is configured. Reads are never guarded.
+What a change records as who made it (a silence's ``created_by``) is no more than the guard
+knows: :attr:`ChangeGuard.identity`.
 
 Every refusal is counted by reason (``fleetwatch_api_requests_refused_total``) and logged with
 the client's address, never with what it sent as a token. :class:`Refusals` does the counting
@@ -96,6 +98,16 @@ class ChangeGuard:
     def requires_token(self) -> bool:
         """True when changes need the bearer token."""
         return self._token is not None
+
+    @property
+    def identity(self) -> str:
+        """Who a change this guard let through came from, as far as the server can tell.
+
+        ``token``: it carried the API token (there is one, and it names nobody); ``loopback``:
+        a client on loopback, without a token to show (a TCP peer's local user is not known:
+        the kernel gives peer credentials on Unix sockets only).
+        """
+        return "token" if self._token is not None else "loopback"
 
     def check(
         self, *, client: str, authorization: str | None, method: str, path: str

@@ -1,13 +1,23 @@
 """The JSON API for incidents, actions and silences.
 
-    GET    /api/v1/incidents?open=1&limit=     incidents, newest first
-    GET    /api/v1/actions?node=&limit=        actions and their outcomes, newest first
-    GET    /api/v1/silences                    silences not over yet
-    POST   /api/v1/silences                    {"node": "*", "rule": "*", "duration": "2h",
-                                                "starts_in": "0s", "reason": "..."} -> {"id": n}
+    GET    /api/v1/incidents?open=1&node=&rule=&since=&until=&limit=
+                                               incidents, newest first, each with its rule's
+                                               description and runbook
+    GET    /api/v1/actions?node=&since=&until=&limit=
+                                               actions and their outcomes, newest first
+    GET    /api/v1/silences?node=              silences not over yet (covering the node)
+    POST   /api/v1/silences                    {"node": "node-7", "rule": "*", "duration": "2h",
+                                                "starts_in": "0s", "reason": "...",
+                                                "all": false, "force": false} -> {"id": n}
     DELETE /api/v1/silences/<id>
-    GET    /api/v1/drains                      nodes fleetwatch holds drained, drains waiting
+    GET    /api/v1/drains?node=                nodes fleetwatch holds drained, drains waiting
     POST   /api/v1/drains/<node>/release       {"reason": "..."}: the node is back in service
+
+The query parameters are checked and read by :mod:`collector.api.query`. A silence must name a
+node or a rule (every rule on every node takes ``"all": true``), exactly (no globs: a silence
+matches one name, or ``*`` for all), and one the collector knows (a node of the fleet, a loaded
+rule) unless it says ``"force": true``; it records who added it (``created_by``, what the
+:class:`~collector.api.auth.ChangeGuard` knows of them).
 
 Who may make changes, and whether a request is one a web page could have made, is decided
 before :func:`change` runs (:mod:`collector.api.auth`, :mod:`collector.api.browsers`); the
@@ -16,21 +26,34 @@ server reads the body.
 
 from __future__ import annotations
 
+import difflib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import unquote
 
+from collector.preflight.holds import hold_rule
 from collector.store.incidents import SilenceRow
-from fleetwatch.config_file import short_repr
+from fleetwatch.config_file import short_repr, shown_key
+from fleetwatch.preflight.vocabulary import Check
 from rules.durations import parse_duration
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Iterable, Mapping
+
+    from collector.api.query import Params
     from collector.store.events import EventReader
+    from collector.store.incidents import IncidentRow
+    from rules.model import Rule, RuleSet
 
 MAX_BODY: Final = 64 * 1024
 MAX_ID: Final = 2**63 - 1  # journal ids are 64-bit integers (SQLite, PostgreSQL bigint)
+MAX_LIMIT: Final = 1000  # rows a list gives at most
+EVERY: Final = "*"  # a silence's node or rule that matches every one
+GLOB: Final = frozenset("*?[]")  # what would make a name a pattern: silences have none
+_SILENCE_KEYS: Final = ("node", "rule", "duration", "starts_in", "reason", "all", "force")
+_SUGGESTIONS: Final = 3
 
 
 class ApiError(ValueError):
@@ -69,33 +92,92 @@ class SilenceWriter(Protocol):
         ...
 
 
-def _limit(query: dict[str, list[str]]) -> int:
-    try:
-        value = int(query.get("limit", ["100"])[-1])
-    except ValueError as exc:
-        raise ApiError(HTTPStatus.BAD_REQUEST, "limit must be an integer") from exc
-    if not 1 <= value <= 1000:  # noqa: PLR2004
-        raise ApiError(HTTPStatus.BAD_REQUEST, "limit must be between 1 and 1000")
-    return value
+@dataclass(frozen=True, slots=True)
+class Known:
+    """The names a silence may give without ``force``, read only when one gives a name.
+
+    ``nodes``: the fleet's nodes (and the other incident keys: ``fleet``, ``job/<id>``);
+    ``rules``: the rules' names, or None where the server is not told them (not checked then).
+    """
+
+    nodes: Callable[[], Collection[str]]
+    rules: Callable[[], Collection[str]] | None = None
 
 
-def get(path: str, query: dict[str, list[str]], journal: EventReader) -> object:
-    """Answer a GET under /api/v1/incidents, /actions or /silences."""
-    limit = _limit(query)
+def rule_book(rules: RuleSet | None) -> dict[str, Rule]:
+    """Every rule an incident may name, by name: ``rules`` and the pre-flight holds' rules."""
+    book = {f"preflight_{c.value}": hold_rule(c.value) for c in Check}
+    book.update({r.name: r for r in (rules.rules if rules is not None else ())})
+    return book
+
+
+def incident_json(row: IncidentRow, rule: Rule | None) -> dict[str, Any]:
+    """An incident as the API gives it: the journal's row and its rule's text ("" when none)."""
+    return {
+        **asdict(row),
+        "description": rule.description if rule is not None else "",
+        "runbook": rule.runbook if rule is not None else "",
+    }
+
+
+def get(
+    path: str,
+    params: Params,
+    journal: EventReader,
+    rules: Callable[[], Mapping[str, Rule]] | None = None,
+) -> object:
+    """Answer a GET of /api/v1/incidents, /actions or /silences (``path``, its parameters).
+
+    ``rules`` gives the rules in use now, by name, for each incident's description and runbook
+    (None: every incident's are empty).
+    """
     if path == "/api/v1/incidents":
-        open_only = query.get("open", ["0"])[-1] in ("1", "true")
-        rows = journal.read(lambda s: s.incidents(open_only=open_only, limit=limit))
-        return {"incidents": [asdict(r) for r in rows]}
+        return {"incidents": _incidents(params, journal, rules() if rules is not None else {})}
     if path == "/api/v1/actions":
-        node = query.get("node", [None])[-1]
-        return {
-            "actions": [
-                asdict(r) for r in journal.read(lambda s: s.actions(node=node, limit=limit))
-            ]
-        }
+        limit = params.integer("limit", 100, 1, MAX_LIMIT)
+        node, (since, until) = params.text("node"), params.window()
+        rows = journal.read(
+            lambda s: s.actions(node=node, limit=limit, since_ms=since, until_ms=until)
+        )
+        return {"actions": [asdict(r) for r in rows]}
     if path == "/api/v1/silences":
-        return {"silences": [asdict(r) for r in journal.read(lambda s: s.silences())]}
+        node, now_ms = params.text("node"), int(params.now * 1000)
+        silences = journal.read(lambda s: s.silences(active_at_ms=now_ms, node=node))
+        return {"silences": [asdict(r) for r in silences]}
     raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
+
+
+def _incidents(
+    params: Params, journal: EventReader, book: Mapping[str, Rule]
+) -> list[dict[str, Any]]:
+    limit, open_only = params.integer("limit", 100, 1, MAX_LIMIT), params.flag("open")
+    node, rule, (since, until) = params.text("node"), params.text("rule"), params.window()
+    rows = journal.read(
+        lambda s: s.incidents(
+            open_only=open_only, limit=limit, node=node, rule=rule, since_ms=since, until_ms=until
+        )
+    )
+    return [incident_json(r, book.get(r.rule)) for r in rows]
+
+
+def drains_json(
+    answer: Mapping[str, Any], node: str | None, journal: EventReader
+) -> dict[str, Any]:
+    """``GET /api/v1/drains``: what the dispatcher answered, cut to ``node`` when given.
+
+    ``drained`` and ``waiting`` keep the node's own entries (a waiting action's node is in the
+    journal); the counts (``drained_nodes``, ``drain_cap``, ...) stay the fleet's.
+    """
+    if node is None:
+        return dict(answer)
+    waiting: list[dict[str, Any]] = list(answer.get("waiting", []))
+    ids = [int(w["action_id"]) for w in waiting]
+    nodes = journal.read(lambda s: s.action_nodes(ids)) if ids else {}
+    return {
+        **answer,
+        "drained": {n: i for n, i in dict(answer.get("drained", {})).items() if n == node},
+        "waiting": [w for w in waiting if nodes.get(int(w["action_id"])) == node],
+    }
 
 
 def body_length(values: list[str], *, transfer_encoding: str | None = None) -> int:
@@ -151,14 +233,21 @@ def change(  # noqa: PLR0913 - the request (method, path, body) and what it may 
     writer: SilenceWriter | None,
     now: float,
     drains: DrainKeeper | None = None,
+    known: Known | None = None,
+    created_by: str = "",
 ) -> tuple[HTTPStatus, object]:
-    """Answer a POST or DELETE on silences, or a release of a drain."""
+    """Answer a POST or DELETE on silences, or a release of a drain.
+
+    ``known`` says which nodes and rules a silence may name without ``force`` (None: any);
+    ``created_by`` is who the request came from, recorded with a silence.
+    """
     if writer is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this API is read-only")
     if method == "POST" and path.startswith("/api/v1/drains/") and path.endswith("/release"):
         return _release(path, body, drains)
     if method == "POST" and path == "/api/v1/silences":
-        return HTTPStatus.CREATED, {"id": writer.add(silence_from_json(body, now))}
+        row = silence_from_json(body, now, known=known, created_by=created_by)
+        return HTTPStatus.CREATED, {"id": writer.add(row)}
     if method == "DELETE" and path.startswith("/api/v1/silences/"):
         silence_id = _silence_id(path.removeprefix("/api/v1/silences/"))
         if not writer.remove(silence_id):
@@ -179,21 +268,19 @@ def _release(path: str, body: bytes, drains: DrainKeeper | None) -> tuple[HTTPSt
     return HTTPStatus.OK, {"released": node}
 
 
-def silence_from_json(body: bytes, now: float) -> SilenceRow:
-    """Check a silence request; ApiError says what is wrong."""
+def silence_from_json(
+    body: bytes, now: float, *, known: Known | None = None, created_by: str = ""
+) -> SilenceRow:
+    """Check a silence request; ApiError says what is wrong.
+
+    ``known`` (None: nothing is checked) gives the nodes and rules a silence may name unless it
+    says ``"force": true``; ``created_by`` is recorded as who added it.
+    """
     if len(body) > MAX_BODY:
         raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
     data = json_object(body, "a silence")
-    if set(data) - {
-        "node",
-        "rule",
-        "duration",
-        "starts_in",
-        "reason",
-    }:
-        raise ApiError(
-            HTTPStatus.BAD_REQUEST, "a silence takes node, rule, duration, starts_in, reason"
-        )
+    if set(data) - set(_SILENCE_KEYS):
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"a silence takes {', '.join(_SILENCE_KEYS)}")
     try:
         duration = parse_duration(data.get("duration"))
         starts_in = parse_duration(data.get("starts_in", 0))
@@ -201,15 +288,63 @@ def silence_from_json(body: bytes, now: float) -> SilenceRow:
         raise ApiError(HTTPStatus.BAD_REQUEST, str(exc)) from exc
     if duration <= 0:
         raise ApiError(HTTPStatus.BAD_REQUEST, "duration must be positive")
+    every, force = _boolean(data, "all"), _boolean(data, "force")
     node, rule, reason = (
-        str(data.get(k, d)) for k, d in (("node", "*"), ("rule", "*"), ("reason", ""))
+        str(data.get(k, d)) for k, d in (("node", EVERY), ("rule", EVERY), ("reason", ""))
     )
+    node, rule = node[:253], rule[:64]
+    _check_scope(node, rule, every=every)
+    if known is not None and not force:
+        if node != EVERY:
+            _check_known("node", node, known.nodes(), "in the fleet")
+        if rule != EVERY and known.rules is not None:
+            _check_known("rule", rule, known.rules(), "among the loaded rules")
     start = int((now + starts_in) * 1000)
     return SilenceRow(
-        node=node[:253],
-        rule=rule[:64],
+        node=node,
+        rule=rule,
         starts_ms=start,
         ends_ms=start + int(duration * 1000),
         reason=reason[:500],
         created_ms=int(now * 1000),
+        created_by=created_by,
     )
+
+
+def _boolean(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        msg = f"{key} must be true or false, not {short_repr(value, 40)}"
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+    return value
+
+
+def _check_scope(node: str, rule: str, *, every: bool) -> None:
+    """ApiError unless the silence names its node and rule exactly, and all of them on purpose."""
+    for what, name in (("node", node), ("rule", rule)):
+        if not name or (name != EVERY and GLOB & set(name)):
+            msg = (
+                f"{what} {short_repr(name, 80)} is not a {what} name: a silence matches one "
+                f"{what} exactly, or {EVERY} for every {what} (no patterns)"
+            )
+            raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+    if node == rule == EVERY and not every:
+        msg = 'a silence of every rule on every node needs "all": true'
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+    if every and (node, rule) != (EVERY, EVERY):
+        msg = '"all": true silences every rule on every node: send it without a node or rule'
+        raise ApiError(HTTPStatus.BAD_REQUEST, msg)
+
+
+def _check_known(what: str, name: str, names: Iterable[str], where: str) -> None:
+    """ApiError naming ``name`` (and the close ones) unless it is one of ``names``."""
+    pool = set(names)
+    if name in pool:
+        return
+    close = difflib.get_close_matches(name, list(pool), n=_SUGGESTIONS)
+    hint = f" (did you mean {', '.join(shown_key(c) for c in close)}?)" if close else ""
+    msg = (
+        f"no {what} {short_repr(name, 80)} {where}{hint}; to silence it anyway (one not seen "
+        'yet), send "force": true'
+    )
+    raise ApiError(HTTPStatus.BAD_REQUEST, msg)

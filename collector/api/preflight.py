@@ -18,7 +18,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
-from collector.api.incidents import ApiError, json_object
+from collector.api.incidents import MAX_LIMIT, ApiError, json_object
 from collector.incidents.service import _LoopBridge
 from collector.preflight.orchestrator import PlanError
 from fleetwatch.preflight.vocabulary import RANK, Level, Verdict
@@ -26,6 +26,7 @@ from fleetwatch.wire.validate_preflight import RUN_ID
 
 if TYPE_CHECKING:
     from collector.actions.dispatcher import Dispatcher
+    from collector.api.query import Params
     from collector.preflight.orchestrator import PreflightService
     from collector.store.events import EventReader
     from collector.store.preflight import RunRow
@@ -80,21 +81,14 @@ class PreflightDesk(_LoopBridge):
         return self._call(go())
 
 
-def _limit(query: dict[str, list[str]]) -> int:
-    text = query.get("limit", ["50"])[-1]
-    if not text.isdigit() or not 1 <= int(text) <= 1000:  # noqa: PLR2004
-        raise ApiError(HTTPStatus.BAD_REQUEST, "limit must be an integer between 1 and 1000")
-    return int(text)
-
-
 def get(
-    path: str, query: dict[str, list[str]], reader: EventReader, desk: PreflightDesk | None
+    path: str, params: Params, reader: EventReader, desk: PreflightDesk | None
 ) -> tuple[HTTPStatus, object]:
-    """Answer a GET under /api/v1/preflight."""
+    """Answer a GET under /api/v1/preflight (``path``, its parameters checked)."""
     live = [] if desk is None else [r.to_json() for r in list(desk.service.live.values())]
     if path == PREFIX:
-        node = query.get("node", [None])[-1]
-        limit = _limit(query)
+        node = params.text("node")
+        limit = params.integer("limit", 50, 1, MAX_LIMIT)
         runs = reader.read_preflight(lambda s: s.runs(limit=limit, node=node))
         running = {r["id"] for r in live}
         listed = [r for r in live if node is None or node in r["nodes"]]

@@ -5,16 +5,14 @@ GET /metrics/fleet                every series but the nodes' (fleet, jobs, inci
 GET /metrics/shards/<n>           the nodes' series of shard n (collector.export.exposition)
 GET /api/v1/scrape_targets        the targets above, for Prometheus' HTTP service discovery
 GET /healthz                      "ok" while the collector runs
-GET /api/v1/nodes                 every node with a health summary
-GET /api/v1/nodes/<name>          one node, down to each NVLink and IB port
-GET /api/v1/events?node=&kind=&after=&limit=&order=asc|desc
-journaled events, paged by journal id
-GET /api/v1/jobs                  training jobs with their throughput, MFU, stragglers, drops
-GET /api/v1/jobs/<id>             one job, with each rank's node, GPU and compute-time ratio,
-                                  and the evidence last gathered (its ranks' stacks grouped)
-POST /api/v1/jobs/<id>/dump       gather that evidence now (:mod:`collector.api.jobs`)
+GET /api/v1/nodes, /events, /jobs the fleet's nodes, events and jobs (:mod:`collector.api.fleet`)
+GET /api/v1/incidents, ...        incidents, actions, silences, drains
+                                  (:mod:`collector.api.incidents`)
+POST /api/v1/jobs/<id>/dump       gather a job's evidence now (:mod:`collector.api.jobs`)
 
-Every request but ``/healthz`` must name the collector in ``Host`` (no DNS rebinding). POST and
+Every GET but ``/healthz`` takes only its own query parameters (:mod:`collector.api.query`):
+another is a 400 that names it. Every request but ``/healthz`` must name the collector in
+``Host`` (no DNS rebinding). POST and
 DELETE (silences, drain releases: :mod:`collector.api.incidents`; runs, dumps) must come from no
 web page of another origin and be ``application/json`` (:mod:`collector.api.browsers`), then
 pass the :class:`~collector.api.auth.ChangeGuard`: a bearer token, or loopback when none is set.
@@ -31,7 +29,7 @@ import socket
 import threading
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -40,13 +38,18 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from collector.api import incidents as incidents_api
 from collector.api import jobs as jobs_api
 from collector.api import preflight as preflight_api
+from collector.api import query
+from collector.api import rules_eval as rules_eval_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
 from collector.api.connections import BoundedHandler, BoundedHTTPServer, ConnectionLimits
+from collector.api.fleet import FleetReads
+from collector.api.query import BadRequestError, Params
 from collector.exceptions import CollectorError, ConfigError, LoopBusyError, PortInUseError
 from collector.export.exposition import OPENMETRICS, TEXT, gzip_body
-from collector.model.node_states import NodeFlags, node_state
-from fleetwatch.model import EventKind
+from collector.model.node_states import NodeFlags
+from collector.model.target_keys import FLEET_KEY, job_key
+from fleetwatch.clock import SystemClock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -57,17 +60,20 @@ if TYPE_CHECKING:
     from collector.api.incidents import DrainKeeper, SilenceWriter
     from collector.api.jobs import JobDesk
     from collector.api.preflight import PreflightDesk
+    from collector.api.rules_eval import RulesDesk
     from collector.export.exposition import NodeExposition
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
-    from collector.model.state import NodeState
-    from collector.store.events import EventReader, EventRow
+    from collector.store.events import EventReader
     from fleetwatch.clock import Clock
+    from rules.model import Rule, RuleSet
+
+__all__ = ["ApiServer", "BadRequestError", "exposition_format", "scrape_targets", "wants_gzip"]
 
 log = structlog.get_logger("collector.http")
 
-MAX_LIMIT: Final = 1000
-_KINDS: Final = frozenset(k.value for k in EventKind)
+# The incidents module's GETs (the rest: the fleet's reads, pre-flight's, the metrics).
+_INCIDENT_READS: Final = frozenset({"/api/v1/incidents", "/api/v1/actions", "/api/v1/silences"})
 # Seconds a client told the event loop is busy is asked to wait before trying again.
 BUSY_RETRY_AFTER_S: Final = 5
 # ApiError statuses that mean the request itself is wrong (counted as bad_request).
@@ -118,93 +124,6 @@ def local_host_names() -> tuple[str, ...]:
     return socket.gethostname(), socket.getfqdn()
 
 
-class BadRequestError(ValueError):
-    """A query parameter is wrong; the message says which and why."""
-
-
-def node_summary(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
-    """The short form used by ``/api/v1/nodes``; ``state`` as in ``fleetwatch_node_state``."""
-    return {
-        "name": node.name,
-        "state": node_state(node, flags or NodeFlags()),
-        "boot_id": node.boot_id,
-        "reachable": node.reachable,
-        "connected": node.connected,
-        "last_seen_unix": round(node.last_seen_unix, 3),
-        "agent_version": node.agent_version,
-        "driver_version": node.driver_version,
-        "gpus": len(node.gpus),
-        "gpus_lost": sum(1 for g in node.gpus.values() if not g.present),
-        "nvlinks_down": sum(g.nvlinks_down for g in node.gpus.values()),
-        "ib_ports": len(node.ports),
-        "ib_ports_down": sum(1 for p in node.ports.values() if p.state and not p.up),
-        "events": dict(node.events),
-    }
-
-
-def node_detail(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
-    """The long form used by ``/api/v1/nodes/<name>``."""
-    detail = node_summary(node, flags)
-    detail["gpus"] = [
-        {
-            "index": g.index,
-            "uuid": g.uuid,
-            "pci_bus_id": g.pci_bus_id,
-            "model": g.model,
-            "present": g.present,
-            "nvlink_count": g.nvlink_count,
-            "nvlinks_down": sorted(link for link, up in g.nvlink_up.items() if not up),
-            "pcie_replay_count": g.pcie_replay_count,
-            "xid_counts": {str(x): c for x, c in sorted(g.xid_counts.items())},
-            "last_xid": g.last_xid or None,
-            "signals": dict(sorted(g.signals.items())),
-            "nvlinks": [
-                {"link": link, **dict(sorted(values.items()))}
-                for link, values in sorted(g.link_signals.items())
-            ],
-        }
-        for g in sorted(node.gpus.values(), key=lambda g: g.index)
-    ]
-    detail["ib_ports"] = [
-        {
-            "device": p.device,
-            "port": p.port,
-            "rate": p.rate,
-            "link_layer": p.link_layer,
-            "state": p.state,
-            "phys_state": p.phys_state,
-            "link_downed": p.link_downed,
-            "down_events": p.down_events,
-            "signals": dict(sorted(p.signals.items())),
-        }
-        for p in node.ports.values()
-    ]
-    detail["other_signals"] = dict(node.other)
-    return detail
-
-
-def event_json(row: EventRow) -> dict[str, Any]:
-    """One journaled event as JSON."""
-    return {
-        "id": row.id,
-        "node": row.node,
-        "boot_id": row.boot_id or None,
-        "seq": row.seq,
-        "time_ms": row.time_ms,
-        "received_ms": row.received_ms,
-        "kind": row.kind,
-        "target": {
-            "kind": row.target_kind,
-            "gpu_uuid": row.gpu_uuid or None,
-            "index": row.target_index,
-            "device": row.device or None,
-        },
-        "xid": row.xid or None,
-        "xid_class": row.xid_class or None,
-        "detail": row.detail,
-    }
-
-
 def _listen_error(host: str, port: int, exc: OSError) -> CollectorError:
     """One line for a bind that failed: the address, and what the kernel said."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -213,25 +132,10 @@ def _listen_error(host: str, port: int, exc: OSError) -> CollectorError:
     return ConfigError(f"http {where}: cannot listen there: {exc.strerror or exc}")
 
 
-def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
-    values = query.get(name)
-    if not values:
-        return default
-    try:
-        value = int(values[-1])
-    except ValueError as exc:
-        msg = f"query parameter {name}={values[-1][:40]!r} is not an integer"
-        raise BadRequestError(msg) from exc
-    if not low <= value <= high:
-        msg = f"query parameter {name}={value} must be between {low} and {high}"
-        raise BadRequestError(msg)
-    return value
-
-
 class ApiServer:
     """Serves HTTP on a daemon thread: reads; changes only silences, drains, runs and dumps."""
 
-    def __init__(  # noqa: PLR0913 - what the API reads, the two things it writes, its limits
+    def __init__(  # noqa: PLR0913 - what the API reads, the things it writes, its limits
         self,
         *,
         host: str,
@@ -251,6 +155,8 @@ class ApiServer:
         nodes: NodeExposition | None = None,
         preflight: PreflightDesk | None = None,
         job_desk: JobDesk | None = None,
+        rules: Callable[[], RuleSet] | None = None,
+        rules_desk: RulesDesk | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -260,19 +166,26 @@ class ApiServer:
         ``Host`` may give; ``limits`` bound connections (None: the defaults). ``nodes`` renders
         the nodes' series (None: ``registry`` holds every series, and there are no shards).
         ``job_desk`` gathers a job's evidence on demand (None: ``POST .../dump`` is refused).
+        ``rules`` gives the rules in use now (a reload swaps them): each incident carries its
+        rule's description and runbook, and a silence must name one of them unless forced
+        (None: incidents carry only the pre-flight holds' text, silences' rules are not
+        checked). ``clock`` (None: the system's) is what ``since=2h`` counts back from.
+        ``rules_desk`` runs dry runs of rules (None: ``POST /api/v1/rules/eval`` is refused).
         """
         self._guard = guard
         self._jobs = jobs
-        self._node_flags = node_flags
         self._fleet = fleet
         self._journal = journal
+        self._rules = rules
+        self._reads = FleetReads(fleet=fleet, journal=journal, node_flags=node_flags, jobs=jobs)
         self._registry = registry
         self._nodes = nodes
         self._silences = silences
         self._drains = drains
         self._preflight = preflight  # pre-flight runs and checked releases (None: none)
         self._job_desk = job_desk
-        self._clock = clock
+        self._rules_desk = rules_desk
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._hosts = HostNames.build(
             listen_host=host,
             allowed=allowed_hosts,
@@ -391,19 +304,52 @@ class ApiServer:
                 self._refuse(req, refusal, host=str(req.headers.get("Host"))[:100])
                 return
         try:
-            if path == "/metrics" or path.startswith("/metrics/"):
-                self._metrics(req, path)
-            elif path == "/api/v1/scrape_targets":
-                self._json(req, HTTPStatus.OK, self._scrape_targets(req))
-            elif path == "/healthz":
+            name = query.endpoint(path)
+            if path == "/healthz":  # takes anything: a probe's parameters are none of our business
                 self._send(req, HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
+            elif name is None:
+                self._json(req, HTTPStatus.NOT_FOUND, {"error": f"no such path {path[:100]!r}"})
             else:
-                status, body = self._get_json(path, parse_qs(url.query))
-                self._json(req, status, body)
+                self._get(req, name, path, Params.read(name, url.query, self._clock.now()))
         except (ConnectionError, TimeoutError):
             raise
         except Exception as exc:  # noqa: BLE001 - every error is answered; a bug as a 500
             self._refuse_error(req, exc)
+
+    def _get(self, req: BoundedHandler, name: str, path: str, params: Params) -> None:
+        """Answer endpoint ``name`` (its parameters already checked)."""
+        if name.startswith("/metrics"):
+            self._metrics(req, path)
+        elif name == "/api/v1/scrape_targets":
+            self._json(req, HTTPStatus.OK, self._scrape_targets(req))
+        elif name in _INCIDENT_READS:
+            self._json(
+                req, HTTPStatus.OK, incidents_api.get(name, params, self._journal, self._book)
+            )
+        elif name == "/api/v1/drains":
+            self._json(req, *self._drains_json(params))
+        elif name.startswith(preflight_api.PREFIX):
+            self._json(req, *preflight_api.get(path, params, self._journal, self._preflight))
+        else:
+            self._json(req, *self._reads.get(name, path, params))
+
+    def _book(self) -> dict[str, Rule]:
+        """The rules incidents may name now, by name."""
+        return incidents_api.rule_book(self._rules() if self._rules is not None else None)
+
+    def _known(self) -> incidents_api.Known:
+        """The nodes and rules a silence may name without ``force``."""
+        rules = None if self._rules is None else (lambda: self._book().keys())
+        return incidents_api.Known(nodes=self._known_nodes, rules=rules)
+
+    def _known_nodes(self) -> set[str]:
+        """The fleet's nodes (in a shared journal, the other collectors' too), ``fleet``, jobs."""
+        names = set(self._fleet.node_names())
+        names.update(self._journal.node_names())
+        names.add(FLEET_KEY)
+        jobs = self._jobs.summaries() if self._jobs is not None else []
+        names.update(job_key(str(job["id"])) for job in jobs)
+        return names
 
     def _metrics(self, req: BoundedHandler, path: str) -> None:
         """``/metrics``, ``/metrics/fleet`` or a shard, in the format and encoding asked for."""
@@ -453,45 +399,11 @@ class ApiServer:
             return [{"targets": [host], "labels": {}}]
         return scrape_targets(host, shards)
 
-    def _get_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
-        if path == "/api/v1/jobs" or path.startswith("/api/v1/jobs/"):
-            return self._jobs_json(unquote(path.removeprefix("/api/v1/jobs").lstrip("/")))
-        if path == preflight_api.PREFIX or path.startswith(preflight_api.PREFIX + "/"):
-            return preflight_api.get(path, query, self._journal, self._preflight)
-        return self._get_fleet_json(path, query)
-
-    def _get_fleet_json(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, object]:
-        if path == "/api/v1/nodes":
-            nodes = self._fleet.snapshot()
-            flags = self._node_flags()
-            return HTTPStatus.OK, {"nodes": [node_summary(n, flags) for n in nodes.values()]}
-        if path.startswith("/api/v1/nodes/"):
-            name = unquote(path.removeprefix("/api/v1/nodes/"))
-            node = self._fleet.snapshot().get(name)
-            if node is None:
-                return HTTPStatus.NOT_FOUND, {"error": f"no node named {name!r}"}
-            return HTTPStatus.OK, node_detail(node, self._node_flags())
-        if path == "/api/v1/events":
-            return HTTPStatus.OK, self._events(query)
-        if path == "/api/v1/drains":
-            return self._drains_json()
-        return HTTPStatus.OK, incidents_api.get(path, query, self._journal)
-
-    def _jobs_json(self, job_id: str) -> tuple[HTTPStatus, object]:
-        jobs = self._jobs.summaries() if self._jobs is not None else []
-        if not job_id:
-            return HTTPStatus.OK, {"jobs": jobs}
-        for job in jobs:
-            if job["id"] == job_id:
-                ranks = self._jobs.ranks(job_id) if self._jobs is not None else []
-                evidence = self._jobs.evidence_of(job_id) if self._jobs is not None else None
-                return HTTPStatus.OK, {**job, "rank_detail": ranks, "evidence": evidence}
-        return HTTPStatus.NOT_FOUND, {"error": f"no job {job_id!r}"}
-
-    def _drains_json(self) -> tuple[HTTPStatus, object]:
+    def _drains_json(self, params: Params) -> tuple[HTTPStatus, object]:
         if self._drains is None:
             return HTTPStatus.NOT_FOUND, {"error": "no actions are configured"}
-        return HTTPStatus.OK, self._drains.drains()
+        answer = self._drains.drains()
+        return HTTPStatus.OK, incidents_api.drains_json(answer, params.text("node"), self._journal)
 
     def handle_change(self, req: BoundedHandler) -> None:
         """Route a POST or DELETE (silences, drains, runs, dumps) once every check lets it through.
@@ -525,13 +437,19 @@ class ApiServer:
                 status, answer = jobs_api.change(path, body, self._job_desk)
                 self._json(req, status, answer)
                 return
+            if rules_eval_api.claims(req.command, path):
+                status, answer = rules_eval_api.change(body, self._rules_desk)
+                self._json(req, status, answer)
+                return
             status, answer = incidents_api.change(
                 req.command,
                 path,
                 body,
                 writer=self._silences,
-                now=self._clock.now() if self._clock is not None else 0.0,
+                now=self._clock.now(),
                 drains=self._drains,
+                known=self._known(),
+                created_by=self._guard.identity,
             )
             self._json(req, status, answer)
         except (ConnectionError, TimeoutError):
@@ -567,27 +485,6 @@ class ApiServer:
             self._refuse(req, refusal)
             return False
         return True
-
-    def _events(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        kind = query.get("kind", [None])[-1]
-        if kind is not None and kind not in _KINDS:
-            msg = f"kind={kind[:40]!r} is not one of {', '.join(sorted(_KINDS))}"
-            raise BadRequestError(msg)
-        order = query.get("order", ["asc"])[-1]
-        if order not in ("asc", "desc"):
-            msg = f"order={order[:40]!r} must be asc or desc"
-            raise BadRequestError(msg)
-        rows = self._journal.events(
-            node=query.get("node", [None])[-1],
-            kind=kind,
-            after_id=_int_param(query, "after", 0, 0, 2**62),
-            limit=_int_param(query, "limit", 100, 1, MAX_LIMIT),
-            newest_first=order == "desc",
-        )
-        return {
-            "events": [event_json(r) for r in rows],
-            "last_id": rows[-1].id if rows else None,
-        }
 
     def _json(
         self,

@@ -126,6 +126,17 @@ class LiveRun:
     narrowed: tuple[str, ...] | None = None  # bisection's last failing half; () gave up
     # node -> the results it sent that its plan did not ask for (refused; the node is suspect)
     misfits: dict[str, list[tuple[Measurement, str]]] = field(default_factory=dict)
+    rounds_done: int = 0  # planned rounds finished (bisection rounds come after them)
+    failing: dict[str, str] = field(default_factory=dict)  # node -> its worst verdict so far
+
+    def round_done(self, judged: Sequence[Judged]) -> None:
+        """A planned round finished: count it, and keep each failing node's worst verdict."""
+        self.rounds_done += 1
+        for j in judged:
+            if j.verdict in (Verdict.FAIL, Verdict.COULD_NOT_RUN):
+                before = self.failing.get(j.node)
+                was = [Verdict(before)] if before else []
+                self.failing[j.node] = worst([*was, j.verdict]).value
 
     def to_json(self) -> dict[str, Any]:
         """Progress for ``GET /api/v1/preflight``."""
@@ -139,6 +150,8 @@ class LiveRun:
             "finished_ms": None,
             "verdict": "running",
             "round": f"{self.round_index + 1}/{len(rounds)}: {current}",
+            "rounds_done": self.rounds_done,
+            "failing": dict(sorted(self.failing.items())),
         }
 
 
@@ -281,11 +294,13 @@ class PreflightService:
         )
         try:
             by_name = {f.name: f for f in facts}
+            kinds = self.kinds(facts)
             for index, rnd in enumerate(plan.rounds):
                 live.round_index = index
                 got = await self._round(rnd, live, by_name)
                 for node, ms in got.items():
                     live.results.setdefault(node, []).extend(ms)
+                live.round_done(judge_run(got, kinds, self.book))
             if plan.level is Level.FULL:
                 await self._bisect(plan, live, facts)
         except asyncio.CancelledError:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.store.incidents import IncidentStore
 from collector.store.preflight import PreflightStore
+from collector.store.sql import where
 from fleetwatch.clock import unix_ms
 
 if TYPE_CHECKING:
@@ -141,21 +142,22 @@ def select_events(  # noqa: PLR0913 - the API's filters
     after_id: int = 0,
     limit: int = 100,
     newest_first: bool = False,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
 ) -> list[EventRow]:
-    """Events matching the filters, ordered by journal id (the HTTP API's reads)."""
-    clauses: list[str] = ["id > ?"]
-    params: list[object] = [after_id]
-    if node is not None:
-        clauses.append("node = ?")
-        params.append(node)
-    if kind is not None:
-        clauses.append("kind = ?")
-        params.append(kind)
-    order = "DESC" if newest_first else "ASC"
-    sql = (
-        f"SELECT id, {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} "  # noqa: S608
-        f"ORDER BY id {order} LIMIT ?"
+    """Events matching the filters, ordered by journal id (the HTTP API's reads).
+
+    ``since_ms`` and ``until_ms`` bound when each happened (``time_ms``, both included).
+    """
+    clauses, params = where(
+        ("id > ?", after_id),
+        ("node = ?", node),
+        ("kind = ?", kind),
+        ("time_ms >= ?", since_ms),
+        ("time_ms <= ?", until_ms),
     )
+    order = "DESC" if newest_first else "ASC"
+    sql = f"SELECT id, {EVENT_COLUMNS} FROM events{clauses} ORDER BY id {order} LIMIT ?"  # noqa: S608
     return [event_from_db(r) for r in db.rows(sql, (*params, limit))]
 
 
@@ -168,7 +170,7 @@ class EventReader:
     def _run(self, fn: Callable[[SqlConn], T]) -> T:
         raise NotImplementedError
 
-    def events(
+    def events(  # noqa: PLR0913 - the API's filters
         self,
         *,
         node: str | None = None,
@@ -176,13 +178,26 @@ class EventReader:
         after_id: int = 0,
         limit: int = 100,
         newest_first: bool = False,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
     ) -> list[EventRow]:
-        """Events matching the filters, ordered by journal id."""
+        """Events matching the filters, ordered by journal id (:func:`select_events`)."""
         return self._run(
             lambda db: select_events(
-                db, node=node, kind=kind, after_id=after_id, limit=limit, newest_first=newest_first
+                db,
+                node=node,
+                kind=kind,
+                after_id=after_id,
+                limit=limit,
+                newest_first=newest_first,
+                since_ms=since_ms,
+                until_ms=until_ms,
             )
         )
+
+    def node_names(self) -> list[str]:
+        """Every node the journal knows (every collector's, where several share it)."""
+        return [str(r[0]) for r in self._run(lambda db: db.rows("SELECT name FROM nodes"))]
 
     def read(self, fn: Callable[[IncidentStore], T]) -> T:
         """Run a read of the incident, action or silence tables."""

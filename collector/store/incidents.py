@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from collector.store.sql import where
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -61,9 +63,12 @@ CREATE TABLE IF NOT EXISTS silences (
     starts_ms   INTEGER NOT NULL,
     ends_ms     INTEGER NOT NULL,
     reason      TEXT    NOT NULL DEFAULT '',
-    created_ms  INTEGER NOT NULL
+    created_ms  INTEGER NOT NULL,
+    created_by  TEXT    NOT NULL DEFAULT ''  -- who added it, as the API knew them (schema 6)
 );
 """
+# Schema 6 (SQLite; 3 on PostgreSQL): who added each silence. Silences from before say ''.
+ADD_CREATED_BY: Final = "ALTER TABLE silences ADD COLUMN created_by TEXT NOT NULL DEFAULT '';"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class SilenceRow:
     reason: str
     created_ms: int
     id: int = 0
+    created_by: str = ""  # "token" or "loopback" (collector.api.auth); "" before schema 6
 
     def matches(self, node: str, rule: str, at_ms: int) -> bool:
         """Whether it silences ``rule`` on ``node`` at ``at_ms``."""
@@ -290,13 +296,32 @@ class IncidentStore:
             self.upsert_incident(row)
         return None
 
-    def incidents(self, *, open_only: bool = False, limit: int = 100) -> list[IncidentRow]:
-        """Incidents, newest first (only pending and firing ones with ``open_only``)."""
-        where = "WHERE phase IN ('pending', 'firing')" if open_only else ""
+    def incidents(  # noqa: PLR0913 - the API's filters
+        self,
+        *,
+        open_only: bool = False,
+        limit: int = 100,
+        node: str | None = None,
+        rule: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+    ) -> list[IncidentRow]:
+        """Incidents, newest first, that match every filter given.
+
+        ``open_only``: pending and firing ones; ``since_ms`` and ``until_ms``: those active at
+        some time between them (started by ``until_ms``, not resolved before ``since_ms``).
+        """
+        clauses, params = where(
+            ("node = ?", node),
+            ("rule = ?", rule),
+            ("started_ms <= ?", until_ms),
+            ("(resolved_ms IS NULL OR resolved_ms >= ?)", since_ms),
+            always=["phase IN ('pending', 'firing')"] if open_only else [],
+        )
         rows = self._db.rows(
-            f"SELECT {_INCIDENT_COLUMNS} FROM incidents {where} "  # noqa: S608 - constant
+            f"SELECT {_INCIDENT_COLUMNS} FROM incidents{clauses} "  # noqa: S608 - constant
             "ORDER BY updated_ms DESC, id LIMIT ?",
-            (limit,),
+            (*params, limit),
         )
         return [_incident(r) for r in rows]
 
@@ -482,15 +507,35 @@ class IncidentStore:
             (state, action_id),
         )
 
-    def actions(self, *, node: str | None = None, limit: int = 100) -> list[ActionRow]:
-        """Actions, newest first."""
-        sql = f"SELECT {_ACTION_COLUMNS} FROM actions"  # noqa: S608 - constant
-        params: list[object] = []
-        if node is not None:
-            sql += " WHERE node = ?"
-            params.append(node)
-        rows = self._db.rows(f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit))
+    def actions(
+        self,
+        *,
+        node: str | None = None,
+        limit: int = 100,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+    ) -> list[ActionRow]:
+        """Actions, newest first (created from ``since_ms`` to ``until_ms``, when given)."""
+        clauses, params = where(
+            ("node = ?", node), ("created_ms >= ?", since_ms), ("created_ms <= ?", until_ms)
+        )
+        rows = self._db.rows(
+            f"SELECT {_ACTION_COLUMNS} FROM actions{clauses} "  # noqa: S608 - constant
+            "ORDER BY id DESC LIMIT ?",
+            (*params, limit),
+        )
         return [_action(r) for r in rows]
+
+    def action_nodes(self, action_ids: Sequence[int]) -> dict[int, str]:
+        """The node of each action journaled under one of ``action_ids``."""
+        if not action_ids:
+            return {}
+        marks = ", ".join("?" * len(action_ids))
+        rows = self._db.rows(
+            f"SELECT id, node FROM actions WHERE id IN ({marks})",  # noqa: S608 - only marks
+            tuple(action_ids),
+        )
+        return {int(i): str(n) for i, n in rows}
 
     def action(self, action_id: int) -> ActionRow | None:
         """One action by its id, or None."""
@@ -511,9 +556,17 @@ class IncidentStore:
     def add_silence(self, row: SilenceRow) -> int:
         """Store a silence; return its id."""
         ((silence_id,),) = self._db.rows(
-            "INSERT INTO silences (node, rule, starts_ms, ends_ms, reason, created_ms) "
-            "VALUES (?,?,?,?,?,?) RETURNING id",
-            (row.node, row.rule, row.starts_ms, row.ends_ms, row.reason, row.created_ms),
+            "INSERT INTO silences (node, rule, starts_ms, ends_ms, reason, created_ms, "
+            "created_by) VALUES (?,?,?,?,?,?,?) RETURNING id",
+            (
+                row.node,
+                row.rule,
+                row.starts_ms,
+                row.ends_ms,
+                row.reason,
+                row.created_ms,
+                row.created_by,
+            ),
         )
         return int(silence_id)
 
@@ -521,12 +574,17 @@ class IncidentStore:
         """Delete a silence; False when there was none with that id."""
         return self._db.run("DELETE FROM silences WHERE id = ?", (silence_id,)) == 1
 
-    def silences(self, *, active_at_ms: int | None = None) -> list[SilenceRow]:
-        """Silences (those not over yet at ``active_at_ms``, when given)."""
-        sql = "SELECT node, rule, starts_ms, ends_ms, reason, created_ms, id FROM silences"
-        params: tuple[object, ...] = ()
-        if active_at_ms is not None:
-            sql += " WHERE ends_ms > ?"
-            params = (active_at_ms,)
-        rows = self._db.rows(f"{sql} ORDER BY id", params)
+    def silences(
+        self, *, active_at_ms: int | None = None, node: str | None = None
+    ) -> list[SilenceRow]:
+        """Silences, oldest first (when given: not over at ``active_at_ms``, covering ``node``).
+
+        A silence covers a node when it names the node or ``*``.
+        """
+        clauses, params = where(("ends_ms > ?", active_at_ms), ("node IN (?, '*')", node))
+        rows = self._db.rows(
+            "SELECT node, rule, starts_ms, ends_ms, reason, created_ms, id, created_by "  # noqa: S608 - constant
+            f"FROM silences{clauses} ORDER BY id",
+            params,
+        )
         return [SilenceRow(*r) for r in rows]

@@ -202,6 +202,21 @@ class PgConn:
         self._conn.close()
 
 
+def where(*filters: tuple[str, object], always: Sequence[str] = ()) -> tuple[str, list[object]]:
+    """`` WHERE ...`` (or ``""``) and its parameters, for the filters a read was given.
+
+    Each filter is a clause with one ``?`` and its value; a value of None leaves its clause out.
+    ``always`` are clauses without parameters, kept whatever the filters.
+    """
+    clauses = list(always)
+    params: list[object] = []
+    for clause, value in filters:
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    return (f" WHERE {' AND '.join(clauses)}" if clauses else ""), params
+
+
 def _pg(sql: str) -> str:
     """The journal's SQL with psycopg's placeholders (no query holds a literal ``?`` or ``%``)."""
     return sql.replace("?", "%s")

@@ -14,9 +14,9 @@ FLEETWATCH = [sys.executable, "-m", "cli.main"]
 
 def test_demo_preflight_finds_the_planted_problems_and_holds_them_out(tmp_path: Path):
     """The three planted problems (a slow GPU pair, a port at half rate, a bad cable) are named
-    with their evidence; the two nodes with a fault of their own are failed and held out (one
-    drained, the other waiting for the drain cap); the cable's ends are not; the job runs on the
-    two nodes that passed; then the scenario plays as usual."""
+    with their evidence; the two nodes with a fault of their own are failed, one held out
+    (drained) and the other's drain deferred by the cap; the cable's ends pass, but the job
+    runs on one end only, never across the cable; then the scenario plays as usual."""
     done = subprocess.run(
         [
             *FLEETWATCH,
@@ -51,6 +51,14 @@ def test_demo_preflight_finds_the_planted_problems_and_holds_them_out(tmp_path: 
     assert (
         "named, no node held out: cable rail:mlx5_3/1:node-01-node-04 (node-01, node-04)" in table
     )
-    assert "the job starts on node-01, node-04; held out: node-02, node-03" in table
-    assert "job demo-pretrain started on 2 of 4 nodes" in out
+    assert "the job starts on node-01:" in table
+    assert (
+        "not on node-04: passed, but the cable rail:mlx5_3/1:node-01-node-04 joins it to node-01"
+        in table
+    )
+    held = re.findall(r"not on (node-0[23]): failed, held out \(drained\)", table)
+    deferred = re.findall(r"not on (node-0[23]): failed; drain deferred by the cap", table)
+    assert sorted(held + deferred) == ["node-02", "node-03"]
+    assert len(held) == len(deferred) == 1
+    assert "job demo-pretrain started on 1 of 4 nodes" in out
     assert "=== summary ===" in out

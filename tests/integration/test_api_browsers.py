@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 EVIL = "https://evil.example"
 # What the page in the issue sent: every node, every rule, for a year and a day.
-EVERYTHING = json.dumps({"node": "*", "rule": "*", "duration": "366d"})
+EVERYTHING = json.dumps({"node": "*", "rule": "*", "duration": "366d", "all": True})
 JSON = {"Content-Type": "application/json"}
 
 

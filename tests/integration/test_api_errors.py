@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 JSON = {"Content-Type": "application/json"}
-SILENCE = json.dumps({"node": "node-7", "duration": "2h"})
+SILENCE = json.dumps({"node": "node-7", "duration": "2h", "force": True})  # not in the fleet
 
 
 def no_tracebacks(logs: list[MutableMapping[str, Any]], stderr: str) -> None:

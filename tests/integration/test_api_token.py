@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 TOKEN = "0123456789abcdef-api-token"  # noqa: S105 - a test token
 WRONG = "not-the-token"
 TOKEN_VAR = "FLEETWATCH_TEST_COLLECTOR_TOKEN"  # noqa: S105 - a variable name
-SILENCE = {"node": "node-7", "duration": "2h", "reason": "cable swap"}
+# node-7 has not said Hello to these collectors: forced (an unknown node is refused).
+SILENCE = {"node": "node-7", "duration": "2h", "reason": "cable swap", "force": True}
 
 
 async def call(service: CollectorService, method: str, path: str, body: object = None, **kw: Any):
@@ -116,14 +117,14 @@ class TestCliToken:
         api_arg = f"--api=http://127.0.0.1:{service.http_port}"
         try:
             monkeypatch.delenv("FLEETWATCH_API_TOKEN", raising=False)
-            code, _, err = await cli(capsys, "silence", api_arg, "add", "--duration=1h")
+            code, _, err = await cli(capsys, "silence", api_arg, "add", "--all", "--duration=1h")
             assert code == 2
             assert "401" in err
             assert "set $FLEETWATCH_API_TOKEN or pass --token-file" in err
             code, out, _ = await cli(capsys, "silence", api_arg, "list")
             assert (code, out.strip()) == (0, "no silences")
             monkeypatch.setenv("FLEETWATCH_API_TOKEN", TOKEN)
-            code, out, _ = await cli(capsys, "silence", api_arg, "add", "--duration=1h")
+            code, out, _ = await cli(capsys, "silence", api_arg, "add", "--all", "--duration=1h")
             assert code == 0
             silence_id = int(out.split()[1])
             monkeypatch.setenv("FLEETWATCH_API_TOKEN", WRONG)

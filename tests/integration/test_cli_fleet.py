@@ -36,17 +36,53 @@ async def test_nodes_lists_the_fleet_and_one_node(running, capsys):
         lambda: any(not g.present for g in service.fleet.snapshot()["node-2"].gpus.values()),
         what="GPU 3 lost",
     )
+    await wait_until(lambda: _firing(service, "gpu_lost", "node-2"), what="gpu_lost firing")
     code, out, _ = await cli(capsys, "nodes", api)
-    (row,) = [line.split() for line in out.splitlines() if line.startswith("node-2 ")]
-    assert row[1] in ("degraded", "drained", "draining")
-    assert row[2] == "1/8"
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "NODE", "STATE", "GPUS", "LOST", "NVLINKS", "DOWN", "IB", "PORTS", "IB", "DOWN", "SEEN",
+        "REASON",
+    ]  # fmt: skip
+    (row,) = [line for line in lines if line.startswith("node-2 ")]
+    assert row.split()[1] in ("degraded", "drained", "draining")
+    assert row.split()[2:4] == ["8", "1"]  # 8 GPUs, 1 lost: never "1/8" read as a ratio
+    reason = row[lines[0].index("REASON") :]
+    assert "1 GPU lost" in reason, reason  # after "drained (gpu_lost); " once the drain ran
+    assert "firing: " in reason
+    assert "gpu_lost" in reason
+    (healthy,) = [line for line in lines if line.startswith("node-1 ")]
+    assert healthy[lines[0].index("REASON") :].strip() == "-"
+
     code, out, _ = await cli(capsys, "nodes", api, "node-2")
     assert code == 0
-    assert out.splitlines()[0].startswith("node-2: ")
-    (gpu3,) = [line.split() for line in out.splitlines() if line.startswith("3 ")]
+    text = out.splitlines()
+    assert text[0].startswith("node-2: ")
+    assert any(line.startswith("  what is wrong: ") and "1 GPU lost" in line for line in text), out
+    at = text.index(next(line for line in text if line.startswith("open incidents: ")))
+    assert text[at + 1].split()[:2] == ["SINCE", "PHASE"]
+    lost = [line for line in text[at:] if " gpu_lost " in line and "node-2/gpu/3" in line]
+    assert lost, out
+    assert "GPU-" not in lost[0]  # the evidence names GPU 3 by index
+    assert any(line.startswith("last events: ") for line in text)
+    assert any(line.startswith("last actions: ") for line in text)
+    (gpu3,) = [line.split() for line in text if line.startswith("3 ")]
     assert "LOST" in gpu3
     code, out, _ = await cli(capsys, "nodes", api, "node-2", "--json")
-    assert json.loads(out)["gpus_lost"] == 1
+    described = json.loads(out)
+    assert described["gpus_lost"] == 1
+    assert {i["rule"] for i in described["incidents"]} >= {"gpu_lost"}
+    assert all(i["node"] == "node-2" for i in described["incidents"])
+    assert [e["kind"] for e in described["recent_events"]][:1] == ["gpu_lost"]
+    code, wide, _ = await cli(capsys, "nodes", api, "node-2", "-o", "wide")
+    uuid = next(g["uuid"] for g in described["gpus"] if g["index"] == 3)
+    assert f"GPU 3 ({uuid})" in wide or uuid in wide
+
+
+def _firing(service, rule: str, node: str) -> bool:
+    return any(
+        i.rule == rule and i.node == node and i.phase.value == "firing"
+        for i in service.evaluator.engine.open_incidents()
+    )
 
 
 async def test_events_lists_the_newest_first_and_filters(running, capsys):

@@ -1,6 +1,7 @@
 """`fleetwatch incidents`, `actions` and `silence` against a real collector's API."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -63,6 +64,8 @@ class TestCliTools:
         assert row.split()[1:3] == ["node-4", "*"]
         assert "in 1h" in row
         assert row.endswith("cable swap")
+        by = out.splitlines()[0].index(" BY ") + 1
+        assert row[by:].split()[0] != "-", row  # who added it
         code, out, _ = await cli(capsys, "silence", api, "remove", str(silence_id))
         assert (code, out.strip()) == (0, f"silence {silence_id} removed")
         code, out, _ = await cli(capsys, "silence", api, "list")
@@ -72,13 +75,97 @@ class TestCliTools:
         """The API's refusal reaches the user as a one-line error and exit status 2."""
         service, _ = running
         api = f"--api=http://127.0.0.1:{service.http_port}"
-        code, _, err = await cli(capsys, "silence", api, "add", "--duration=soon")
+        code, _, err = await cli(capsys, "silence", api, "add", "--node=node-1", "--duration=soon")
         assert code == 2
         assert "400" in err
         assert "duration" in err
+        code, _, err = await cli(capsys, "silence", api, "add", "--duration=2h")
+        assert code == 2
+        assert "needs --node, --rule or both; --all silences every rule" in err
+        code, _, err = await cli(capsys, "silence", api, "add", "--node=node-9", "--duration=2h")
+        assert (code, "400" in err, "node-9" in err) == (2, True, True), err
+        code, out, _ = await cli(capsys, "silence", api, "add", "--all", "--duration=1m")
+        assert code == 0
+        assert "every rule on every node" in out
         code, _, err = await cli(capsys, "silence", api, "remove", "999")
         assert code == 2
         assert "no silence 999" in err
+
+    async def test_options_go_anywhere_and_every_list_filters(self, running, capsys):
+        """--api and -o json may come before or after the command; --node narrows incidents
+        and --since/--until every list; an incident carries its rule's description and runbook
+        in the table and the JSON."""
+        service, cluster = running
+        url = f"http://127.0.0.1:{service.http_port}"
+        cluster.nodes["node-2"].xid(3, 79)
+        await wait_until(lambda: "node-2" in service.dispatcher.drained, what="drain")
+        before = await cli(capsys, "--api", url, "-o", "json", "incidents", "--node", "node-2")
+        after = await cli(capsys, "incidents", "--node=node-2", "--json", "--api", url)
+        assert before[0] == after[0] == 0
+        first, second = json.loads(before[1]), json.loads(after[1])
+        assert [i["id"] for i in first["incidents"]] == [i["id"] for i in second["incidents"]]
+        assert first["incidents"]
+        assert {i["node"] for i in first["incidents"]} == {"node-2"}
+        lost = next(i for i in first["incidents"] if i["rule"] == "gpu_lost")
+        assert lost["description"]
+        assert "runbook" in lost
+        _, other, _ = await cli(capsys, "incidents", "--node", "node-1", "--api", url)
+        assert other.strip() == "no open incidents"
+        _, table, _ = await cli(capsys, "incidents", "--api", url)
+        assert "\nrules:\n" in table
+        assert any(line.startswith("  gpu_lost: ") for line in table.splitlines())
+        for command in ("incidents", "actions", "events"):
+            _, out, _ = await cli(capsys, command, "--since", "1h", "-o", "json", "--api", url)
+            assert json.loads(out)[command], command
+            code, out, err = await cli(
+                capsys, command, "--until", "2000-01-01", "-o", "json", "--api", url
+            )
+            assert (code, json.loads(out)[command]) == (0, []), (command, err)
+        code, _, err = await cli(capsys, "incidents", "--since", "yesterday-ish", "--api", url)
+        assert code == 2
+        assert "since" in err
+
+    async def test_rules_eval_says_what_would_fire_and_changes_nothing(
+        self, running, capsys, tmp_path
+    ):
+        """After an Xid 79 on node-2: ``rules eval`` shows the running gpu_lost firing there;
+        a new rule file shows its rule would fire on that GPU with a drain and a notify the
+        limits would let run, and nothing new is journaled; a broken file is the API's 400."""
+        service, cluster = running
+        url = f"http://127.0.0.1:{service.http_port}"
+        cluster.nodes["node-2"].xid(3, 79)
+        await wait_until(lambda: "node-2" in service.dispatcher.drained, what="drain")
+        code, out, err = await cli(capsys, "rules", "eval", "--api", url)
+        assert code == 0, err
+        assert "nothing was changed" in out.splitlines()[0]
+        assert any(
+            line.split()[:3] == ["gpu_lost", "node-2/gpu/3", "firing"] for line in out.splitlines()
+        ), out
+        new = tmp_path / "new.yaml"
+        new.write_text(
+            "version: 1\nrules:\n  - name: lost_gpu_new\n    scope: gpu\n"
+            "    when: '!gpu.present'\n    severity: critical\n    actions: [notify]\n"
+        )
+        before = await service.journal.do(lambda s: s.incidents.actions())
+        code, out, err = await cli(
+            capsys, "rules", "eval", "--file", str(new), "-o", "json", "--api", url
+        )
+        assert code == 0, err
+        answer = json.loads(out)
+        (hold,) = answer["holds"]
+        assert (hold["rule"], hold["target"], hold["state"]) == (
+            "lost_gpu_new",
+            "node-2/gpu/3",
+            "would fire",
+        )
+        assert [(a["action"], a["outcome"]) for a in hold["actions"]] == [("notify", "would run")]
+        assert len(await service.journal.do(lambda s: s.incidents.actions())) == len(before)
+        assert "lost_gpu_new" not in {i.rule for i in service.evaluator.engine.open_incidents()}
+        new.write_text("version: 1\nrules:\n  - name: x\n    scope: nowhere\n")
+        code, _, err = await cli(capsys, "rules", "eval", "--file", str(new), "--api", url)
+        assert code == 2
+        assert "400" in err
+        assert "do not load" in err
 
 
 async def test_release_makes_room_for_a_waiting_drain(collector_config, receiver, tmp_path, capsys):

@@ -51,7 +51,7 @@ async def test_the_collector_serves_on_ipv6_addresses(
         # the targets name the collector as Prometheus must reach it: the bracketed address
         assert all(t["targets"] == [f"[::1]:{service.http_port}"] for t in targets), targets
         # ::1 is loopback: without a token, a change from it is accepted as from 127.0.0.1
-        silence = {"node": "node-1", "duration": "1h", "reason": "cable swap"}
+        silence = {"node": "node-1", "duration": "1h", "reason": "cable swap", "force": True}
         status, body = await asyncio.to_thread(post, base + "/api/v1/silences", silence)
         assert status == 201, body
     finally:

@@ -194,7 +194,7 @@ async def test_a_rank_sleeping_before_the_all_reduce_is_named_by_its_stack(
             assert by_rank[SLEEPER]["pid"] == procs[SLEEPER].pid
             out = io.StringIO()
             api_url = f"http://127.0.0.1:{service.http_port}"
-            await asyncio.to_thread(cli_api.jobs, api_url, JOB, as_json=False, out=out, dump=True)
+            await asyncio.to_thread(cli_api.jobs, api_url, JOB, output="table", out=out, dump=True)
             printed = out.getvalue()
             assert f"rank {SLEEPER} waits in train (torch_job.py:{SLEEP_LINE})" in printed
             assert f"  suspect: rank {SLEEPER} on node-2: stack: waits in train" in printed

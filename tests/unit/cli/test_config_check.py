@@ -16,10 +16,23 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "deploy" / "config"
 
 
+# Somewhere for the built-in rules' drains and notifications to go: without them a collector
+# file gets a warning for each (tests/unit/cli/test_config_check_lines.py).
+SINKS = (
+    "[collector.actions.slurm]\nenabled = true\n"
+    "[collector.actions.notify.default]\nurl = 'https://chat.example/hooks/abc'\n"
+)
+
+
 def run(capsys, *args: str) -> tuple[int, str, str]:
     code = main(["config", "check", *args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def problems(err: str) -> list[str]:
+    """The problem lines of ``err`` (warnings left out)."""
+    return [line for line in err.splitlines() if ": warning: " not in line]
 
 
 def full_collector(tmp_path: Path, **webhook: str) -> Path:
@@ -64,7 +77,10 @@ class TestExamples:
             text = (EXAMPLES / example).read_text().replace("/etc/fleetwatch/", f"{tmp_path}/etc/")
             (tmp_path / example).write_text(text)
         code, out, err = run(capsys, str(tmp_path / "agent.toml"), str(tmp_path / "collector.toml"))
-        assert (code, err) == (0, "")
+        assert (code, problems(err)) == (0, [])
+        drain, notify = err.splitlines()  # the example leaves actions off, and says so
+        assert drain.startswith(f"{tmp_path / 'collector.toml'}: warning: no drain sink: ")
+        assert notify.startswith(f"{tmp_path / 'collector.toml'}: warning: no notify sink: ")
         agent_line, collector_line = out.splitlines()
         assert agent_line.startswith(f"{tmp_path / 'agent.toml'}: agent config OK: node ")
         assert "collector collector.example.internal:7070 (mTLS)" in agent_line
@@ -82,6 +98,8 @@ class TestExamples:
         (etc / "rules" / "site.yaml").write_text("version: 1\nrules: []\n")
         catalog = REPO / "rules" / "builtin" / "xid_catalog.yaml"
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
+        gates = REPO / "rules" / "preflight_gates.yaml"
+        (etc / "preflight_gates.yaml").write_text(gates.read_text())
         names = ("drain.secret", "notify.secret", "api.token", "journal-password")
         for name in (*names, "bmc.user", "bmc.password"):
             (etc / name).write_text(f"{name}-value\n")
@@ -169,19 +187,36 @@ class TestExamples:
 
 class TestProblems:
     @pytest.mark.parametrize(
-        ("text", "message"),
+        ("text", "where", "message"),
         [
-            ("[collector\n", "invalid TOML"),
-            ('[collector]\nlisten_addr = "0.0.0.0:1"\n', "unknown key(s) listen_addr; known: "),
-            ('[agent]\npoll_interval = "fast"\n', "poll_interval must be a number > 0, got 'fast'"),
-            ('[agent]\ngpu_reset = "yes"\n', "gpu_reset must be true or false"),
-            ("[collector]\nmissed_heartbeats = 2.5\n", "missed_heartbeats must be an integer"),
-            ('poll_interval = 3\n[agent]\nnode = "n1"\n', "poll_interval outside the [agent]"),
+            ("[collector\n", ":1:11", "invalid TOML"),
+            (
+                '[collector]\nlisten_addr = "0.0.0.0:1"\n',
+                ":2",
+                "unknown key listen_addr; did you mean listen?",
+            ),
+            (
+                '[agent]\npoll_interval = "fast"\n',
+                ":2",
+                "poll_interval must be a number > 0, got 'fast'",
+            ),
+            ('[agent]\ngpu_reset = "yes"\n', ":2", "gpu_reset must be true or false"),
+            (
+                "[collector]\nmissed_heartbeats = 2.5\n",
+                ":2",
+                "missed_heartbeats must be an integer",
+            ),
+            (
+                'poll_interval = 3\n[agent]\nnode = "n1"\n',
+                ":1",
+                "key poll_interval outside the [agent] table",
+            ),
             (
                 (
                     "[collector.actions.drain_webhook]\nurl = 'https://d.example/x'\n"
                     "secret_file = '/nonexistent/drain.secret'\n"
                 ),
+                ":3",
                 (
                     "actions.drain_webhook.secret_file /nonexistent/drain.secret: "
                     "No such file or directory"
@@ -192,6 +227,7 @@ class TestProblems:
                     "[collector.actions.notify.oncall]\nurl = 'https://p.example/x'\n"
                     "secret_env = 'FLEETWATCH_TEST_UNSET'\n"
                 ),
+                ":3",
                 (
                     "actions.notify.oncall.secret_env: environment variable FLEETWATCH_TEST_UNSET "
                     "is not set in the collector's environment"
@@ -202,6 +238,7 @@ class TestProblems:
                     "[collector.actions.notify.oncall]\nurl = 'https://p.example/x'\n"
                     "secret_env = 'FLEETWATCH-BAD'\n"
                 ),
+                ":3",
                 "actions.notify.oncall.secret_env must name an environment variable",
             ),
             (
@@ -209,29 +246,35 @@ class TestProblems:
                     "[collector.actions.drain_webhook]\nurl = 'https://d.example/x'\n"
                     "secret_env = 'A'\nsecret_file = '/x'\n"
                 ),
+                ":1",
                 "actions.drain_webhook takes secret_file or secret_env, not both",
             ),
             (
                 "[collector.actions.drain_webhook]\nurl = 'https://d.example/x'\nsecret = 'x'\n",
+                ":3",
                 (
-                    "actions.drain_webhook has no key(s) secret; it takes url, secret_file, "
-                    "secret_env, timeout, max_attempts"
+                    "unknown key actions.drain_webhook.secret; "
+                    "did you mean actions.drain_webhook.secret_env?"
                 ),
             ),
             (
                 "[collector.actions.drain_webhook]\nurl = 'https://d.example/x'\ntimeout = '5'\n",
+                ":3",
                 "actions.drain_webhook.timeout must be a number > 0, got '5'",
             ),
             (
                 "[collector.actions.drain_webhook]\nurl = 'ftp://d.example/x'\n",
+                ":1",
                 "actions.drain_webhook: url must start with http:// or https://",
             ),
             (
                 "[collector]\napi_token_file = '/nonexistent/api.token'\n",
+                ":2",
                 "api_token_file /nonexistent/api.token: No such file or directory",
             ),
             (
                 "[collector]\napi_token_env = 'FLEETWATCH_TEST_UNSET'\n",
+                ":2",
                 (
                     "collector config: api_token_env: environment variable FLEETWATCH_TEST_UNSET "
                     "is not set in the collector's environment"
@@ -239,26 +282,44 @@ class TestProblems:
             ),
             (
                 "[collector]\napi_token_env = 'FLEETWATCH-TOKEN'\n",
+                ":2",
                 "api_token_env must name an environment variable, got 'FLEETWATCH-TOKEN'",
             ),
             (
                 "[collector]\napi_token_env = 'A'\napi_token_file = '/x'\n",
+                ":3",
                 "takes api_token_file or api_token_env, not both",
             ),
-            ("[collector]\napi_token_file = 7\n", "api_token_file must be a non-empty string"),
-            ("[collector]\nrules = ['/nonexistent/site.yaml']\n", "rules: /nonexistent/site.yaml"),
-            ("[collector]\nxid_catalog = '/nonexistent/x.yaml'\n", "cannot read the Xid catalog"),
+            (
+                "[collector]\napi_token_file = 7\n",
+                ":2",
+                "api_token_file must be a non-empty string",
+            ),
+            # Problems in the files the config names give their own file and line.
+            (
+                "[collector]\nrules = ['/nonexistent/site.yaml']\n",
+                "",
+                "rules: /nonexistent/site.yaml",
+            ),
+            (
+                "[collector]\nxid_catalog = '/nonexistent/x.yaml'\n",
+                "",
+                "cannot read the Xid catalog",
+            ),
         ],
     )
-    def test_broken_file_is_named_with_what_is_wrong(self, capsys, tmp_path: Path, text, message):
-        """Each broken file fails with exit 2 and a line naming the file and the key."""
+    def test_broken_file_is_named_with_what_is_wrong(
+        self, capsys, tmp_path: Path, text, where, message
+    ):
+        """Each broken file fails with exit 2 and a line naming the file, the line that sets
+        the key (as the collector's reload does), and the key."""
         path = tmp_path / "broken.toml"
         path.write_text(text)
         kind = "--agent" if "[agent]" in text else "--collector"
         code, out, err = run(capsys, kind, str(path))
         assert (code, out) == (2, "")
-        assert err.startswith(f"{path}: ")
-        assert message in err
+        [line] = [line for line in problems(err) if message in line]
+        assert line.startswith(f"{path}{where}: ")
 
     def test_every_problem_is_listed(self, capsys, tmp_path: Path, monkeypatch):
         """A broken rule file, a missing secret file and an unset variable: all three reported,
@@ -269,7 +330,7 @@ class TestProblems:
         code, _, err = run(capsys, str(path))
         assert code == 2
         lines = err.splitlines()
-        assert all(line.startswith(f"{path}: ") for line in lines)
+        assert all(line.startswith(f"{path}:") for line in lines)
         assert any(f"rules: {tmp_path / 'site.yaml'}" in line for line in lines)
         assert any("missing.secret: No such file or directory" in line for line in lines)
         assert any("FLEETWATCH_NOTIFY_SECRET is not set" in line for line in lines)
@@ -287,7 +348,9 @@ class TestProblems:
 class TestApiToken:
     def write(self, tmp_path: Path, line: str) -> Path:
         path = tmp_path / "collector.toml"
-        path.write_text(f'[collector]\nlisten = "127.0.0.1:7070"\nhttp = "0.0.0.0:9470"\n{line}\n')
+        path.write_text(
+            f'[collector]\nlisten = "127.0.0.1:7070"\nhttp = "0.0.0.0:9470"\n{line}\n{SINKS}'
+        )
         return path
 
     def test_an_empty_token_file_is_refused(self, capsys, tmp_path: Path):
@@ -443,8 +506,9 @@ class TestHostileFiles:
 
 class TestEveryProblem:
     def test_each_table_reports_its_problem(self, capsys, tmp_path: Path):
-        """One mistake in each of seven tables: seven lines, where the loader stops at the
-        first. The rules, Xid catalog and TLS checks still run on what loaded."""
+        """One mistake in each of seven tables: seven lines, each at its line, where the
+        loader stops at the first. The rules, Xid catalog and TLS checks still run on what
+        loaded (the missing rule file is the eighth)."""
         path = tmp_path / "collector.toml"
         path.write_text(
             "[collector]\n"
@@ -469,18 +533,25 @@ class TestEveryProblem:
         code, _, err = run(capsys, str(path))
         assert code == 2
         wanted = [
-            "missed_heartbeats must be an integer",
-            "actions has no key(s) max_drained_nodez",
-            "actions.drain_webhook.timeout must be a number > 0, got '5'",
-            "actions.notify.first needs a url",
-            "actions.notify.second.secret_env must name an environment variable",
-            "straggler_margin",
-            "collector.ingest: unknown keys events_per_hour",
+            ":3: config: missed_heartbeats must be an integer",
+            (
+                ":6: collector config: unknown key actions.max_drained_nodez; did you mean "
+                "actions.max_drained_nodes?"
+            ),
+            ":9: config: actions.drain_webhook.timeout must be a number > 0, got '5'",
+            ":10: collector config: actions.notify.first needs a url",
+            ":14: collector config: actions.notify.second.secret_env must name an environment",
+            ":16: config: jobs.straggler_margin must be a number > 0, got 'wide'",
+            (
+                ":18: collector config: unknown key ingest.events_per_hour; did you mean "
+                "ingest.events_per_s?"
+            ),
+            ": rules: /nonexistent/site.yaml:0: cannot read",
         ]
-        lines = err.splitlines()
-        for text in wanted:
-            assert sum(text in line for line in lines) == 1, (text, lines)
-        assert len(lines) == len(wanted)
+        lines = problems(err)
+        assert len(lines) == len(wanted), lines
+        for line, text in zip(lines, wanted, strict=True):
+            assert line.startswith(f"{path}{text}"), (text, line)
 
     def test_parts_that_load_are_checked_further(self, capsys, tmp_path: Path):
         """A broken jobs table does not hide a missing rule file or secret file."""
@@ -510,7 +581,7 @@ class TestSecretFileModes:
         path = tmp_path / "collector.toml"
         path.write_text(
             "[collector]\nlisten = '127.0.0.1:0'\nhttp = '127.0.0.1:0'\n"
-            f"api_token_file = '{token}'\n"
+            f"api_token_file = '{token}'\n{SINKS}"
         )
         return path, token
 

@@ -61,7 +61,8 @@ class TestTlsConfigCheck:
         code, out, err = run(
             capsys, str(agent_file(tmp_path, pki)), str(collector_file(tmp_path, pki))
         )
-        assert (code, err) == (0, "")
+        problems = [line for line in err.splitlines() if ": warning: " not in line]
+        assert (code, problems) == (0, [])
         assert "collector fw.example:7070 (mTLS)" in out
         assert "listen 0.0.0.0:7070 (mTLS)" in out
 
@@ -71,7 +72,8 @@ class TestTlsConfigCheck:
         path = collector_file(tmp_path, pki, tls_key=missing)
         code, _, err = run(capsys, str(path))
         assert code == 2
-        assert err == (f"{path}: collector config: tls_key {missing}: No such file or directory\n")
+        named = f"{path}:5: collector config: tls_key {missing}: No such file or directory"
+        assert named in err.splitlines(), err
 
     def test_key_of_another_certificate_is_refused(self, capsys, tmp_path: Path, pki):
         """A key that does not belong to the certificate is named with both files."""

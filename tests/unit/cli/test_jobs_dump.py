@@ -65,7 +65,7 @@ def test_the_dump_prints_the_verdict_the_suspects_and_the_groups(monkeypatch):
 
     monkeypatch.setattr(cli_api, "call", call)
     out = io.StringIO()
-    assert cli_api.jobs("http://x", "run/7", as_json=False, out=out, dump=True, token=TOKEN) == 0
+    assert cli_api.jobs("http://x", "run/7", output="table", out=out, dump=True, token=TOKEN) == 0
     assert sent == [
         (
             "POST",
@@ -86,4 +86,4 @@ def test_the_dump_prints_the_verdict_the_suspects_and_the_groups(monkeypatch):
 
 def test_the_dump_needs_a_job():
     with pytest.raises(cli_api.ApiCallError, match="--dump needs a JOB"):
-        cli_api.jobs("http://x", None, as_json=False, out=io.StringIO(), dump=True)
+        cli_api.jobs("http://x", None, output="table", out=io.StringIO(), dump=True)

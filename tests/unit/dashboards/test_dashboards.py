@@ -15,6 +15,7 @@ from dashboards.queries import dashboard_queries, metric_names
 ROOT = Path(__file__).parents[3]
 JSON_DIR = ROOT / "dashboards" / "json"
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
+DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "fleetwatch.yaml"
 DASHBOARDS = sorted(JSON_DIR.glob("*.json"))
 CATALOG_NAMES = {spec.name for spec in catalog()}
 # Series Prometheus makes itself, which rules may read.
@@ -36,6 +37,13 @@ def rules() -> list[dict[str, Any]]:
 
 def recorded() -> set[str]:
     return {rule["record"] for rule in rules() if "record" in rule}
+
+
+def provisioned_prometheus() -> dict[str, Any]:
+    """The one Prometheus data source deploy/grafana provisions."""
+    sources = yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    (source,) = [s for s in sources if s["type"] == "prometheus"]
+    return dict(source)
 
 
 def all_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -62,6 +70,13 @@ class TestGenerated:
         names = sorted(p.name for p in (tmp_path / "out").iterdir())
         assert names == sorted(p.name for p in DASHBOARDS)
         assert len(capsys.readouterr().out.splitlines()) == len(names)
+
+    def test_deploy_docs_state_the_grafana_the_schema_version_needs(self):
+        """Every dashboard is at schemaVersion 42, first in Grafana 12.2.0, and docs/deploy.md
+        says so (a new SDK that moves the schema fails here until the docs move too)."""
+        assert {load(path)["schemaVersion"] for path in DASHBOARDS} == {42}
+        docs = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
+        assert "`schemaVersion` 42, so they need Grafana 12.2 or later" in docs
 
     def test_there_are_the_five_dashboards(self):
         """Fleet overview, node detail, job health, reliability and pre-flight are generated."""
@@ -90,6 +105,13 @@ class TestDashboard:
                 assert target["datasource"]["uid"] == "${ds}", panel["title"]
         for annotation in dashboard["annotations"]["list"]:
             assert annotation["datasource"]["uid"] == "${ds}"
+
+    def test_datasource_variable_defaults_to_the_provisioned_prometheus(self, path):
+        """`ds` starts on the data source deploy/grafana provisions (its uid, shown by its
+        name), not on whatever Prometheus is Grafana's default."""
+        source = provisioned_prometheus()
+        variables = {v["name"]: v for v in load(path)["templating"]["list"]}
+        assert {"text": source["name"], "value": source["uid"]} == variables["ds"]["current"]
 
     def test_identity_time_and_refresh(self, path):
         """uid is the file name, tagged fleetwatch, a time range and a refresh interval."""

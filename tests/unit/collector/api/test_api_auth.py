@@ -88,3 +88,9 @@ class TestChangeGuard:
         """An empty token would let an empty header through; it is a ValueError up front."""
         with pytest.raises(ValueError, match="must not be empty"):
             guard(b"")
+
+    def test_who_a_change_came_from_is_what_the_server_knows(self):
+        """The bearer token (one, naming nobody): "token"; loopback without one: "loopback"
+        (a TCP peer's user is not known)."""
+        assert guard(TOKEN.encode(), EVERYWHERE)[0].identity == "token"
+        assert guard(None)[0].identity == "loopback"
