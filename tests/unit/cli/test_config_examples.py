@@ -17,7 +17,7 @@ import pytest
 
 from agent.bmc_config import BmcConfig
 from agent.config import AgentConfig
-from cli import config as cli_config
+from cli.config_keys import accepted_keys
 from collector.actions.config import (
     SAFETY_KEYS,
     SLURM_KEYS,
@@ -147,6 +147,6 @@ class TestExamplesListEveryKey:
         """``did you mean`` picks from the keys the loaders take: the same tables and keys."""
         ours = {
             (f"{kind}.{table}" if table else kind): set(keys)
-            for table, keys in cli_config.accepted_keys(kind).items()
+            for table, keys in accepted_keys(kind).items()
         }
         assert ours == accepted(kind)
