@@ -175,7 +175,7 @@ def _gpu_indexes(api: str, nodes: set[str]) -> dict[str, int]:
     return found
 
 
-def _named_gpus(api: str, rows: list[dict[str, Any]], field: str) -> None:
+def named_gpus(api: str, rows: list[dict[str, Any]], field: str) -> None:
     """Keep each row's ``field`` text with its GPU UUIDs, for :func:`gpu_names` to name."""
     nodes = {str(r.get("node", "")) for r in rows if has_gpu_uuid(str(r.get(field, "")))}
     indexes = _gpu_indexes(api, nodes) if nodes else {}
@@ -246,7 +246,7 @@ def incidents(  # noqa: PLR0913 - the filters, and how to show them
     if not rows:
         print("no incidents" if show_all else "no open incidents", file=out)
         return 0
-    _named_gpus(api, rows, "evidence")
+    named_gpus(api, rows, "evidence")
     now = time.time()
     header = ["ID", *header] if output == "wide" else header
     table([header, *(_incident_row(r, now, output) for r in rows)], out)

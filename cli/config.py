@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import grp
+import json
 import re
 import stat
 import tomllib
@@ -390,8 +391,14 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
     clock: Clock,
     out: TextIO,
     err: TextIO,
+    output: str = "table",
 ) -> int:
     """Check every file; 0 when all are clean, else 2. Each problem is one line on ``err``.
+
+    With ``output="json"`` nothing goes to ``err``: one JSON object on ``out`` says it all
+    (``{"ok": ..., "files": [{"path", "kind", "ok", "summary", "problems", "warnings"}],
+    "problems": [...], "warnings": [...]}``, the last two for what belongs to no one file: an
+    environment file, a file that could not be told apart).
 
     ``files`` are told apart by their ``[agent]`` and ``[collector]`` tables (a file with both
     is checked as both); ``agent`` and ``collector`` files are taken as that kind. With none at
@@ -414,16 +421,43 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
         "agent": lambda path: check_agent(path, clock),
         "collector": lambda path: check_collector(path, env, clock),
     }
+    checked: list[dict[str, object]] = []
     for kind, path in targets:
         outcome = checkers[kind](path)
-        warnings.extend(f"{path}: warning: {w}" for w in outcome.warnings)
-        if outcome.problems:
-            problems.extend(_located(path, p) for p in outcome.problems)
+        checked.append(_as_json(kind, path, outcome))
+        warnings_of = [f"{path}: warning: {w}" for w in outcome.warnings]
+        problems_of = [_located(path, p) for p in outcome.problems]
+        if output == "json":
+            continue
+        warnings.extend(warnings_of)
+        if problems_of:
+            problems.extend(problems_of)
         else:
             print(f"{path}: {kind} config OK: {outcome.summary}", file=out)
-    for line in [*warnings, *problems]:
-        print(_bounded(line), file=err)
-    return 2 if problems else 0
+    failed = bool(problems) or any(not entry["ok"] for entry in checked)
+    if output == "json":
+        answer = {
+            "ok": not failed,
+            "files": checked,
+            "problems": [_bounded(p) for p in problems],
+            "warnings": [_bounded(w) for w in warnings],
+        }
+        print(json.dumps(answer), file=out)
+    else:
+        for line in [*warnings, *problems]:
+            print(_bounded(line), file=err)
+    return 2 if failed else 0
+
+
+def _as_json(kind: str, path: Path, outcome: Outcome) -> dict[str, object]:
+    return {
+        "path": str(path),
+        "kind": kind,
+        "ok": not outcome.problems,
+        "summary": outcome.summary if not outcome.problems else "",
+        "problems": [_bounded(_located(path, p)) for p in outcome.problems],
+        "warnings": [_bounded(w) for w in outcome.warnings],
+    }
 
 
 def _bounded(line: str) -> str:

@@ -432,6 +432,7 @@ def _run_config(args: argparse.Namespace) -> int:
         clock=SystemClock(),
         out=sys.stdout,
         err=sys.stderr,
+        output=args.output,
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from cli.api import ApiCallError, call
+from cli.output import cut, table
 from fleetwatch.preflight.vocabulary import EXIT_COULD_NOT_RUN, EXIT_FAIL, EXIT_PASS
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 POLL_S: Final = 1.0
 WAIT_S: Final = 6 * 3600.0
-REASON_WIDTH: Final = 90  # the history's summary column
 _SHOWN_PER_NODE: Final = 4  # findings on a node's line, then "and N more"
 _SHOWN_ACROSS: Final = 12  # lines of results shared between nodes
 _NAMED_CHECKS: Final = 4  # a reason shared by more checks of a node counts them instead
@@ -95,7 +95,7 @@ def run_command(args: argparse.Namespace, token: Callable[[], str | None], out: 
         )
     if args.preflight_command == "show":
         return show(args.api, args.run, as_json=args.json, out=out)
-    return history(args.api, node=args.node, limit=args.limit, as_json=args.json, out=out)
+    return history(args.api, node=args.node, limit=args.limit, output=args.output, out=out)
 
 
 def run(  # noqa: PLR0913 - the run's shape, where to print, and the time
@@ -161,11 +161,11 @@ def show(api: str, run_id: str, *, as_json: bool, out: TextIO) -> int:
     return print_detail(detail, out, as_json=as_json)
 
 
-def history(api: str, *, node: str | None, limit: int, as_json: bool, out: TextIO) -> int:
-    """List runs, newest first."""
+def history(api: str, *, node: str | None, limit: int, output: str, out: TextIO) -> int:
+    """List runs, newest first; each summary cut at the table's width unless ``-o wide``."""
     query = urllib.parse.urlencode({"limit": limit, **({"node": node} if node else {})})
     data = call(api, "GET", f"/api/v1/preflight?{query}")
-    if as_json:
+    if output == "json":
         print(json.dumps(data, indent=2), file=out)
         return EXIT_PASS
     rows = [["RUN", "LEVEL", "NODES", "VERDICT", "STARTED (UTC)", "SUMMARY"]]
@@ -178,18 +178,11 @@ def history(api: str, *, node: str | None, limit: int, as_json: bool, out: TextI
                 str(len(r["nodes"])),
                 r["verdict"],
                 started,
-                (r.get("detail") or r.get("round") or "")[:REASON_WIDTH],
+                cut(r.get("detail") or r.get("round") or "", output),
             ]
         )
-    _table(rows, out)
+    table(rows, out)
     return EXIT_PASS
-
-
-def _table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        line = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row))
-        print(line.rstrip(), file=out)
 
 
 def fold_names(names: Iterable[str]) -> str:
@@ -431,7 +424,7 @@ def print_detail(detail: dict[str, Any], out: TextIO, *, as_json: bool = False) 
     rows = [["NODE", "VERDICT", "CHECKS", "WHAT"]]
     for (node_verdict, passed_of, what), nodes in lines.items():
         rows.append([fold_names(nodes), node_verdict, passed_of, _named(what, nodes) or "-"])
-    _table(rows, out)
+    table(rows, out)
     _print_across(bad, run_row, out)
     return exit_status(verdict)
 

@@ -87,8 +87,8 @@ def evaluate(
     each action would meet (run, skipped, deferred by a limit, dry run); it changes nothing.
     Exit 0, or 1 when a rule could not be evaluated.
     """
-    from cli.api import call  # noqa: PLC0415
-    from cli.output import cut, print_json, table  # noqa: PLC0415
+    from cli.api import call, named_gpus  # noqa: PLC0415
+    from cli.output import cut, gpu_names, print_json, table  # noqa: PLC0415
 
     body: dict[str, str] = {}
     if path is not None:
@@ -109,10 +109,12 @@ def evaluate(
         file=out,
     )
     if holds:
+        named_gpus(api, holds, "evidence")
         rows = [["RULE", "TARGET", "STATE", "ACTIONS", "EVIDENCE"]]
         for h in sorted(holds, key=lambda h: (h["rule"], h["target"])):
             acts = "; ".join(f"{a['action']}: {a['outcome']}" for a in h["actions"]) or "-"
-            rows.append([h["rule"], h["target"], h["state"], acts, cut(h["evidence"], output)])
+            shown = gpu_names(str(h["evidence"]), h["_gpus"], output)
+            rows.append([h["rule"], h["target"], h["state"], acts, cut(shown, output)])
         table(rows, out)
         held_back = [
             (h["target"], a) for h in holds for a in h["actions"] if a["outcome"] != "would run"

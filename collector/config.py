@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collector.actions.config import ActionsConfig, parse_actions
+from collector.api.auth import parse_tokens
 from collector.api.browsers import check_allowed_hosts
 from collector.exceptions import ConfigError
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
@@ -177,19 +178,34 @@ class CollectorConfig:
         return self.name or f"{socket.gethostname()}:{split_host_port(self.listen, 'listen')[1]}"
 
     def api_token(self, environ: Mapping[str, str]) -> bytes | None:
-        """The API token (whitespace around it dropped); None when none is configured.
+        """The API token secret (whitespace around it dropped); None when none is configured.
+
+        It is one token or named ones, a ``NAME TOKEN`` per line (:func:`parse_tokens`).
 
         Raises:
-            ConfigError: the file cannot be read, the variable is unset, or either is empty;
-                the message names the key and the file or variable, never the token.
+            ConfigError: the file cannot be read, the variable is unset, either is empty, or
+                named tokens are not well formed; the message names the key and the file or
+                variable, never a token.
         """
-        return read_secret(
+        secret = read_secret(
             self.api_token_file,
             self.api_token_env,
             environ,
             file_key="api_token_file",
             env_key="api_token_env",
         )
+        if secret is not None:
+            try:
+                parse_tokens(secret)
+            except ValueError as exc:
+                where = (
+                    f"api_token_file {self.api_token_file}"
+                    if self.api_token_file is not None
+                    else f"api_token_env {self.api_token_env}"
+                )
+                msg = f"collector config: {where}: {exc}"
+                raise ConfigError(msg) from None
+        return secret
 
 
 def parse_jobs(table: object) -> JobsConfig:

@@ -87,8 +87,8 @@ class SilenceWriter(Protocol):
         """Store a silence; return its id."""
         ...
 
-    def remove(self, silence_id: int) -> bool:
-        """Delete a silence; False when there was none."""
+    def remove(self, silence_id: int, by: str = "") -> bool:
+        """Delete a silence (``by``: who asked, for the log); False when there was none."""
         ...
 
 
@@ -250,7 +250,7 @@ def change(  # noqa: PLR0913 - the request (method, path, body) and what it may 
         return HTTPStatus.CREATED, {"id": writer.add(row)}
     if method == "DELETE" and path.startswith("/api/v1/silences/"):
         silence_id = _silence_id(path.removeprefix("/api/v1/silences/"))
-        if not writer.remove(silence_id):
+        if not writer.remove(silence_id, by=created_by):
             raise ApiError(HTTPStatus.NOT_FOUND, f"no silence {silence_id}")
         return HTTPStatus.OK, {"removed": silence_id}
     raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {path} is not supported")

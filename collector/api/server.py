@@ -449,7 +449,11 @@ class ApiServer:
                 now=self._clock.now(),
                 drains=self._drains,
                 known=self._known(),
-                created_by=self._guard.identity,
+                created_by=self._guard.identity(
+                    (str(req.client_address[0]), int(req.client_address[1])),
+                    _local_address(req),
+                    req.headers.get("Authorization"),
+                ),
             )
             self._json(req, status, answer)
         except (ConnectionError, TimeoutError):
@@ -511,3 +515,12 @@ class ApiServer:
             req.send_header(name, value)
         req.end_headers()
         req.wfile.write(data)
+
+
+def _local_address(req: BoundedHandler) -> tuple[str, int]:
+    """The address and port the request came in on (ours), as the client's socket names it."""
+    try:
+        name = req.connection.getsockname()
+    except OSError:
+        return ("", 0)
+    return (str(name[0]), int(name[1]))

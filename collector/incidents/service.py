@@ -657,17 +657,27 @@ class SilenceBook(_LoopBridge):
         async def add() -> int:
             silence_id = await self._journal.do(lambda s: s.incidents.add_silence(row))
             await self._service.reload_silences()
-            log.info("silence_added", id=silence_id, node=row.node, rule=row.rule)
+            log.info(
+                "silence_added",
+                id=silence_id,
+                node=row.node or "*",
+                rule=row.rule or "*",
+                until_ms=row.ends_ms,
+                created_by=row.created_by,
+                reason=row.reason,
+            )
             return silence_id
 
         return self._call(add())
 
-    def remove(self, silence_id: int) -> bool:
-        """Delete a silence."""
+    def remove(self, silence_id: int, by: str = "") -> bool:
+        """Delete a silence; ``by`` (who asked) goes to the log."""
 
         async def remove() -> bool:
             removed = await self._journal.do(lambda s: s.incidents.remove_silence(silence_id))
             await self._service.reload_silences()
+            if removed:
+                log.info("silence_removed", id=silence_id, removed_by=by)
             return removed
 
         return self._call(remove())

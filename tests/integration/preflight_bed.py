@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.preflight import executor
 from agent.preflight.runners import Group, PreflightRunners, Rail
+from cli import conventions
 from cli import preflight as cli_preflight
 from fleetwatch.preflight.vocabulary import Check, Measurement
 
@@ -214,7 +215,8 @@ def cli_preflight_args(api_url: str, argv: Sequence[str]) -> Any:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     cli_preflight.add_parser(sub, api_url)
-    return parser.parse_args(["preflight", *argv])
+    conventions.share(parser)
+    return conventions.parse(parser, ["preflight", *argv, "--api", api_url], {})
 
 
 async def run_cli(bed: Bed, *argv: str) -> tuple[int, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "0123456789abcdef-api-token"  # noqa: S105 - a test token
 TOKEN_VAR = "FLEETWATCH_TEST_QUERY_TOKEN"  # noqa: S105 - a variable name
+ME = pwd.getpwuid(os.getuid()).pw_name
 JSON = {"Content-Type": "application/json"}
 # Each GET endpoint, as a path that reaches it, and the name its 400 gives it.
 ENDPOINTS = [
@@ -140,8 +143,8 @@ class TestFilters:
 class TestSilences:
     async def test_a_silence_must_be_meant_and_says_who_added_it(self, collector: CollectorService):
         """From loopback without a token: the fleet-wide one needs "all", a rule's typo is
-        refused with the rule it resembles, and a good one is listed with created_by
-        "loopback"; each refusal is a bad_request."""
+        refused with the rule it resembles, and a good one is listed with created_by the
+        local user the kernel says made the request; each refusal is a bad_request."""
         status, body = await post(collector, {"duration": "1h"})
         assert (status, body["error"]) == (
             400,
@@ -159,26 +162,36 @@ class TestSilences:
         ] == 201
         _, body = await get(collector, "/api/v1/silences")
         assert [(s["node"], s["rule"], s["created_by"]) for s in body["silences"]] == [
-            ("*", "gpu_lost", "loopback"),
-            ("node-9", "*", "loopback"),
+            ("*", "gpu_lost", f"user {ME}"),
+            ("node-9", "*", f"user {ME}"),
         ]
         _, body = await get(collector, "/api/v1/silences?node=node-9")
         assert [s["node"] for s in body["silences"]] == ["*", "node-9"]
         counts = await asyncio.to_thread(refused, collector.http_port)
         assert counts["bad_request"] == 3
 
-    async def test_with_a_token_it_says_token(
-        self, collector_config: Callable[..., CollectorConfig]
+    @pytest.mark.parametrize(
+        ("secret", "sent", "by"),
+        [
+            (TOKEN, TOKEN, "token"),
+            (f"# people\nalice {TOKEN}\nci-bot other-{TOKEN}\n", f"other-{TOKEN}", "token ci-bot"),
+        ],
+    )
+    async def test_with_a_token_it_says_which(
+        self, collector_config: Callable[..., CollectorConfig], secret: str, sent: str, by: str
     ):
+        """The token's name when the file names its tokens, and the local user as well."""
         service = CollectorService(
-            collector_config(api_token_env=TOKEN_VAR), SystemClock(), environ={TOKEN_VAR: TOKEN}
+            collector_config(api_token_env=TOKEN_VAR), SystemClock(), environ={TOKEN_VAR: secret}
         )
         await service.start()
         try:
-            status, _ = await post(service, {"all": True, "duration": "15m"}, token=TOKEN)
+            status, _ = await post(service, {"all": True, "duration": "15m"}, token=sent)
             assert status == 201
             _, body = await get(service, "/api/v1/silences")
-            assert [(s["node"], s["created_by"]) for s in body["silences"]] == [("*", "token")]
+            assert [(s["node"], s["created_by"]) for s in body["silences"]] == [
+                ("*", f"{by}, user {ME}")
+            ]
         finally:
             await service.stop(grace=None)
 

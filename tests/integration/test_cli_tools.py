@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import os
+import pwd
 
 import pytest
 
@@ -65,7 +67,7 @@ class TestCliTools:
         assert "in 1h" in row
         assert row.endswith("cable swap")
         by = out.splitlines()[0].index(" BY ") + 1
-        assert row[by:].split()[0] != "-", row  # who added it
+        assert row[by:].startswith(f"user {pwd.getpwuid(os.getuid()).pw_name}"), row  # the kernel's
         code, out, _ = await cli(capsys, "silence", api, "remove", str(silence_id))
         assert (code, out.strip()) == (0, f"silence {silence_id} removed")
         code, out, _ = await cli(capsys, "silence", api, "list")
@@ -138,9 +140,14 @@ class TestCliTools:
         code, out, err = await cli(capsys, "rules", "eval", "--api", url)
         assert code == 0, err
         assert "nothing was changed" in out.splitlines()[0]
-        assert any(
-            line.split()[:3] == ["gpu_lost", "node-2/gpu/3", "firing"] for line in out.splitlines()
-        ), out
+        [lost] = [line for line in out.splitlines() if line.startswith("gpu_lost ")]
+        assert lost.split()[1:3] == ["node-2/gpu/3", "firing"], out
+        # The evidence names the GPU by index; -o wide gives its UUID beside.
+        assert "GPU 3" in lost
+        assert "GPU-" not in lost
+        _, wide, _ = await cli(capsys, "rules", "eval", "-o", "wide", "--api", url)
+        [lost] = [line for line in wide.splitlines() if line.startswith("gpu_lost ")]
+        assert "GPU 3 (GPU-" in lost, wide
         new = tmp_path / "new.yaml"
         new.write_text(
             "version: 1\nrules:\n  - name: lost_gpu_new\n    scope: gpu\n"

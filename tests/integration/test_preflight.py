@@ -7,11 +7,13 @@ interfaces); the quick checks read the simulated NVML and sysfs through the agen
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import TYPE_CHECKING
 
 import pytest
 
+from cli.output import cut
 from collector.preflight.plan import PlanTimes
 from fleetwatch.testing import wait_until
 from tests.integration.fleet_harness import api, kinds
@@ -84,6 +86,19 @@ class TestFailures:
         code, text = await run_cli(bed, "show")
         assert code == 1
         assert "gpu-02" in text
+        # history lists the run with its whole summary in -o wide, cut to the width otherwise
+        [run] = await bed.service.journal.do(lambda s: s.preflight.runs())
+        code, wide = await run_cli(bed, "history", "-o", "wide")
+        assert code == 0, wide
+        [row] = [line for line in wide.splitlines() if line.startswith(run.id)]
+        assert run.detail
+        assert row.endswith(run.detail), (row, run.detail)
+        _, narrow = await run_cli(bed, "history", "--node", "gpu-02")
+        [row] = [line for line in narrow.splitlines() if line.startswith(run.id)]
+        assert row.split()[1:4] == ["quick", "4", "fail"]
+        assert row.endswith(cut(run.detail, "table"))
+        _, elsewhere = await run_cli(bed, "history", "--node", "gpu-09", "--json")
+        assert json.loads(elsewhere)["runs"] == []
 
     async def test_a_hold_past_the_drain_cap_waits_for_room(self, bed: Bed):
         """Two nodes fail and the cap (4 nodes x 0.1, at least 1) allows one drain: the second

@@ -5,6 +5,7 @@ collector's reload does; an unknown key gets the closest known one; every unread
 is named; a collector whose rules drain or notify with nothing to carry it out is warned about.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,28 @@ class TestEveryTlsFile:
             f"{path}:5: collector config: tls_client_ca /nonexistent/ca.pem: {why}",
         ]
 
+    def test_a_malformed_named_token_file_names_its_line_never_a_token(
+        self, capsys, tmp_path: Path
+    ):
+        tokens = tmp_path / "api.tokens"
+        tokens.write_text("# on-call\nalice tok-alice-secret\nbob\n")
+        tokens.chmod(0o600)
+        path = write(
+            tmp_path,
+            f"[collector]\nlisten = '127.0.0.1:7070'\napi_token_file = '{tokens}'\n{SINKS}",
+        )
+        code, out, err = run(capsys, str(path))
+        assert code == 2
+        assert problems(err) == [
+            (
+                f"{path}:3: collector config: api_token_file {tokens}: line 3:"
+                " expected NAME TOKEN, found 1 fields"
+            )
+        ]
+        assert "tok-alice" not in out + err
+        tokens.write_text("# on-call\nalice tok-alice-secret\nbob tok-bob-secret\n")
+        assert run(capsys, str(path))[0] == 0
+
     def test_the_agent_names_each_unreadable_file(self, capsys, tmp_path: Path):
         """A good certificate, a key that is a directory and a missing CA: two lines."""
         pki = make_pki(tmp_path / "pki")
@@ -290,3 +313,40 @@ class TestSinkWarnings:
         assert len(found) == len(wanted), found
         assert all(line.startswith(w) for line, w in zip(found, wanted, strict=True)), found
         assert problems(err) == []
+
+
+class TestJsonOutput:
+    def test_one_object_says_it_all(self, capsys, tmp_path: Path):
+        """``-o json`` (or ``--json``): nothing on stderr, one object on stdout with each file's
+        verdict, problems at their lines and warnings; the exit code is the same as the text's."""
+        good = write(tmp_path, TestSinkWarnings.BASE + SINKS, "good.toml")
+        bad = write(tmp_path, "[collector]\nlisten = 'x'\nbogus = 1\n" + SINKS, "bad.toml")
+        for flag in (["-o", "json"], ["--json"]):
+            code, out, err = run(capsys, str(good), str(bad), *flag)
+            assert (code, err) == (2, "")
+            answer = json.loads(out)
+            assert answer["ok"] is False
+            assert (answer["problems"], answer["warnings"]) == ([], [])
+            first, second = answer["files"]
+            assert (first["path"], first["kind"], first["ok"]) == (str(good), "collector", True)
+            assert first["summary"].startswith("listen 127.0.0.1:0")
+            assert (first["problems"], first["warnings"]) == ([], [])
+            assert (second["ok"], second["summary"]) == (False, "")
+            assert second["problems"][0] == (
+                f"{bad}:2: collector config: listen must be host:port, got 'x'"
+            )
+            assert second["problems"][1].startswith(f"{bad}:3: collector config: unknown key bogus")
+
+    def test_a_clean_file_exits_0_with_its_warnings(self, capsys, tmp_path: Path):
+        path = write(tmp_path, TestSinkWarnings.BASE)
+        code, out, err = run(capsys, str(path), "-o", "json")
+        assert (code, err) == (0, "")
+        [entry] = json.loads(out)["files"]
+        assert entry["ok"] is True
+        assert [w.split(":")[0] for w in entry["warnings"]] == ["no drain sink", "no notify sink"]
+
+    def test_a_file_that_is_not_there_is_a_problem_of_no_one_file(self, capsys, tmp_path: Path):
+        code, out, err = run(capsys, str(tmp_path / "missing.toml"), "-o", "json")
+        answer = json.loads(out)
+        assert (code, err, answer["ok"], answer["files"]) == (2, "", False, [])
+        assert "missing.toml" in answer["problems"][0]

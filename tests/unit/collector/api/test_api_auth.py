@@ -4,7 +4,7 @@ from http import HTTPStatus
 import pytest
 from structlog.testing import capture_logs
 
-from collector.api.auth import ChangeGuard
+from collector.api.auth import ChangeGuard, parse_tokens
 
 TOKEN = "s3cret-api-token"  # noqa: S105 - a test token
 EVERYWHERE = "0.0.0.0"  # noqa: S104 - a listen address the guard is told of, not bound
@@ -89,8 +89,63 @@ class TestChangeGuard:
         with pytest.raises(ValueError, match="must not be empty"):
             guard(b"")
 
-    def test_who_a_change_came_from_is_what_the_server_knows(self):
-        """The bearer token (one, naming nobody): "token"; loopback without one: "loopback"
-        (a TCP peer's user is not known)."""
-        assert guard(TOKEN.encode(), EVERYWHERE)[0].identity == "token"
-        assert guard(None)[0].identity == "loopback"
+    def test_who_a_change_came_from_is_what_the_server_knows(self, tmp_path):
+        """The token it carried ("token", or "token NAME" for a named one); a loopback client
+        whose socket the kernel's table does not show: "loopback"; a remote one: only the token."""
+        here, there = ("127.0.0.1", 40000), ("127.0.0.1", 8080)
+        g = ChangeGuard(
+            token=TOKEN.encode(), listen_host=EVERYWHERE, refused=Counter(), proc_root=tmp_path
+        )
+        assert g.identity(here, there, f"Bearer {TOKEN}") == "token, loopback"
+        assert g.identity(("10.0.0.9", 4000), there, f"Bearer {TOKEN}") == "token"
+        named = ChangeGuard(
+            token=b"alice tok-a\nci-bot tok-b\n",
+            listen_host=EVERYWHERE,
+            refused=Counter(),
+            proc_root=tmp_path,
+        )
+        assert named.identity(("10.0.0.9", 4000), there, "Bearer tok-b") == "token ci-bot"
+        alone = ChangeGuard(
+            token=None, listen_host="127.0.0.1", refused=Counter(), proc_root=tmp_path
+        )
+        assert alone.identity(here, there, None) == "loopback"
+
+    def test_each_named_token_admits_and_others_are_refused(self):
+        """A token file with several named tokens: each one passes, a near miss does not."""
+        g, refused = guard(b"# on-call\nalice tok-alice-1\n\nci-bot tok-ci-22\n", EVERYWHERE)
+        assert check(g, "10.0.0.9", "Bearer tok-alice-1") is None
+        assert check(g, "10.0.0.9", "Bearer tok-ci-22") is None
+        refusal = check(g, "10.0.0.9", "Bearer tok-ci-2")
+        assert refusal is not None
+        assert refusal.reason == "bad_token"
+        assert refused == Counter({"bad_token": 1})
+
+
+class TestParseTokens:
+    def test_one_token_has_no_name(self):
+        assert parse_tokens(b"  s3cret  \n") == {b"s3cret": ""}
+
+    def test_named_tokens_with_comments_and_blank_lines(self):
+        secret = b"# who may change things\nalice  tok-a\n\n  ci-bot\ttok-b  \n"
+        assert parse_tokens(secret) == {b"tok-a": "alice", b"tok-b": "ci-bot"}
+
+    @pytest.mark.parametrize(
+        ("secret", "message"),
+        [
+            (b"alice tok-a\nbob\n", "line 2: expected NAME TOKEN, found 1 fields"),
+            (b"alice tok-a extra\n", "line 1: expected NAME TOKEN, found 3 fields"),
+            (b"al/ice tok-a\nbob tok-b\n", "line 1: a token's name is letters"),
+            (b"alice tok-a\nalice tok-b\n", "line 2: the name alice is given twice"),
+            (b"alice tok-a\nbob tok-a\n", "line 2: bob's token is the same as alice's"),
+            (b"# only a comment\n\n", "no token in it"),
+        ],
+    )
+    def test_a_malformed_file_names_the_line_never_a_token(self, secret, message):
+        with pytest.raises(ValueError, match=message) as caught:
+            parse_tokens(secret)
+        assert "tok-" not in str(caught.value)
+
+    def test_too_many_tokens(self):
+        secret = "".join(f"user{i} tok-{i}\n" for i in range(1001)).encode()
+        with pytest.raises(ValueError, match="1001 tokens: at most 1000"):
+            parse_tokens(secret)

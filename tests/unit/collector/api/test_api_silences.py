@@ -103,7 +103,7 @@ class TestCreatedBy:
                 added.append(row)
                 return 7
 
-            def remove(self, _silence_id: int) -> bool:
+            def remove(self, _silence_id: int, by: str = "") -> bool:  # noqa: ARG002
                 return False
 
         body = json.dumps({"node": "gpu-a01", "duration": "30m"}).encode()
