@@ -3,8 +3,8 @@
 Daemons: agent, collector (SIGHUP, or systemctl reload, makes them read their files again).
 Tools for on-call: nodes [NODE], incidents, events, actions, drains [release NODE],
 silence add|list|remove, jobs [JOB [--dump]], preflight run|show|history. Tools for admins:
-config check, certs ca|node|collector, rules check|test, scan FILE (hardware faults in a saved
-log).
+config check, certs ca|node|collector, rules check|test|eval (eval: what the running rules, or
+a new file, would do on the live fleet), scan FILE (hardware faults in a saved log).
 
 Options such as --api, --token-file, -o json|wide|table (--json) and --log-level may come
 before or after the command. "fleetwatch COMMAND --help" shows each command's options and
@@ -133,7 +133,9 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_config_parser(sub)
     cli_certs.add_parser(sub)
     cli_scan.add_parser(sub)
-    rules = sub.add_parser("rules", help="check rule files and run their unit tests")
+    rules = sub.add_parser(
+        "rules", help="check rule files, run their tests, dry-run them on the fleet"
+    )
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate rule files (exit 1 listing problems)")
     check.add_argument("files", nargs="*", type=Path, help="rule files (default: the built-in)")
