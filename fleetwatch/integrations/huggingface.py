@@ -35,42 +35,22 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from transformers import TrainerCallback
 
-from fleetwatch.integrations.steps import StepReporter, StepTimer, batch_tokens
+from fleetwatch.integrations.steps import CallbackSteps, batch_tokens
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
 
-class FleetwatchCallback(TrainerCallback):
-    """Reports each optimizer step of this rank to the node's fleetwatch agent."""
+class FleetwatchCallback(CallbackSteps, TrainerCallback):
+    """Reports each optimizer step of this rank to the node's fleetwatch agent.
 
-    def __init__(  # noqa: PLR0913 - report_step's options, all keyword-only but the job
-        self,
-        job: str | None = None,
-        *,
-        tokens_per_step: float | None = None,
-        params: float | None = None,
-        flops_per_token: float | None = None,
-        gpu: int | str | None = None,
-        socket_path: str | None = None,
-    ) -> None:
-        """Report with :func:`~fleetwatch.jobclient.report_step`'s options.
+    Takes :class:`~fleetwatch.integrations.steps.CallbackSteps`' options: ``job``,
+    ``tokens_per_step``, ``params``, ``flops_per_token``, ``gpu``, ``socket_path``.
+    """
 
-        ``tokens_per_step``: this rank's tokens in each step (None: counted from the ids).
-        """
-        self.reporter = StepReporter(
-            job,
-            cuda=False,
-            params=params,
-            flops_per_token=flops_per_token,
-            gpu=gpu,
-            socket_path=socket_path,
-        )
-        self.tokens_per_step = tokens_per_step
-        self._tokens = 0
-        self._in_step = False
-        self._hook: RemovableHandle | None = None
+    _in_step = False
+    _hook: RemovableHandle | None = None
 
     def on_train_begin(
         self,
@@ -80,13 +60,12 @@ class FleetwatchCallback(TrainerCallback):
         **kwargs: Any,  # noqa: ANN401 - the Trainer's own objects
     ) -> None:
         """Time on the GPU when the Trainer trains on one; count the model and hook its inputs."""
+        model = kwargs.get("model")
+        if not isinstance(model, nn.Module):
+            self._training_starts(on_gpu=args.device.type == "cuda", parameters=())
+            return
+        self._training_starts(on_gpu=args.device.type == "cuda", parameters=model.parameters())
         with self.reporter.guard():
-            self.reporter.timer = StepTimer(cuda=args.device.type == "cuda")
-            model = kwargs.get("model")
-            if not isinstance(model, nn.Module):
-                return
-            if self.reporter.params is None:
-                self.reporter.params = float(sum(p.numel() for p in model.parameters()))
             if self.tokens_per_step is None and self._hook is None:
                 self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
@@ -129,8 +108,9 @@ class FleetwatchCallback(TrainerCallback):
         """The optimizer stepped: the step ends (a checkpoint follows when the Trainer saves)."""
         self._in_step = False
         with self.reporter.guard():
-            tokens = self._tokens if self.tokens_per_step is None else self.tokens_per_step
-            self.reporter.end(state.global_step, tokens, checkpointing=control.should_save)
+            self.reporter.end(
+                state.global_step, self._step_tokens(), checkpointing=control.should_save
+            )
 
     def on_evaluate(
         self,

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_lightning import Callback
 
-from fleetwatch.integrations.steps import StepReporter, StepTimer, batch_tokens
+from fleetwatch.integrations.steps import CallbackSteps, batch_tokens
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -47,41 +47,20 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
 
-class FleetwatchCallback(Callback):
-    """Reports each optimizer step of this rank to the node's fleetwatch agent."""
+class FleetwatchCallback(CallbackSteps, Callback):
+    """Reports each optimizer step of this rank to the node's fleetwatch agent.
 
-    def __init__(  # noqa: PLR0913 - report_step's options, all keyword-only but the job
-        self,
-        job: str | None = None,
-        *,
-        tokens_per_step: float | None = None,
-        params: float | None = None,
-        flops_per_token: float | None = None,
-        gpu: int | str | None = None,
-        socket_path: str | None = None,
-    ) -> None:
-        """Report with :func:`~fleetwatch.jobclient.report_step`'s options.
+    Takes :class:`~fleetwatch.integrations.steps.CallbackSteps`' options: ``job``,
+    ``tokens_per_step``, ``params``, ``flops_per_token``, ``gpu``, ``socket_path``.
+    """
 
-        ``tokens_per_step``: this rank's tokens in each step (None: counted from the ids).
-        """
-        self.reporter = StepReporter(
-            job,
-            cuda=False,
-            params=params,
-            flops_per_token=flops_per_token,
-            gpu=gpu,
-            socket_path=socket_path,
-        )
-        self.tokens_per_step = tokens_per_step
-        self._tokens = 0
-        self._step_from: int | None = None  # the global step an open step began at
+    _step_from: int | None = None  # the global step an open step began at
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:  # noqa: ARG002 - Lightning's signature
         """Time on the GPU when the module trains on one; count its parameters."""
-        with self.reporter.guard():
-            self.reporter.timer = StepTimer(cuda=pl_module.device.type == "cuda")
-            if self.reporter.params is None:
-                self.reporter.params = float(sum(p.numel() for p in pl_module.parameters()))
+        self._training_starts(
+            on_gpu=pl_module.device.type == "cuda", parameters=pl_module.parameters()
+        )
 
     def on_train_batch_start(
         self,
@@ -121,8 +100,7 @@ class FleetwatchCallback(Callback):
             if self._step_from is None or trainer.global_step == self._step_from:
                 return  # no step open, or gradients still accumulate
             self._step_from = None
-            tokens = self._tokens if self.tokens_per_step is None else self.tokens_per_step
-            self.reporter.end(trainer.global_step, tokens)
+            self.reporter.end(trainer.global_step, self._step_tokens())
 
     def on_save_checkpoint(
         self,

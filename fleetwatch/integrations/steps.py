@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fleetwatch.jobclient import DEFAULT_SOCKET, report_step
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
 log = logging.getLogger("fleetwatch.integrations")
 
@@ -408,3 +408,46 @@ class StepReporter:
             path,
             why,
         )
+
+
+class CallbackSteps:
+    """What the framework callbacks share: a reporter, the step's tokens, the model's size.
+
+    ``huggingface.py`` and ``lightning.py`` put it before the framework's own base class.
+    """
+
+    def __init__(  # noqa: PLR0913 - report_step's options, all keyword-only but the job
+        self,
+        job: str | None = None,
+        *,
+        tokens_per_step: float | None = None,
+        params: float | None = None,
+        flops_per_token: float | None = None,
+        gpu: int | str | None = None,
+        socket_path: str | None = None,
+    ) -> None:
+        """Report with :func:`~fleetwatch.jobclient.report_step`'s options.
+
+        ``tokens_per_step``: this rank's tokens in each step (None: counted from the ids).
+        """
+        self.reporter = StepReporter(
+            job,
+            cuda=False,
+            params=params,
+            flops_per_token=flops_per_token,
+            gpu=gpu,
+            socket_path=socket_path,
+        )
+        self.tokens_per_step = tokens_per_step
+        self._tokens = 0
+
+    def _training_starts(self, *, on_gpu: bool, parameters: Iterable[Any]) -> None:
+        """Time on the GPU when training runs on one; count the parameters unless given."""
+        with self.reporter.guard():
+            self.reporter.timer = StepTimer(cuda=on_gpu)
+            if self.reporter.params is None:
+                self.reporter.params = float(sum(p.numel() for p in parameters))
+
+    def _step_tokens(self) -> float:
+        """The step's tokens: as given, else those counted."""
+        return self._tokens if self.tokens_per_step is None else self.tokens_per_step
