@@ -127,7 +127,7 @@ def _incident_note(row: dict[str, Any]) -> str:
     return "escalated" if row.get("escalated") else ""
 
 
-def _query(params: Mapping[str, object]) -> str:
+def query_string(params: Mapping[str, object]) -> str:
     """``?a=1&b=x`` of the parameters given (None and "" left out), or ""."""
     given = {k: str(v) for k, v in params.items() if v is not None and v != ""}
     return f"?{urllib.parse.urlencode(given)}" if given else ""
@@ -227,7 +227,7 @@ def incidents(  # noqa: PLR0913 - the filters, and how to show them
     until: str | None = None,
 ) -> int:
     """List open incidents (or all recent ones), newest first, of one node or rule if asked."""
-    query = _query(
+    query = query_string(
         {
             "open": "0" if show_all else "1",
             "limit": limit,
@@ -265,9 +265,10 @@ def actions(  # noqa: PLR0913 - the filters, and how to show them
     until: str | None = None,
 ) -> int:
     """List actions and their outcomes, newest first."""
+    query = query_string({"limit": limit, "node": node, "since": since, "until": until})
     _listing(
         api,
-        f"/api/v1/actions{_query({'limit': limit, 'node': node, 'since': since, 'until': until})}",
+        f"/api/v1/actions{query}",
         "actions",
         ["WHEN", "ACTION", "NODE", "TARGET", "STATE", "DETAIL"],
         lambda r, now: [
@@ -289,7 +290,7 @@ def silences(api: str, *, output: str, out: TextIO, node: str | None = None) -> 
     """List silences that are not over yet (including those still to start)."""
     _listing(
         api,
-        f"/api/v1/silences{_query({'node': node})}",
+        f"/api/v1/silences{query_string({'node': node})}",
         "silences",
         ["ID", "NODE", "RULE", "STARTS", "ENDS", "BY", "REASON"],
         lambda r, now: [
@@ -335,7 +336,7 @@ def remove_silence(
 
 def drains(api: str, *, output: str, out: TextIO, node: str | None = None) -> int:
     """List the nodes fleetwatch holds drained and the drains waiting behind the cap."""
-    data = call(api, "GET", f"/api/v1/drains{_query({'node': node})}")
+    data = call(api, "GET", f"/api/v1/drains{query_string({'node': node})}")
     if output == "json":
         print_json(data, out)
         return 0
@@ -448,7 +449,7 @@ def jobs(  # noqa: PLR0913 - which job, how to show it, and the dump's token
     if job is None:
         rows = _listing(
             api,
-            f"/api/v1/jobs{_query({'node': node})}",
+            f"/api/v1/jobs{query_string({'node': node})}",
             "jobs",
             [
                 "JOB",

@@ -18,7 +18,7 @@ import urllib.parse
 from http import HTTPStatus
 from typing import Any, Final, TextIO
 
-from cli.api import ApiCallError, call, span
+from cli.api import ApiCallError, call, query_string, span
 from cli.output import cut, gpu_names, print_json, table
 
 MAX_LIMIT: Final = 1000  # the API's own bound on a page of events
@@ -159,11 +159,14 @@ def node(api: str, name: str, *, output: str, out: TextIO) -> int:
     """One node described: state, drain, open incidents, last events and actions, GPUs, ports."""
     quoted = urllib.parse.quote(name, safe="")
     data = call(api, "GET", f"/api/v1/nodes/{quoted}")
-    node_q = urllib.parse.urlencode({"node": name})
-    incidents = call(api, "GET", f"/api/v1/incidents?open=1&limit=100&{node_q}")["incidents"]
-    recent = call(api, "GET", f"/api/v1/events?order=desc&limit=5&{node_q}")["events"]
-    done = call(api, "GET", f"/api/v1/actions?limit=5&{node_q}")["actions"]
-    drains = _optional(api, f"/api/v1/drains?{node_q}")
+    incidents = call(
+        api, "GET", f"/api/v1/incidents{query_string({'open': 1, 'limit': 100, 'node': name})}"
+    )["incidents"]
+    recent = call(
+        api, "GET", f"/api/v1/events{query_string({'order': 'desc', 'limit': 5, 'node': name})}"
+    )["events"]
+    done = call(api, "GET", f"/api/v1/actions{query_string({'limit': 5, 'node': name})}")["actions"]
+    drains = _optional(api, f"/api/v1/drains{query_string({'node': name})}")
     drained_by = drains.get("drained", {}).get(name)
     if output == "json":
         print_json(
@@ -328,10 +331,9 @@ def events(  # noqa: PLR0913 - the query, and how to show it
     until: str | None = None,
 ) -> int:
     """The newest journaled events (of one node, of one kind, in a time span), newest first."""
-    given = {"node": node, "kind": kind, "since": since, "until": until}
-    params: dict[str, str | int] = {"order": "desc", "limit": limit}
-    params.update({key: value for key, value in given.items() if value})
-    data = call(api, "GET", f"/api/v1/events?{urllib.parse.urlencode(params)}")
+    params = {"order": "desc", "limit": limit, "node": node, "kind": kind}
+    params |= {"since": since, "until": until}
+    data = call(api, "GET", f"/api/v1/events{query_string(params)}")
     if output == "json":
         print_json(data, out)
         return 0
