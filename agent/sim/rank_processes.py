@@ -77,7 +77,8 @@ class RankProcess:
         env.pop("FLEETWATCH_JOB_SOCKET", None)
         self.rank = rank
         self._proc = subprocess.Popen(  # noqa: S603 - our own module, argument list
-            [sys.executable, "-m", "agent.sim.rank_process", str(socket), job, str(rank)],
+            # -P: never modules from the working directory (a stray agent.py there shadows ours)
+            [sys.executable, "-P", "-m", "agent.sim.rank_process", str(socket), job, str(rank)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

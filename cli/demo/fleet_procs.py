@@ -142,6 +142,7 @@ class FleetProcesses:
         for index, (nodes, job) in enumerate(zip(self.groups, self.jobs, strict=True)):
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-P",  # not the working directory's modules: a stray rules.py there shadows ours
                 "-m",
                 "cli.demo.fleet_process",
                 "--collector",

@@ -10,6 +10,7 @@ their own (:mod:`cli.demo.fleet_procs`).
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from agent.sim.scenario import Fault, Scenario, ScenarioError, load_scenario
 from cli.demo.feed import IncidentFeed
-from cli.demo.fleet_procs import FleetProcesses, FleetSpec, demo_intervals
+from cli.demo.fleet_procs import FleetProcessError, FleetProcesses, FleetSpec, demo_intervals
 from cli.demo.preflight import JobPlacement, planted, qualify
 from cli.demo.view import (
     action_table,
@@ -349,6 +350,14 @@ def _summary(result: DemoResult, out: TextIO) -> None:
 
 
 def main(opts: DemoOptions, clock: Clock, out: TextIO) -> int:
-    """Run the demo to completion; exit status 0 when every event reached the journal."""
-    result = asyncio.run(run_demo(opts, clock, out))
+    """Run the demo to completion; exit status 0 when every event reached the journal.
+
+    A fleet process that fails (its own error is on stderr above) ends the demo with a line
+    saying which, and exit status 1.
+    """
+    try:
+        result = asyncio.run(run_demo(opts, clock, out))
+    except FleetProcessError as exc:
+        print(f"fleetwatch demo: {exc}", file=sys.stderr)
+        return 1
     return 0 if result.unacked == 0 else 1

@@ -16,14 +16,22 @@ from fleetwatch.testing import free_port
 pytestmark = pytest.mark.e2e
 
 FLEETWATCH = [sys.executable, "-m", "cli.main"]
+PLAIN = [sys.executable, "-P", "-m", "cli.main"]
 
 
 def test_demo_runs_and_summarises(tmp_path: Path):
     """`fleetwatch demo` injects its faults, journals what it saw, fires incidents whose actions
     really run (a drain through the signed webhook, a GPU reset through the agent), shows them
-    live and prints a summary with tables of incidents and actions."""
+    live and prints a summary with tables of incidents and actions. It is run from a directory
+    holding modules named like ours, which its processes must not import."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    for name in ("rules.py", "agent.py", "cli.py", "collector.py", "fleetwatch.py"):
+        (here / name).write_text(f"raise SystemExit('imported the stray {name}')\n")
     done = subprocess.run(
-        [*FLEETWATCH, "demo", "--nodes", "4", "--duration", "12", "--workdir", str(tmp_path)],
+        # -P: as the installed fleetwatch script, whose path is its own directory, not the cwd
+        [*PLAIN, "demo", "--nodes", "4", "--duration", "12", "--workdir", str(tmp_path / "w")],
+        cwd=here,
         capture_output=True,
         text=True,
         timeout=120,
