@@ -79,6 +79,7 @@ EXAMPLES: Final[dict[tuple[str, ...], str]] = {
     ("preflight",): """\
   fleetwatch preflight run --level quick --dry-run
   fleetwatch preflight run --nodes node-01,node-02
+  fleetwatch preflight run --node node-03 --node node-04
   fleetwatch preflight show""",
     ("silence", "add"): """\
   fleetwatch silence add --node node-07 --duration 2h --reason 'RMA #123'
@@ -215,6 +216,9 @@ def _add(parser: argparse.ArgumentParser, *, api: bool, output: bool) -> None:
 def share(parser: argparse.ArgumentParser) -> None:
     """Give every parser under ``parser`` the shared options, and each command its examples."""
     for path, each in _walk(parser):
+        # No abbreviations: "--node" must never be read as "--nodes" (or, with a new option
+        # some day, as something else than it was yesterday).
+        each.allow_abbrev = False
         command = path[0] if path else ""
         api = not path or command in API_COMMANDS or path in _API_ALSO
         output = not path or command in API_COMMANDS or command in _OUTPUT_ALSO

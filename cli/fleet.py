@@ -18,7 +18,7 @@ import urllib.parse
 from http import HTTPStatus
 from typing import Any, Final, TextIO
 
-from cli.api import ApiCallError, call, query_string, span
+from cli.api import ApiCallError, call, named_gpus, query_string, span
 from cli.output import cut, gpu_names, print_json, table
 
 MAX_LIMIT: Final = 1000  # the API's own bound on a page of events
@@ -342,13 +342,16 @@ def events(  # noqa: PLR0913 - the query, and how to show it
         print("no events", file=out)
         return 0
     now = time.time()
+    for e in rows:
+        e["_target"] = _target(e)
+    named_gpus(api, rows, "_target")
     shown = [["WHEN", "NODE", "KIND", "TARGET", "XID", "DETAIL"]]
     shown += [
         [
             _ago(e["time_ms"] / 1000, now),
             e["node"],
             e["kind"],
-            _target(e),
+            gpu_names(e["_target"], e["_gpus"], output),
             str(e["xid"] or "-"),
             cut(e.get("detail", ""), output),
         ]

@@ -64,6 +64,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], api_def
     run.add_argument(
         "--nodes", default="all", metavar="EXPR", help="all, a,b,c or a hostlist gpu-[01-16]"
     )
+    run.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="one node; repeat for more (with --nodes: those as well)",
+    )
     run.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     run.add_argument(
         "--wait", type=float, default=WAIT_S, metavar="S", help="give up waiting after S seconds"
@@ -86,7 +93,7 @@ def run_command(args: argparse.Namespace, token: Callable[[], str | None], out: 
         return run(
             args.api,
             level=args.level,
-            nodes=args.nodes,
+            nodes=_nodes(args.nodes, args.node),
             dry_run=args.dry_run,
             wait_s=args.wait,
             as_json=args.json,
@@ -402,9 +409,9 @@ def print_detail(detail: dict[str, Any], out: TextIO, *, as_json: bool = False) 
     if as_json:
         print(json.dumps(detail, indent=2), file=out)
         return exit_status(verdict)
+    how_many = _plural(len(run_row["nodes"]), "node")
     print(
-        f"pre-flight {run_row['id']} ({run_row['level']}, {len(run_row['nodes'])} nodes): "
-        f"{verdict.upper()}",
+        f"pre-flight {run_row['id']} ({run_row['level']}, {how_many}): {verdict.upper()}",
         file=out,
     )
     bad: dict[str, list[dict[str, Any]]] = {}
@@ -504,3 +511,10 @@ def _why(r: dict[str, Any]) -> str:
     if r.get("error") or not r.get("reason"):
         return f"{r['check']} {r['component']}: {r.get('error') or r['verdict']}"
     return str(r["reason"])
+
+
+def _nodes(expression: str, named: list[str]) -> str:
+    """``--nodes`` and every ``--node`` as one expression (``--node`` alone: only those)."""
+    if not named:
+        return expression
+    return ",".join([*([] if expression == "all" else [expression]), *named])

@@ -117,12 +117,16 @@ def evaluate(
             rows.append([h["rule"], h["target"], h["state"], acts, cut(shown, output)])
         table(rows, out)
         held_back = [
-            (h["target"], a) for h in holds for a in h["actions"] if a["outcome"] != "would run"
+            (h["rule"], h["target"], a)
+            for h in sorted(holds, key=lambda h: (h["rule"], h["target"]))
+            for a in h["actions"]
+            if a["outcome"] != "would run"
         ]
         if held_back:
             print("\nheld back:", file=out)
-            for target, a in held_back:
-                print(f"  {a['action']} on {target}: {a['outcome']}: {a['why'] or '-'}", file=out)
+            for rule, target, a in held_back:
+                why = f"{a['outcome']}: {a['why'] or '-'}"
+                print(f"  {rule}: {a['action']} on {target}: {why}", file=out)
     for window in answer.get("unkept_windows", []):
         print(f"note: the running rules keep no window of {window}: read as empty", file=out)
     for rule, error in sorted(answer.get("errors", {}).items()):

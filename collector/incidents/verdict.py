@@ -59,6 +59,10 @@ def evidence(rule: Rule, data: dict[str, Any], jobs: JobBook | None) -> str:
     if "job" in data:
         return str(data["job"]["summary"])
     rank = data.get("rank")
+    if rank and jobs is not None and "rank.hang_culprit" in rule.when:
+        culprit = jobs.culprit_summary(rank["job"], rank["rank"])
+        if culprit:
+            return culprit
     if rank and jobs is not None and "rank." in rule.when:
         return jobs.straggler_summary(rank["job"], rank["rank"])
     return target_line(rule, data)

@@ -115,6 +115,7 @@ class JobBook:
         self._diagnoses: dict[str, tuple[int, Diagnosis]] = {}
         # each job's culprits as last judged: rank -> its node or GPU shows hardware faults
         self._culprit_ranks: dict[str, dict[int, bool]] = {}
+        self._culprit_texts: dict[str, dict[int, str]] = {}  # and what names each of them
         # GPUs (node, index) whose rank was named a culprit or no longer is, since last taken
         self._culprits_changed: set[tuple[str, int]] = set()
         self._placement: dict[tuple[str, str], set[tuple[str, int]]] = {}  # (node, GPU) -> ranks
@@ -273,6 +274,7 @@ class JobBook:
                 del self._uid_jobs[job.uid]
         self._diagnoses.pop(job_id, None)
         self._culprit_ranks.pop(job_id, None)
+        self._culprit_texts.pop(job_id, None)
         self._flagged.pop(job_id, None)
         self.evidence.forget(job_id)
 
@@ -481,6 +483,14 @@ class JobBook:
                 out.append((job_id, rank, process.state if process is not None else ""))
             return sorted(out)
 
+    def culprit_summary(self, job_id: str, rank: int) -> str:
+        """The hang culprit incident's evidence: what names the rank ("" when it is none)."""
+        job = self.jobs.get(job_id)
+        culprit = self._culprit_texts.get(job_id, {}).get(rank)
+        if job is None or culprit is None:
+            return ""
+        return f"job {job_id} ({job.gpus} GPUs) is held up by its culprit {culprit}"
+
     def straggler_summary(self, job_id: str, rank: int) -> str:
         """The straggler incident's evidence: who, how slow, what it costs, what the node shows."""
         job = self.jobs.get(job_id)
@@ -520,6 +530,7 @@ class JobBook:
         if named != before:
             self._note_culprits_changed(job, before, named, nodes)
         self._culprit_ranks[job.job_id] = named
+        self._culprit_texts[job.job_id] = {int(c["rank"]): c["text"] for c in culprits}
         tokens_per_s, step_time = self.throughput(job)
         age, advice = self.checkpoint(job)
         drop = job.drops.active if active else None

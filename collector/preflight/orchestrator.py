@@ -604,7 +604,7 @@ def summary(
         counts[v.value] = counts.get(v.value, 0) + 1
     parts = [f"{n} {v}" for v, n in sorted(counts.items())]
     blamed = [f"{s.kind} {s.component}" + (f" on {s.node}" if s.node else "") for s in suspects]
-    line = f"{len(per_node)} nodes: " + ", ".join(parts)
+    line = f"{len(per_node)} node{'' if len(per_node) == 1 else 's'}: " + ", ".join(parts)
     if blamed:
         line += "; blamed: " + "; ".join(blamed[:8])
     cnr = sum(1 for j in judged if j.verdict is Verdict.COULD_NOT_RUN)

@@ -110,6 +110,9 @@ async def test_events_lists_the_newest_first_and_filters(running, capsys):
     (lost,) = [line for line in lines if " gpu_lost " in line]
     assert lost.split()[2:4] == ["node-2", "gpu_lost"]
     assert " 79 " in lost
+    assert lost.split()[4:6] == ["GPU", "3"], lost  # by index; its UUID in -o wide
+    _, wide, _ = await cli(capsys, "events", api, "-o", "wide", "--kind", "gpu_lost")
+    assert "GPU 3 (GPU-" in wide, wide
     code, out, _ = await cli(capsys, "events", api, "--kind", "gpu_lost")
     assert [line.split()[3] for line in out.splitlines()[1:]] == ["gpu_lost"]
     code, out, _ = await cli(capsys, "events", api, "--node", "node-1", "--limit", "5")

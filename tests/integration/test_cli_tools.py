@@ -148,6 +148,8 @@ class TestCliTools:
         _, wide, _ = await cli(capsys, "rules", "eval", "-o", "wide", "--api", url)
         [lost] = [line for line in wide.splitlines() if line.startswith("gpu_lost ")]
         assert "GPU 3 (GPU-" in lost, wide
+        # What the limits hold back names its rule (two rules may hold one target).
+        assert "  gpu_lost: drain_node on node-2/gpu/3: skipped: node-2 is already drained" in out
         new = tmp_path / "new.yaml"
         new.write_text(
             "version: 1\nrules:\n  - name: lost_gpu_new\n    scope: gpu\n"

@@ -62,6 +62,24 @@ class TestSharedOptions:
         assert err.startswith("usage: fleetwatch silence add "), err
         assert "unrecognized arguments: --frob" in err
 
+    def test_no_option_is_an_abbreviation_of_another(self, capsys):
+        """``--node`` on ``preflight run`` is a node of its own, repeatable, never ``--nodes``;
+        ``--nod`` or ``--dur`` are unknown options, not guesses."""
+        from cli.preflight import _nodes  # noqa: PLC0415
+
+        args = parse("preflight", "run", "--node", "node-04", "--node", "node-03")
+        assert (args.nodes, args.node) == ("all", ["node-04", "node-03"])
+        assert _nodes(args.nodes, args.node) == "node-04,node-03"
+        both = parse("preflight", "run", "--nodes", "gpu-[01-02]", "--node", "node-9")
+        assert _nodes(both.nodes, both.node) == "gpu-[01-02],node-9"
+        assert _nodes("all", []) == "all"
+        with pytest.raises(SystemExit):
+            parse("incidents", "--nod", "n1")
+        assert "unrecognized arguments: --nod n1" in capsys.readouterr().err
+        with pytest.raises(SystemExit):
+            parse("silence", "add", "--all", "--dur", "1h")
+        assert "required: --duration" in capsys.readouterr().err
+
     def test_help_shows_examples_and_no_restructuredtext(self, capsys):
         with pytest.raises(SystemExit):
             parse("incidents", "--help")
