@@ -215,7 +215,13 @@ class SimCluster:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        for name in list(self._tasks):
-            await self.crash(name)
+        # All at once: each agent's cancellation waits on its own streams and sockets.
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
         for node in self.nodes.values():
             node.nvml_hang_clear()
+        failed = [e for e in ended if isinstance(e, Exception)]
+        if failed:
+            raise failed[0]  # as awaiting it alone would (a cancellation is not a failure)

@@ -54,6 +54,9 @@ from rules.xid_catalog import load_catalog
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from rules.model import RuleSet
+    from rules.xid_catalog import XidCatalog
+
 
 _SCOPES: Final = {
     TargetKind.NODE: Scope.NODE,
@@ -180,6 +183,7 @@ class _Run:
         nodes: dict[str, dict[str, int]],
         *,
         builtin: bool,
+        loaded: tuple[RuleSet, XidCatalog] | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.start = self.clock.monotonic()
@@ -196,12 +200,12 @@ class _Run:
             self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
             self.fleet.apply_report(name, pb.Report())  # an agent's first Report follows
         self.extras = dict(NO_DRAINS)
-        catalog = load_catalog()
+        rules, catalog = loaded or (load_rules(rule_paths, builtin=builtin), load_catalog())
         self.book = JobBook(
             config=JobsConfig(), fleet=self.fleet, clock=self.clock, xid_class=catalog.class_of
         )
         self.evaluator = Evaluator(
-            rules=load_rules(rule_paths, builtin=builtin),
+            rules=rules,
             fleet=self.fleet,
             catalog=catalog,
             clock=self.clock,
@@ -302,13 +306,16 @@ def run_test(
     rule_paths: list[Path],
     *,
     builtin: bool = False,
+    loaded: tuple[RuleSet, XidCatalog] | None = None,
 ) -> TestResult:
     """Play one test against the rule files (and the built-in rules when ``builtin``).
 
     Its failures say what was expected and what came. No paths at all means the built-in rules.
+    ``loaded``: those rules and the Xid catalog, already loaded (a file's tests share them: the
+    rules are frozen, and each test has an evaluator of its own).
     """
     result = TestResult(str(test.get("name", "unnamed")))
-    run = _Run(rule_paths, dict(test.get("nodes") or {}), builtin=builtin)
+    run = _Run(rule_paths, dict(test.get("nodes") or {}), builtin=builtin, loaded=loaded)
     steps = test.get("steps", [])
     timeline = [(parse_duration(s.get("at", 0)), 0, i, s) for i, s in enumerate(steps)]
     timeline += [(parse_duration(e["at"]), 1, i, e) for i, e in enumerate(test.get("expect", []))]
@@ -347,9 +354,12 @@ def run_file(path: Path) -> list[TestResult]:
     builtin = BUILTIN_RULES in rule_files
     rule_paths = [path.parent / str(f) for f in rule_files if f != BUILTIN_RULES]
     results = []
+    loaded: tuple[RuleSet, XidCatalog] | None = None
     for test in data["tests"]:
         try:
-            results.append(run_test(test, rule_paths, builtin=builtin))
+            # Loaded once for the file; a file that does not load fails each test alike.
+            loaded = loaded or (load_rules(rule_paths, builtin=builtin), load_catalog())
+            results.append(run_test(test, rule_paths, builtin=builtin, loaded=loaded))
         except (KeyError, ValueError, TypeError, RuleTestError) as exc:
             name = test.get("name", "unnamed") if isinstance(test, dict) else "unnamed"
             results.append(TestResult(str(name), [f"malformed test: {type(exc).__name__}: {exc}"]))

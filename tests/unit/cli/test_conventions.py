@@ -115,10 +115,22 @@ def test_rules_check_and_test_speak_json_with_o_json(capsys, tmp_path):
     bad = json.loads(capsys.readouterr().out)
     assert bad["ok"] is False
     assert bad["problems"]
-    assert main(["rules", "test", "rules/default_test.yaml", "-o", "json"]) == 0
+    # One test of the built-in rules (all of them run in test_rule_tests.py), then one failing.
+    one = tmp_path / "one_test.yaml"
+    one.write_text(
+        "rule_files: [builtin]\ntests:\n  - name: an application Xid notifies\n"
+        "    nodes: {node-01: {gpus: 2, ib_ports: 1}}\n    steps:\n"
+        "      - {at: 0s, event: {node: node-01, kind: xid, gpu: 0, xid: 13}}\n"
+        "    expect:\n      - at: 2s\n        firing: [xid_application_error@node-01/gpu/0]\n"
+    )
+    assert main(["rules", "test", str(one), "-o", "json"]) == 0
     tested = json.loads(capsys.readouterr().out)
-    assert (tested["ok"], tested["failed"]) == (True, 0)
-    assert tested["passed"] == len(tested["tests"]) > 0
+    assert (tested["ok"], tested["passed"], tested["failed"]) == (True, 1, 0)
+    assert len(tested["tests"]) == 1
+    one.write_text(one.read_text().replace("xid_application_error@", "gpu_lost@"))
+    assert main(["rules", "test", str(one), "-o", "json"]) == 1
+    tested = json.loads(capsys.readouterr().out)
+    assert (tested["ok"], tested["passed"], tested["failed"]) == (False, 0, 1)
 
 
 class TestOutput:
