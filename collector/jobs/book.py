@@ -489,7 +489,7 @@ class JobBook:
         culprit = self._culprit_texts.get(job_id, {}).get(rank)
         if job is None or culprit is None:
             return ""
-        return f"job {job_id} ({job.gpus} GPUs) is held up by its culprit {culprit}"
+        return f"culprit of job {job_id}: {culprit}"
 
     def straggler_summary(self, job_id: str, rank: int) -> str:
         """The straggler incident's evidence: who, how slow, what it costs, what the node shows."""

@@ -62,7 +62,10 @@ def test_demo_runs_and_summarises(tmp_path: Path):
         assert "held by job demo-pretrain rank " in waited, waited
     # the job failed with the lost GPU's rank, named, and its node was the culprit
     assert re.search(r"job_rank_lost +job/demo-pretrain +job demo-pretrain at step \d+", out)
-    assert re.search(r"gpu_hang_culprit +node-01/gpu/3 +rank 3 of job demo-pretrain", out)
+    assert re.search(
+        r"gpu_hang_culprit +node-01/gpu/3 +culprit of job demo-pretrain: rank 3 on node-01 GPU 3",
+        out,
+    )
     # the summary's tables, read from the collector's journal
     assert re.search(r"firing +critical +gpu_lost +node-01/gpu/3", out)
     assert re.search(r"drain_node +node-01/gpu/3 +succeeded +drain webhook: delivered", out)

@@ -180,8 +180,7 @@ async def test_a_stuck_rank_a_dying_rank_and_a_lost_gpu(
             if i["rule"] == "gpu_hang_culprit"
         ]
         # Its evidence is what named the rank, not a straggler's slowdown (0% while hung).
-        assert hang["evidence"].startswith("job job-c ("), hang
-        assert "is held up by its culprit rank 2 on node-2 GPU 4: " in hang["evidence"], hang
+        assert hang["evidence"].startswith("culprit of job job-c: rank 2 on node-2 GPU 4: "), hang
         assert "slower" not in hang["evidence"]
         # The watchdog ends job-c (every rank gone) and it restarts on node-1's GPUs alone.
         await wait_until(lambda: made["job-c"].crashes == 1, 30, "job-c ended by its watchdog")
