@@ -424,15 +424,13 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
     checked: list[dict[str, object]] = []
     for kind, path in targets:
         outcome = checkers[kind](path)
-        checked.append(_as_json(kind, path, outcome))
-        warnings_of = [f"{path}: warning: {w}" for w in outcome.warnings]
-        problems_of = [_located(path, p) for p in outcome.problems]
+        located = [_located(path, p) for p in outcome.problems]
+        checked.append(_as_json(kind, path, outcome, located))
         if output == "json":
             continue
-        warnings.extend(warnings_of)
-        if problems_of:
-            problems.extend(problems_of)
-        else:
+        warnings.extend(f"{path}: warning: {w}" for w in outcome.warnings)
+        problems.extend(located)
+        if not located:
             print(f"{path}: {kind} config OK: {outcome.summary}", file=out)
     failed = bool(problems) or any(not entry["ok"] for entry in checked)
     if output == "json":
@@ -449,13 +447,13 @@ def check(  # noqa: PLR0913 - what to check, where secrets come from, where to s
     return 2 if failed else 0
 
 
-def _as_json(kind: str, path: Path, outcome: Outcome) -> dict[str, object]:
+def _as_json(kind: str, path: Path, outcome: Outcome, located: list[str]) -> dict[str, object]:
     return {
         "path": str(path),
         "kind": kind,
-        "ok": not outcome.problems,
-        "summary": outcome.summary if not outcome.problems else "",
-        "problems": [_bounded(_located(path, p)) for p in outcome.problems],
+        "ok": not located,
+        "summary": outcome.summary if not located else "",
+        "problems": [_bounded(p) for p in located],
         "warnings": [_bounded(w) for w in outcome.warnings],
     }
 

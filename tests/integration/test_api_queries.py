@@ -186,12 +186,32 @@ class TestSilences:
         )
         await service.start()
         try:
-            status, _ = await post(service, {"all": True, "duration": "15m"}, token=sent)
-            assert status == 201
-            _, body = await get(service, "/api/v1/silences")
-            assert [(s["node"], s["created_by"]) for s in body["silences"]] == [
-                ("*", f"{by}, user {ME}")
-            ]
+            with capture_logs() as logs:
+                status, answer = await post(
+                    service, {"all": True, "duration": "15m", "reason": "fabric"}, token=sent
+                )
+                assert status == 201
+                _, body = await get(service, "/api/v1/silences")
+                assert [(s["node"], s["created_by"]) for s in body["silences"]] == [
+                    ("*", f"{by}, user {ME}")
+                ]
+                headers = dict(JSON) | {"Authorization": f"Bearer {sent}"}
+                removed = await asyncio.to_thread(
+                    request,
+                    service.http_port,
+                    "DELETE",
+                    f"/api/v1/silences/{answer['id']}",
+                    None,
+                    headers,
+                )
+                assert removed.status == 200
+            # The log says what was silenced, until when and by whom; and who removed it.
+            [added] = [e for e in logs if e["event"] == "silence_added"]
+            assert (added["node"], added["rule"], added["reason"]) == ("*", "*", "fabric")
+            assert added["created_by"] == f"{by}, user {ME}"
+            assert added["until_ms"] > 0
+            [gone] = [e for e in logs if e["event"] == "silence_removed"]
+            assert (gone["id"], gone["removed_by"]) == (answer["id"], f"{by}, user {ME}")
         finally:
             await service.stop(grace=None)
 
