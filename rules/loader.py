@@ -45,6 +45,7 @@ from rules.signals import known
 from rules.yaml_lines import YamlTextError, builtin_text, compose, key_lines, line_of, read_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 RULE_NAME: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -62,6 +63,7 @@ RULE_KEYS: Final = frozenset(
         "actions",
         "escalate",
         "dry_run",
+        "suppresses",
     },
 )
 ESCALATE_KEYS: Final = frozenset({"after", "within", "actions", "occurrences"})
@@ -183,8 +185,7 @@ class _Checker:
         for key, value in texts.items():
             self.typed(value, str, key, at(key), name)
         labels = self.labels(raw.get("labels", {}), at("labels"), name)
-        dry_run = raw.get("dry_run", False)
-        self.typed(dry_run, bool, "dry_run", at("dry_run"), name)
+        dry_run, suppresses = self.switches(raw, at, name, scope)
         actions = self.actions(raw.get("actions", []), "actions", at("actions"), name)
         escalation = self.escalation(raw.get("escalate"), at("escalate"), name, scope)
         if scope is not None:
@@ -204,10 +205,25 @@ class _Checker:
             labels=labels,
             actions=actions,
             escalation=escalation,
-            dry_run=dry_run is True,
+            dry_run=dry_run,
+            suppresses=suppresses,
             source=self.source,
             line=line,
         )
+
+    def switches(
+        self, raw: dict[str, Any], at: Callable[[str], int], name: str, scope: Scope | None
+    ) -> tuple[bool, bool]:
+        """The rule's ``dry_run`` and ``suppresses`` (true or false; only node rules suppress)."""
+        dry_run = raw.get("dry_run", False)
+        self.typed(dry_run, bool, "dry_run", at("dry_run"), name)
+        suppresses = raw.get("suppresses", False)
+        self.typed(suppresses, bool, "suppresses", at("suppresses"), name)
+        if suppresses is True and scope is not None and scope != Scope.NODE:
+            self.problem(
+                at("suppresses"), name, "suppresses is for node rules (it holds a node's others)"
+            )
+        return dry_run is True, suppresses is True
 
     def scoped_actions(
         self, scope: Scope, actions: tuple[ActionSpec, ...], line: int, rule: str

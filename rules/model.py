@@ -79,6 +79,9 @@ class Rule:
     actions: tuple[ActionSpec, ...] = ()
     escalation: Escalation | None = None
     dry_run: bool = False
+    # While it fires, the node's GPU, NVLink and IB-port incidents that fire are suppressed: it
+    # says the node's own readings cannot be trusted (node_unreachable). Node rules only.
+    suppresses: bool = False
     source: str = ""
     line: int = 0
 

@@ -411,5 +411,5 @@ class Evaluator:
         return None
 
     def verdict(self, incident: Incident, rule: Rule) -> Verdict:
-        """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""
+        """Whether a firing incident is suppressed (by a rule that suppresses) or silenced."""
         return verdict_for(self.engine, incident, rule, self.silencer(incident, rule))

@@ -106,6 +106,14 @@ class ActionSink(Protocol):
         ...
 
 
+class IncidentWatcher(Protocol):
+    """Told of each incident the service carries as it changes (Alertmanager's forwarder)."""
+
+    def changed(self, incident: IncidentRow, rule: Rule) -> None:
+        """``incident`` was journaled (or, firing, taken back at start); must not block."""
+        ...
+
+
 def _close_unstarted(step: Coroutine[object, object, None]) -> None:
     """Close a step whose task was cancelled before the step began (the service stopping).
 
@@ -137,6 +145,8 @@ class IncidentService:
         self._journal = journal
         self._clock = clock
         self.sink = sink
+        # Told of every journaled change, and of each firing incident taken back at start.
+        self.watchers: list[IncidentWatcher] = []
         self.interval_s = interval_s
         self._silences: list[SilenceRow] = []
         self._task: asyncio.Task[None] | None = None
@@ -184,6 +194,7 @@ class IncidentService:
             return None if ms is None else mono - (now - ms / 1000)
 
         firing: list[Incident] = []
+        taken: list[tuple[IncidentRow, Rule]] = []
         for row in rows:
             if row.rule not in self.evaluator.engine.rules:
                 continue  # the rule is gone from the rule files: the incident ends with it
@@ -204,7 +215,10 @@ class IncidentService:
             self.evaluator.engine.restore(incident)
             if incident.phase == Phase.FIRING:
                 firing.append(incident)
+                taken.append((row, self.evaluator.engine.rules[row.rule]))
         await self.reload_silences()
+        for row, rule in taken:
+            self._tell(row, rule)
         for incident in firing:
             self._act_again(incident)
         self._task = asyncio.create_task(self._run(), name="incidents")
@@ -234,6 +248,17 @@ class IncidentService:
             )
         )
         log.info("incident_adopted", rule=other.rule, target=other.target, incident=other.id)
+        rule = self.evaluator.engine.rules.get(other.rule)
+        if rule is not None and other.phase == Phase.FIRING.value:
+            self._tell(other, rule)
+
+    def _tell(self, row: IncidentRow, rule: Rule) -> None:
+        """Tell the watchers of ``row``; one that fails is logged and stops nothing."""
+        for watcher in self.watchers:
+            try:
+                watcher.changed(row, rule)
+            except Exception:
+                log.exception("incident_watcher_failed", incident=row.id)
 
     def _act_again(self, incident: Incident) -> None:
         """Hand a firing incident taken back from the journal to the sink once more.
@@ -538,6 +563,7 @@ class IncidentService:
     def _announce(self, outcome: Outcome, row: IncidentRow, plan: FirePlan | None = None) -> None:
         """Log a journaled change and hand it to the sink (with what was planned for it)."""
         incident, rule, verdict = outcome.transition.incident, outcome.rule, outcome.verdict
+        self._tell(row, rule)
         event = f"incident_{incident.phase.value}"
         if outcome.transition.recurred:
             log.warning(

@@ -1,6 +1,7 @@
 """What came of an evaluation: a transition, whether its actions may run, and its evidence.
 
-Grouping: a firing critical node-level incident suppresses the GPU, NVLink and IB-port incidents
+Grouping: a firing incident of a node rule that says ``suppresses: true`` (the node's own
+readings cannot be trusted: ``node_unreachable``) suppresses the GPU, NVLink and IB-port incidents
 of that node that fire after it (they are journaled as suppressed and run no actions). A silence
 that matches an incident silences it.
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rules.engine import Phase
-from rules.model import Scope, Severity
+from rules.model import Scope
 
 if TYPE_CHECKING:
     from collector.jobs.book import JobBook
@@ -37,18 +38,13 @@ class Outcome:
 
 
 def verdict_for(engine: Engine, incident: Incident, rule: Rule, silenced_by: str | None) -> Verdict:
-    """Whether a firing incident is suppressed (by a critical one on its node) or silenced."""
+    """Whether a firing incident is suppressed (by a suppressing one on its node) or silenced."""
     verdict = Verdict(silenced_by=silenced_by)
     if incident.phase != Phase.FIRING or rule.scope in (Scope.NODE, Scope.JOB, Scope.FLEET):
         return verdict
     for other in engine.open_incidents():
         other_rule = engine.rules[other.rule]
-        if (
-            other.node == incident.node
-            and other.phase == Phase.FIRING
-            and other_rule.scope == Scope.NODE
-            and other_rule.severity == Severity.CRITICAL
-        ):
+        if other.node == incident.node and other.phase == Phase.FIRING and other_rule.suppresses:
             verdict.suppressed_by = other.id
             break
     return verdict

@@ -120,6 +120,27 @@ class TestLoader:
             load_rules([tmp_path / "missing.yaml"])
 
 
+class TestSuppresses:
+    def test_a_node_rule_may_suppress(self):
+        """``suppresses: true`` on a node rule is kept; rules say false unless they ask."""
+        text = one_rule("node", "!node.reachable", "suppresses: true")
+        assert parse_rules(text, "r.yaml").rules[0].suppresses is True
+        assert parse_rules(GOOD, "r.yaml").rules[0].suppresses is False
+
+    def test_only_node_rules_suppress_and_only_with_a_boolean(self):
+        """A GPU rule cannot hold back its node's others; "yes" is not true."""
+        found = problems(one_rule("gpu", "!gpu.present", "suppresses: true"))
+        assert found == [
+            "r.yaml:6: rule r: suppresses is for node rules (it holds a node's others)"
+        ]
+        found = problems(one_rule("node", "!node.reachable", 'suppresses: "yes"'))
+        assert found == ["r.yaml:6: rule r: suppresses must be true or false, not 'yes'"]
+
+    def test_of_the_builtin_rules_only_node_unreachable_suppresses(self):
+        """A hot sensor or a hung NVML must not hold back a lost GPU's drain (issue 43)."""
+        assert [r.name for r in load_rules().rules if r.suppresses] == ["node_unreachable"]
+
+
 def one_rule(scope: str, when: str, extra: str = "") -> str:
     return f"version: 1\nrules:\n  - name: r\n    scope: {scope}\n    when: '{when}'\n" + "".join(
         f"    {line}\n" for line in extra.splitlines()
