@@ -43,6 +43,7 @@ class EventKind(StrEnum):
     IB_DEVICE_REMOVED = "ib_device_removed"
     # The kernel's other hardware lines, and links that trained below their rate.
     MACHINE_CHECK = "machine_check"
+    MACHINE_CHECK_UNCORRECTED = "machine_check_uncorrected"
     FS_ERROR = "fs_error"
     FS_READ_ONLY = "fs_read_only"
     SXID = "sxid"
@@ -61,6 +62,7 @@ class EventKind(StrEnum):
     TEMPERATURE_CRITICAL = "temperature_critical"
     TEMPERATURE_NORMAL = "temperature_normal"
     BMC_SEL_ENTRY = "bmc_sel_entry"
+    BMC_SEL_CRITICAL = "bmc_sel_critical"
     NODE_UNREACHABLE = "node_unreachable"
     NODE_REACHABLE = "node_reachable"
 
@@ -87,6 +89,7 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.IB_DEVICE_ADDED: pb.EVENT_KIND_IB_DEVICE_ADDED,
     EventKind.IB_DEVICE_REMOVED: pb.EVENT_KIND_IB_DEVICE_REMOVED,
     EventKind.MACHINE_CHECK: pb.EVENT_KIND_MACHINE_CHECK,
+    EventKind.MACHINE_CHECK_UNCORRECTED: pb.EVENT_KIND_MACHINE_CHECK_UNCORRECTED,
     EventKind.FS_ERROR: pb.EVENT_KIND_FS_ERROR,
     EventKind.FS_READ_ONLY: pb.EVENT_KIND_FS_READ_ONLY,
     EventKind.SXID: pb.EVENT_KIND_SXID,
@@ -104,6 +107,7 @@ _EVENT_TO_PB: Final[dict[EventKind, pb.EventKind]] = {
     EventKind.TEMPERATURE_CRITICAL: pb.EVENT_KIND_TEMPERATURE_CRITICAL,
     EventKind.TEMPERATURE_NORMAL: pb.EVENT_KIND_TEMPERATURE_NORMAL,
     EventKind.BMC_SEL_ENTRY: pb.EVENT_KIND_BMC_SEL_ENTRY,
+    EventKind.BMC_SEL_CRITICAL: pb.EVENT_KIND_BMC_SEL_CRITICAL,
     EventKind.NODE_UNREACHABLE: pb.EVENT_KIND_NODE_UNREACHABLE,
     EventKind.NODE_REACHABLE: pb.EVENT_KIND_NODE_REACHABLE,
 }

@@ -36,6 +36,7 @@ from rules.model import (
     NODE_SCOPES,
     ActionSpec,
     Escalation,
+    Mode,
     Rule,
     RuleSet,
     Scope,
@@ -64,6 +65,7 @@ RULE_KEYS: Final = frozenset(
         "escalate",
         "dry_run",
         "suppresses",
+        "mode",
     },
 )
 ESCALATE_KEYS: Final = frozenset({"after", "within", "actions", "occurrences"})
@@ -72,7 +74,7 @@ BUILTIN: Final = ("rules", "default.yaml")
 BUILTIN_SOURCE: Final = "builtin/default.yaml"
 # What a value of each type is called in problems (rule files are written by people).
 _KINDS: Final[dict[type, str]] = {bool: "true or false", str: "a string", int: "a whole number"}
-_Choice = TypeVar("_Choice", Scope, Severity)
+_Choice = TypeVar("_Choice", Scope, Severity, Mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,7 @@ class _Checker:
         severity = self.choice(
             Severity, "severity", raw.get("severity", "warning"), at("severity"), name
         )
+        mode = self.choice(Mode, "mode", raw.get("mode", "act"), at("mode"), name)
         when = self.condition(scope, raw.get("when"), at("when"), name)
         timing: dict[str, float] = {}
         for key in ("for", "keep_firing_for"):
@@ -191,7 +194,7 @@ class _Checker:
         if scope is not None:
             extra = escalation.actions if escalation else ()
             self.scoped_actions(scope, actions + extra, at("actions"), name)
-        if scope is None or severity is None or when is None:
+        if scope is None or severity is None or when is None or mode is None:
             return None
         return Rule(
             name=name,
@@ -207,6 +210,7 @@ class _Checker:
             escalation=escalation,
             dry_run=dry_run,
             suppresses=suppresses,
+            mode=mode,
             source=self.source,
             line=line,
         )

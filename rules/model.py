@@ -18,6 +18,13 @@ class Scope(StrEnum):
     FLEET = "fleet"
 
 
+class Mode(StrEnum):
+    """Whether a rule's actions run (``act``) or are only journaled as they would have run."""
+
+    ACT = "act"
+    SHADOW = "shadow"
+
+
 class Severity(StrEnum):
     """How bad a firing incident is."""
 
@@ -82,8 +89,16 @@ class Rule:
     # While it fires, the node's GPU, NVLink and IB-port incidents that fire are suppressed: it
     # says the node's own readings cannot be trusted (node_unreachable). Node rules only.
     suppresses: bool = False
+    # shadow: it fires and journals each action as it would have run ("shadow"), acts on nothing
+    # (no drain, reset, requeue or notification) and suppresses nothing: a new rule proven live.
+    mode: Mode = Mode.ACT
     source: str = ""
     line: int = 0
+
+    @property
+    def shadow(self) -> bool:
+        """Whether the rule runs in shadow mode."""
+        return self.mode == Mode.SHADOW
 
     @property
     def where(self) -> str:

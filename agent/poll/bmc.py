@@ -279,7 +279,7 @@ class BmcPoller:
         worth = [e for e in sel.entries if e.severity != Severity.OK]
         for entry in worth[:MAX_SEL_EVENTS]:
             result.event(
-                EventKind.BMC_SEL_ENTRY,
+                _sel_kind(entry.severity == Severity.CRITICAL),
                 Target.node_device(component_name(entry.sensor, "SEL")),
                 now_ms,
                 entry.describe(),
@@ -287,7 +287,7 @@ class BmcPoller:
         if len(worth) > MAX_SEL_EVENTS:
             rest: list[SelEntry] = worth[MAX_SEL_EVENTS:]
             result.event(
-                EventKind.BMC_SEL_ENTRY,
+                _sel_kind(any(e.severity == Severity.CRITICAL for e in rest)),
                 Target.node_device("SEL"),
                 now_ms,
                 f"{len(rest)} more warning or critical SEL entries, "
@@ -313,3 +313,8 @@ class BmcPoller:
         if now == bool(before):
             return
         result.event(kinds[0] if now else kinds[1], Target.node_device(name), now_ms, detail)
+
+
+def _sel_kind(critical: bool) -> EventKind:  # noqa: FBT001 - one fact, named by the caller
+    """The event a SEL entry (or the count of the rest) is: critical ones page on their own."""
+    return EventKind.BMC_SEL_CRITICAL if critical else EventKind.BMC_SEL_ENTRY

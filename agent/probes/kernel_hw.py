@@ -13,8 +13,12 @@ Besides the GPU's Xid lines and PCIe AER reports (:mod:`agent.probes.xid`,
       EDAC MC1: 1 UE memory read error on CPU_SrcID#1_Ha#0_Chan#2_DIMM#0 (...)
 
   An error prints several ``[Hardware Error]`` lines (RIP, TSC, ADDR, PROCESSOR, "Run the above
-  through 'mcelog --ascii'"); only the first of them, which names the CPU, is a finding.
-  Corrected errors are not printed one by one: the kernel says ``Machine check events logged``.
+  through 'mcelog --ascii'"); only the first of them, which names the CPU, is a finding. Its last
+  number is the bank's MCi_STATUS register: bit 61 (UC) set means the hardware could not correct
+  the error (Intel SDM vol. 3B 16.3.2.2; AMD's MCA_STATUS has UC at the same place), which is a
+  ``machine_check_uncorrected``; so are "Processor context corrupt", the kernel's "Uncorrected
+  hardware memory error", a fatal machine check's panic and EDAC's ``UE`` lines. Corrected
+  errors are not printed one by one: the kernel says ``Machine check events logged``.
 * Filesystem errors (``fs/ext4/super.c``, ``fs/xfs/xfs_message.c``, ``fs/btrfs/messages.c``)::
 
       EXT4-fs error (device nvme0n1p2): ext4_find_entry:1455: inode #2: comm ls: reading ...
@@ -96,7 +100,11 @@ class HwLine:
 
 
 _BDF: Final = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
-_MCE_CPU: Final = re.compile(r"\[Hardware Error\]: CPU (\d{1,5}): Machine Check")
+_MCE_CPU: Final = re.compile(
+    r"\[Hardware Error\]: CPU (\d{1,5}): Machine Check(?: Exception)?:"
+    r"(?: [0-9A-Fa-f]{1,16} Bank \d{1,3}: ([0-9A-Fa-f]{1,16})\b)?"
+)
+_MCI_STATUS_UC: Final = 1 << 61  # MCi_STATUS: the error was not corrected
 _MCE_LOGGED: Final = re.compile(r"Machine check events logged")
 _MCE_FATAL: Final = re.compile(
     r"mce: \[Hardware Error\]: Machine check: (.+)|Kernel panic - not syncing: Fatal machine check"
@@ -170,11 +178,15 @@ def parse_hw_line(text: str) -> HwLine | None:
 
 def _machine_check(text: str) -> HwLine | None:
     if (m := _MCE_CPU.search(text)) is not None:
-        return HwLine(EventKind.MACHINE_CHECK, f"cpu{int(m[1])}", _detail(text))
-    if _MCE_LOGGED.search(text) or _MCE_FATAL.search(text):
+        uncorrected = m[2] is not None and bool(int(m[2], 16) & _MCI_STATUS_UC)
+        kind = EventKind.MACHINE_CHECK_UNCORRECTED if uncorrected else EventKind.MACHINE_CHECK
+        return HwLine(kind, f"cpu{int(m[1])}", _detail(text))
+    if _MCE_LOGGED.search(text):
         return HwLine(EventKind.MACHINE_CHECK, "", _detail(text))
+    if _MCE_FATAL.search(text):
+        return HwLine(EventKind.MACHINE_CHECK_UNCORRECTED, "", _detail(text))
     if (m := _EDAC_UE.search(text)) is not None:
-        return HwLine(EventKind.MACHINE_CHECK, m[1].lower(), _detail(text))
+        return HwLine(EventKind.MACHINE_CHECK_UNCORRECTED, m[1].lower(), _detail(text))
     return None
 
 

@@ -30,13 +30,19 @@ _UNUSED: Final = "0000:0000:0000:0000:0000:0000:0000:0000"
 _GID_TABLE: Final = 16
 
 
-def machine_check(node: SimNode, cpu: int) -> None:
-    """A CPU reports an error its machine-check bank logged (the kernel survives it)."""
+def machine_check(node: SimNode, cpu: int, *, uncorrected: bool = False) -> None:
+    """A CPU reports an error its machine-check bank logged (the kernel survives it).
+
+    Corrected: MCi_STATUS 0x9c00... (valid, enabled, misc and address valid); uncorrected: bit
+    61 (UC) set too, 0xbc00... (an uncorrected error the kernel recovered from, as a poisoned
+    page it took away: no context corrupt, so no panic).
+    """
     if not 0 <= cpu < 4096:  # noqa: PLR2004 - more CPUs than any node has
         msg = f"no CPU {cpu}"
         raise IndexError(msg)
+    status = "bc00000000800400" if uncorrected else "9c00000000800400"
     for line in (
-        f"mce: [Hardware Error]: CPU {cpu}: Machine Check: 0 Bank 5: be00000000800400",
+        f"mce: [Hardware Error]: CPU {cpu}: Machine Check: 0 Bank 5: {status}",
         "mce: [Hardware Error]: TSC 2a1b3c4d5e6f ADDR fe8c0 MISC 228aa040101086",
         (
             f"mce: [Hardware Error]: PROCESSOR 0:806f8 TIME 1764031200 SOCKET {cpu // 56} "

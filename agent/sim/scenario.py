@@ -89,6 +89,7 @@ class FaultKind(StrEnum):
     DRIVER_VERSION = "driver_version"
     # The kernel's other hardware lines, a NIC's PCIe link, a RoCE port's GIDs (host_faults.py).
     MCE = "mce"
+    MCE_UNCORRECTED = "mce_uncorrected"
     FS_ERROR = "fs_error"
     FS_READ_ONLY = "fs_read_only"
     SXID = "sxid"
@@ -150,6 +151,7 @@ PARAMS: Final[dict[FaultKind, dict[str, type]]] = {
     FaultKind.BAD_CABLE: {"peer": str, "port": int, "factor": float},
     FaultKind.DRIVER_VERSION: {"version": str},
     FaultKind.MCE: {"cpu": int},
+    FaultKind.MCE_UNCORRECTED: {"cpu": int},
     FaultKind.FS_ERROR: {"device": str},
     FaultKind.FS_READ_ONLY: {"device": str},
     FaultKind.SXID: {"switch": int, "sxid": int},
@@ -234,6 +236,7 @@ class Fault:
             ),
             FaultKind.DRIVER_VERSION: lambda: f"runs driver {p['version']}",
             FaultKind.MCE: lambda: f"CPU {p['cpu']} logs a machine check",
+            FaultKind.MCE_UNCORRECTED: lambda: f"CPU {p['cpu']} logs an uncorrected machine check",
             FaultKind.FS_ERROR: lambda: f"ext4 errors on {p['device']}",
             FaultKind.FS_READ_ONLY: lambda: f"{p['device']} remounted read-only after errors",
             FaultKind.SXID: lambda: f"NVSwitch {p['switch']} logs non-fatal SXid {p['sxid']}",
@@ -532,6 +535,9 @@ _APPLY: Final[dict[FaultKind, Callable[[SimNode, dict[str, Any]], None]]] = {
     FaultKind.BAD_CABLE: lambda n, p: n.bad_cable(p["peer"], p["port"], p["factor"]),
     FaultKind.DRIVER_VERSION: lambda n, p: n.driver_version(p["version"]),
     FaultKind.MCE: lambda n, p: host_faults.machine_check(n, p["cpu"]),
+    FaultKind.MCE_UNCORRECTED: lambda n, p: host_faults.machine_check(
+        n, p["cpu"], uncorrected=True
+    ),
     FaultKind.FS_ERROR: lambda n, p: host_faults.fs_error(n, p["device"], read_only=False),
     FaultKind.FS_READ_ONLY: lambda n, p: host_faults.fs_error(n, p["device"], read_only=True),
     FaultKind.SXID: lambda n, p: host_faults.sxid(n, p["switch"], p["sxid"], fatal=False),

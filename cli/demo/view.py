@@ -153,7 +153,7 @@ def events_by_kind(rows: list[EventRow]) -> str:
 # ---- incidents and actions --------------------------------------------------------------------
 
 FINAL_STATES: Final = frozenset(
-    {"succeeded", "failed", "skipped", "deferred", "dry_run", "refused"}
+    {"succeeded", "failed", "skipped", "deferred", "dry_run", "shadow", "refused"}
 )
 _DELIVERED: Final = re.compile(r"[\w .-]+: delivered \(HTTP (\d+)\)")
 DETAIL_WIDTH: Final = 70

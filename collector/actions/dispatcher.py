@@ -214,6 +214,9 @@ class Dispatcher:
     async def release(self, node: str, reason: str) -> bool:
         """A person says ``node`` is back in service; it stops counting toward the drain cap.
 
+        Its drain cooldown ends too (here and, through the journal, on every collector): a
+        fault after the release drains it again at once.
+
         For nodes resumed outside fleetwatch (by hand in Slurm, after a repair). Journaled;
         False when fleetwatch held no drain of it.
         """
@@ -221,6 +224,7 @@ class Dispatcher:
         if incident is None:
             return False
         await self._actions.released(node, incident, reason)
+        self._checks.released(node)
         log.warning("drain_released", node=node, incident=incident, reason=reason)
         return True
 

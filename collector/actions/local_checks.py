@@ -199,8 +199,9 @@ class SafetyChecks:
         )
         if why:
             return "skipped", why
-        if self.config.dry_run or rule.dry_run:
-            return "dry_run", "dry run: nothing was done"
+        held = self._held(rule)
+        if held is not None:
+            return held
         mono = self._clock.monotonic()
         where = cooldown_key(incident, spec)
         last = self._last_action.get((where, spec.name))
@@ -287,6 +288,22 @@ class SafetyChecks:
             now = self._clock.now()
             self.requeued[where.removeprefix("job/")] = (incident.id, now)
             self._requeue_times.append(now)
+
+    def _held(self, rule: Rule) -> tuple[str, str] | None:
+        """A shadow rule's action, or one under dry run: journaled as it would run, run not."""
+        if rule.shadow:
+            return "shadow", "shadow mode: would run, nothing was done"
+        if self.config.dry_run or rule.dry_run:
+            return "dry_run", "dry run: nothing was done"
+        return None
+
+    def released(self, node: str) -> None:
+        """A person put ``node`` back in service: its drain cooldown is over.
+
+        The cooldown keeps one fault from draining a node twice in a row; after a release, a
+        new fault's drain is a new decision (it was skipped as "cooldown" within 5 minutes).
+        """
+        self._last_action.pop((node, "drain_node"), None)
 
     def _ranks_on(self, incident: IncidentRow) -> list[tuple[str, int, str]]:
         """The training ranks on the incident's GPU (none known: empty)."""

@@ -117,6 +117,7 @@ def incident_json(row: IncidentRow, rule: Rule | None) -> dict[str, Any]:
         **asdict(row),
         "description": rule.description if rule is not None else "",
         "runbook": rule.runbook if rule is not None else "",
+        "mode": rule.mode.value if rule is not None else "act",
     }
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["DryRun", "WouldAction", "WouldFire", "dry_run"]
 
 # What SafetyChecks.refusal's states read as in a dry run.
-_SHOWN = {"planned": "would run", "dry_run": "dry run"}
+_SHOWN = {"planned": "would run", "dry_run": "dry run", "shadow": "shadow"}
 
 
 @dataclass(frozen=True, slots=True)

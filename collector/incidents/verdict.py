@@ -44,7 +44,12 @@ def verdict_for(engine: Engine, incident: Incident, rule: Rule, silenced_by: str
         return verdict
     for other in engine.open_incidents():
         other_rule = engine.rules[other.rule]
-        if other.node == incident.node and other.phase == Phase.FIRING and other_rule.suppresses:
+        if (
+            other.node == incident.node
+            and other.phase == Phase.FIRING
+            and other_rule.suppresses
+            and not other_rule.shadow
+        ):
             verdict.suppressed_by = other.id
             break
     return verdict

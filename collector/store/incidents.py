@@ -462,16 +462,24 @@ class IncidentStore:
             "AND state IN ('planned', 'running', 'succeeded', 'failed') AND created_ms >= ?",
             (since_ms,),
         )
-        last = {
-            (str(a).removeprefix("escalated_"), str(where)): int(t)
-            for a, where, t in self._db.rows(
-                "SELECT action, CASE WHEN action IN ('reset_gpu', 'escalated_reset_gpu') "
-                "THEN target ELSE node END AS place, MAX(created_ms) FROM actions "
-                "WHERE state IN ('planned', 'running', 'succeeded', 'failed') "
-                "AND created_ms >= ? GROUP BY action, place",
-                (-1 if recent_ms is None else recent_ms,),
-            )
-        }
+        last: dict[tuple[str, str], int] = {}
+        for a, place, t in self._db.rows(
+            "SELECT action, CASE WHEN action IN ('reset_gpu', 'escalated_reset_gpu') "
+            "THEN target ELSE node END AS place, MAX(created_ms) FROM actions "
+            "WHERE state IN ('planned', 'running', 'succeeded', 'failed') "
+            "AND created_ms >= ? GROUP BY action, place",
+            (-1 if recent_ms is None else recent_ms,),
+        ):
+            key = (str(a).removeprefix("escalated_"), str(place))
+            last[key] = max(int(t), last.get(key, 0))
+        # A person's release ends the node's drain cooldown: a fault after it drains again.
+        for node, t in self._db.rows(
+            "SELECT node, MAX(created_ms) FROM actions WHERE action = 'release_node' "
+            "AND state = 'succeeded' GROUP BY node",
+        ):
+            drained_ms = last.get(("drain_node", str(node)))
+            if drained_ms is not None and int(t) >= drained_ms:
+                del last["drain_node", str(node)]
         return FleetActions(
             drained=drained,
             draining=frozenset(str(n) for a, n, _ in busy if str(a).endswith("drain_node")),

@@ -64,6 +64,7 @@ AGENT_EVENT_KINDS: Final = frozenset(
         pb.EVENT_KIND_IB_DEVICE_REMOVED,
         # the kernel's other hardware lines; links below their rate
         pb.EVENT_KIND_MACHINE_CHECK,
+        pb.EVENT_KIND_MACHINE_CHECK_UNCORRECTED,
         pb.EVENT_KIND_FS_ERROR,
         pb.EVENT_KIND_FS_READ_ONLY,
         pb.EVENT_KIND_SXID,
@@ -82,6 +83,7 @@ AGENT_EVENT_KINDS: Final = frozenset(
         pb.EVENT_KIND_TEMPERATURE_CRITICAL,
         pb.EVENT_KIND_TEMPERATURE_NORMAL,
         pb.EVENT_KIND_BMC_SEL_ENTRY,
+        pb.EVENT_KIND_BMC_SEL_CRITICAL,
     },
 )
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 NODE = Target.node()
 
+SEL_KINDS = (EventKind.BMC_SEL_ENTRY, EventKind.BMC_SEL_CRITICAL)
 pytestmark = pytest.mark.skipif(
     shutil.which("ipmi_sim") is None or shutil.which("ipmitool") is None,
     reason="ipmi_sim (openipmi) or ipmitool missing: make test installs them",
@@ -87,8 +88,10 @@ async def test_sensors_the_bmc_changes_become_samples_and_events(sim: IpmiSim, t
         (EventKind.TEMPERATURE_CRITICAL, "Inlet_Temp"),
     ]:
         assert got.count(expected) == 1, (expected, got)
-    sel = [e for e in second.events if e.kind == EventKind.BMC_SEL_ENTRY]
+    sel = [e for e in second.events if e.kind in SEL_KINDS]
     assert {e.target.device for e in sel} == {"FAN1", "PS2_Status", "PS_Redundancy", "Inlet_Temp"}
+    critical = {e.target.device for e in sel if e.kind == EventKind.BMC_SEL_CRITICAL}
+    assert "FAN1" in critical, "a fan below its lower critical threshold is a critical entry"
     assert any("Lower Critical going low" in e.detail for e in sel)
     assert not any("Fully Redundant" in e.detail for e in sel)  # informational: not sent
     s = second.samples
@@ -100,12 +103,10 @@ async def test_sensors_the_bmc_changes_become_samples_and_events(sim: IpmiSim, t
     # A restarted agent with the cursor left where it was reports the entries again (their
     # events were never durable); once committed, it does not.
     again = poller(sim, SelCursor(tmp_path / "sel.json", f"127.0.0.1:{sim.port}"))
-    assert len(
-        [e for e in (await again.poll(4)).events if e.kind == EventKind.BMC_SEL_ENTRY]
-    ) == len(sel)
+    assert len([e for e in (await again.poll(4)).events if e.kind in SEL_KINDS]) == len(sel)
     again.commit_sel()
     fresh = poller(sim, SelCursor(tmp_path / "sel.json", f"127.0.0.1:{sim.port}"))
-    assert [e for e in (await fresh.poll(5)).events if e.kind == EventKind.BMC_SEL_ENTRY] == []
+    assert [e for e in (await fresh.poll(5)).events if e.kind in SEL_KINDS] == []
 
 
 async def test_wrong_credentials_cost_the_read_and_are_counted(sim: IpmiSim, tmp_path: Path):

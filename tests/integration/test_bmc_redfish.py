@@ -145,7 +145,7 @@ async def test_sensors_the_bmc_changes_become_samples_and_events(emulator: Emula
             (EventKind.PSU_FAILED, "PSU1"),
             (EventKind.PSU_FAILED, "PSU2"),
             (EventKind.PSU_REDUNDANCY_LOST, ""),
-            (EventKind.BMC_SEL_ENTRY, "Battery"),
+            (EventKind.BMC_SEL_CRITICAL, "Battery"),
         ]
     )
     assert second.samples[NODE, "bmc_fans_failed"] == 1

@@ -205,3 +205,34 @@ async def test_release_makes_room_for_a_waiting_drain(collector_config, receiver
     finally:
         await cluster.stop()
         await service.stop(grace=None)
+
+
+async def test_a_release_ends_the_node_cooldown(collector_config, receiver, tmp_path, capsys):
+    """A node drained, repaired and released by a person: a new fault a minute later drains it
+    again. The drain cooldown (5 minutes) skipped it as "cooldown" before (issue 43)."""
+    service, cluster = await start(collector_config, tmp_path, actions(receiver, tmp_path))
+    api = f"--api=http://127.0.0.1:{service.http_port}"
+    try:
+        cluster.nodes["node-1"].xid(0, 79)
+        await wait_until(lambda: "node-1" in service.dispatcher.drained, what="first drain")
+        code, _, _ = await cli(capsys, "drains", api, "release", "node-1", "--reason=GPU 0 swapped")
+        assert code == 0
+        cluster.nodes["node-1"].xid(3, 79)
+
+        async def drains() -> list[tuple[str, str, str]]:
+            rows = await service.journal.do(lambda s: s.incidents.actions(node="node-1"))
+            return [(r.target, r.state, r.detail) for r in rows if r.action == "drain_node"]
+
+        async def second_decided() -> bool:
+            return any(t == "node-1/gpu/3" and s != "planned" for t, s, _ in await drains())
+
+        await wait_until(second_decided, what="the second fault's drain decided")
+        (second,) = [d for d in await drains() if d[0] == "node-1/gpu/3"]
+        assert second[1] == "succeeded", second
+        assert service.dispatcher.drained["node-1"].startswith("gpu_lost:node-1/gpu/3")
+        # The fleet-wide view (the journal, for collectors sharing it) agrees.
+        fleet = await service.journal.do(lambda s: s.incidents.fleet_actions(0))
+        assert fleet.drained["node-1"].startswith("gpu_lost:node-1/gpu/3")
+    finally:
+        await cluster.stop()
+        await service.stop(grace=None)

@@ -29,7 +29,7 @@ def notified(receiver: WebhookReceiver) -> set[tuple[str, str]]:
     }
 
 
-async def test_read_only_filesystem_and_fatal_sxid_drain_a_machine_check_notifies(
+async def test_read_only_filesystem_fatal_sxid_and_uncorrected_mce_drain_a_corrected_notifies(
     collector_config, receiver: WebhookReceiver, tmp_path: Path
 ):
     rules = demo_rules(tmp_path, 60.0).path
@@ -47,19 +47,20 @@ async def test_read_only_filesystem_and_fatal_sxid_drain_a_machine_check_notifie
         )
         await cluster.inject(Fault(0, "node-1", FaultKind.FS_READ_ONLY, {"device": "nvme0n1p2"}))
         await cluster.inject(Fault(0, "node-3", FaultKind.SXID_FATAL, {"switch": 1, "sxid": 20034}))
-        await wait_until(
-            lambda: (
-                {("drain_request", "node-1"), ("drain_request", "node-3")} <= set(kinds(receiver))
-            ),
-            what="the two drains",
-        )
+        await cluster.inject(Fault(0, "node-4", FaultKind.MCE_UNCORRECTED, {"cpu": 7}))
+        drains = {("drain_request", n) for n in ("node-1", "node-3", "node-4")}
+        await wait_until(lambda: drains <= set(kinds(receiver)), what="the three drains")
         # A rule's notification goes out beside its drain, not after it: wait for it too.
         await wait_until(
             lambda: (
-                {("filesystem_read_only", "node-1"), ("nvswitch_fatal_error", "node-3")}
+                {
+                    ("filesystem_read_only", "node-1"),
+                    ("nvswitch_fatal_error", "node-3"),
+                    ("cpu_machine_check_uncorrected", "node-4"),
+                }
                 <= notified(receiver)
             ),
-            what="the two drains' notifications",
+            what="the three drains' notifications",
         )
         assert ("drain_request", "node-2") not in kinds(receiver)
         status, body = api(service, "GET", "/api/v1/events?node=node-1&kind=fs_read_only")
@@ -74,6 +75,10 @@ async def test_read_only_filesystem_and_fatal_sxid_drain_a_machine_check_notifie
         assert sxid["target"]["device"] == "0000:06:00.0"
         status, body = api(service, "GET", "/api/v1/events?node=node-2&kind=machine_check")
         assert [e["target"]["device"] for e in body["events"]] == ["cpu40"]
+        status, body = api(
+            service, "GET", "/api/v1/events?node=node-4&kind=machine_check_uncorrected"
+        )
+        assert [e["target"]["device"] for e in body["events"]] == ["cpu7"]
     finally:
         await cluster.stop()
         await service.stop(grace=None)

@@ -75,7 +75,7 @@ async def test_bmc_events_reach_the_outbox_and_the_sel_cursor_follows_them(tmp_p
     node.bmc.fail_fan(2)
     await agent.poll_bmc_once(agent.bmc)
     events = [(event_kind_from_pb(e.kind).value, e.target.device) for e in agent.outbox.after(0)]
-    assert events == [("fan_failed", "Fan_2"), ("bmc_sel_entry", "Fan")]
+    assert events == [("fan_failed", "Fan_2"), ("bmc_sel_critical", "Fan")]
     assert agent.live.values[Target.node(), "bmc_fans_failed"] == 1
     cursor = tmp_path / "state" / "bmc-sel-cursor.json"
     await wait_until(

@@ -14,7 +14,7 @@ from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
 from rules.cel_env import SCOPE_VARIABLES, VARIABLE_FIELDS
 from rules.cel_types import VARIABLE_TYPES, Kind
 from rules.loader import RulesFileError, load_rules, parse_rules
-from rules.model import Scope, Severity
+from rules.model import Mode, Scope, Severity
 from rules.xid_catalog import load_catalog
 
 GOOD = """\
@@ -139,6 +139,19 @@ class TestSuppresses:
     def test_of_the_builtin_rules_only_node_unreachable_suppresses(self):
         """A hot sensor or a hung NVML must not hold back a lost GPU's drain (issue 43)."""
         assert [r.name for r in load_rules().rules if r.suppresses] == ["node_unreachable"]
+
+
+class TestMode:
+    def test_a_rule_acts_unless_it_says_shadow(self):
+        """``mode`` defaults to act; ``shadow`` is kept and read back as such."""
+        assert parse_rules(GOOD, "r.yaml").rules[0].shadow is False
+        text = one_rule("gpu", "!gpu.present", "mode: shadow")
+        rule = parse_rules(text, "r.yaml").rules[0]
+        assert (rule.mode, rule.shadow) == (Mode.SHADOW, True)
+
+    def test_an_unknown_mode_names_the_two(self):
+        found = problems(one_rule("gpu", "!gpu.present", "mode: quiet"))
+        assert found == ["r.yaml:6: rule r: mode must be one of act, shadow, not 'quiet'"]
 
 
 def one_rule(scope: str, when: str, extra: str = "") -> str:

@@ -30,17 +30,38 @@ class TestParseHwLine:
     @pytest.mark.parametrize(
         ("line", "kind", "device"),
         [
-            (MCE_LINES[0], EventKind.MACHINE_CHECK, "cpu12"),
+            # MCi_STATUS 0xbe...: UC (bit 61) set, as is PCC; 0x9c...: VAL, EN, MISCV, ADDRV only.
+            (MCE_LINES[0], EventKind.MACHINE_CHECK_UNCORRECTED, "cpu12"),
+            (
+                "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 7: 9c00000000800400",
+                EventKind.MACHINE_CHECK,
+                "cpu3",
+            ),
+            (
+                "mce: [Hardware Error]: CPU 0: Machine Check Exception: 5 Bank 1: b200000000070005",
+                EventKind.MACHINE_CHECK_UNCORRECTED,
+                "cpu0",
+            ),
+            (
+                "mce: [Hardware Error]: CPU 40: Machine Check: 0 Bank 16: 8c000051000800c0",
+                EventKind.MACHINE_CHECK,
+                "cpu40",
+            ),
             ("mce: [Hardware Error]: Machine check events logged", EventKind.MACHINE_CHECK, ""),
+            (
+                "Kernel panic - not syncing: Fatal machine check",
+                EventKind.MACHINE_CHECK_UNCORRECTED,
+                "",
+            ),
             ("[Hardware Error]: Machine check events logged", EventKind.MACHINE_CHECK, ""),
             (
                 "mce: [Hardware Error]: Machine check: Processor context corrupt",
-                EventKind.MACHINE_CHECK,
+                EventKind.MACHINE_CHECK_UNCORRECTED,
                 "",
             ),
             (
                 "mce: Uncorrected hardware memory error in user-access at 3ff3a5c400",
-                EventKind.MACHINE_CHECK,
+                EventKind.MACHINE_CHECK_UNCORRECTED,
                 "",
             ),
             (
@@ -48,7 +69,7 @@ class TestParseHwLine:
                     "EDAC MC1: 1 UE memory read error on CPU_SrcID#1_Ha#0_Chan#2_DIMM#0 "
                     "(channel:2 slot:0 page:0x5e1c0 offset:0x0 grain:32)"
                 ),
-                EventKind.MACHINE_CHECK,
+                EventKind.MACHINE_CHECK_UNCORRECTED,
                 "mc1",
             ),
             (
@@ -253,7 +274,7 @@ class TestKernelLogPoller:
             node.kmsg.write(line, level=0)
         events = sampler.poll_events().events
         assert [(e.kind, e.target) for e in events] == [
-            (EventKind.MACHINE_CHECK, Target.node_device("cpu12")),
+            (EventKind.MACHINE_CHECK_UNCORRECTED, Target.node_device("cpu12")),
         ]
         assert events[0].detail == MCE_LINES[0]
 

@@ -127,8 +127,8 @@ class TestScanFiles:
     def test_journalctl_short_precise(self):
         host = "gpu-node-17"
         assert findings("journalctl-k-precise.txt") == [
-            (host, "machine_check", "cpu40", None, 1),
-            (host, "machine_check", "mc1", None, 1),
+            (host, "machine_check", "cpu40", None, 1),  # MCi_STATUS 0xcc...: corrected
+            (host, "machine_check_uncorrected", "mc1", None, 1),  # EDAC's UE
         ]
 
     def test_journalctl_short_iso(self):

@@ -20,23 +20,23 @@ PARAMS: dict[FaultKind, dict[str, Any]] = {
 }
 # (event kind, the target's device) in the order the agent sends them.
 BMC_EXPECTED: dict[FaultKind, list[tuple[EventKind, str]]] = {
-    FaultKind.FAN_FAILURE: [(EventKind.FAN_FAILED, "Fan_3"), (EventKind.BMC_SEL_ENTRY, "Fan")],
+    FaultKind.FAN_FAILURE: [(EventKind.FAN_FAILED, "Fan_3"), (EventKind.BMC_SEL_CRITICAL, "Fan")],
     FaultKind.PSU_FAILURE: [
         (EventKind.PSU_FAILED, "PSU1"),
-        (EventKind.BMC_SEL_ENTRY, "Power_Supply"),
+        (EventKind.BMC_SEL_CRITICAL, "Power_Supply"),
     ],
     FaultKind.PSU_REDUNDANCY_LOST: [
         (EventKind.PSU_FAILED, "PSU4"),  # unfed, not broken: detail says "input lost"
         (EventKind.PSU_FAILED, "PSU5"),
         (EventKind.PSU_REDUNDANCY_LOST, ""),
-        (EventKind.BMC_SEL_ENTRY, "Power_Supply"),
+        (EventKind.BMC_SEL_ENTRY, "Power_Supply"),  # unfed supplies: warning entries
         (EventKind.BMC_SEL_ENTRY, "Power_Supply"),
     ],
     FaultKind.INLET_HOT: [
         (EventKind.TEMPERATURE_CRITICAL, "Inlet_Temp"),
-        (EventKind.BMC_SEL_ENTRY, "Temperature"),
+        (EventKind.BMC_SEL_CRITICAL, "Temperature"),
     ],
-    FaultKind.SEL_EVENT: [(EventKind.BMC_SEL_ENTRY, "Battery")],
+    FaultKind.SEL_EVENT: [(EventKind.BMC_SEL_CRITICAL, "Battery")],
 }
 EVIDENCE: dict[FaultKind, tuple[str, object]] = {
     FaultKind.FAN_FAILURE: ("bmc_fans_failed", 1),

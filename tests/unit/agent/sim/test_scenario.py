@@ -182,6 +182,7 @@ EXPECTED: dict[FaultKind, list[tuple[EventKind, int]]] = {
     FaultKind.GPU_UNKNOWN_ERROR: [],  # no event: the GPU's failed polls are counted
     # The kernel's other hardware lines (the SXid carries its number in xid).
     FaultKind.MCE: [(EventKind.MACHINE_CHECK, 0)],
+    FaultKind.MCE_UNCORRECTED: [(EventKind.MACHINE_CHECK_UNCORRECTED, 0)],
     FaultKind.FS_ERROR: [(EventKind.FS_ERROR, 0)],
     FaultKind.FS_READ_ONLY: [(EventKind.FS_ERROR, 0), (EventKind.FS_READ_ONLY, 0)],
     FaultKind.SXID: [(EventKind.SXID, 20034)],

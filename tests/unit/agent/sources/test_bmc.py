@@ -106,7 +106,7 @@ class TestReadings:
         hot = await p.poll(2)
         assert kinds(hot) == [
             (EventKind.TEMPERATURE_CRITICAL, "Inlet_Temp"),
-            (EventKind.BMC_SEL_ENTRY, "Temperature"),  # the BMC logs the crossing too
+            (EventKind.BMC_SEL_CRITICAL, "Temperature"),  # the BMC logs the crossing too
         ]
         assert hot.samples[NODE, "bmc_inlet_temperature_celsius"] == pytest.approx(45)
         assert hot.samples[NODE, "bmc_temperatures_critical"] == 1
@@ -131,8 +131,21 @@ class TestSel:
         bmc.log("Critical", "Battery", "CMOS battery low")
         bmc.log("OK", "System Event", "log area cleared")  # informational: no event
         result = await p.poll(2)
-        assert kinds(result) == [(EventKind.BMC_SEL_ENTRY, "Battery")]
+        assert kinds(result) == [(EventKind.BMC_SEL_CRITICAL, "Battery")]
         assert "CMOS battery low" in result.events[0].detail
+
+    async def test_warning_and_critical_entries_are_told_apart(self):
+        """A warning (a low CMOS battery) and a critical entry (a failed board) are two kinds, so
+        the critical one pages on its own while the warning's incident still fires."""
+        bmc = SimBmc()
+        p = poller(bmc)
+        await p.poll(1)
+        bmc.log("Warning", "Battery", "CMOS battery low")
+        bmc.log("Critical", "System Board", "board failure")
+        assert kinds(await p.poll(2)) == [
+            (EventKind.BMC_SEL_ENTRY, "Battery"),
+            (EventKind.BMC_SEL_CRITICAL, "System_Board"),
+        ]
 
     async def test_the_cursor_survives_a_restart_and_moves_only_when_committed(
         self, tmp_path: Path
@@ -146,7 +159,7 @@ class TestSel:
         assert len((await first.poll(2)).events) == 1
         # Not committed (the agent died before the events were on disk): reported again.
         second = poller(bmc, SelCursor(path, "sim-bmc"))
-        assert kinds(await second.poll(3)) == [(EventKind.BMC_SEL_ENTRY, "Power_Supply")]
+        assert kinds(await second.poll(3)) == [(EventKind.BMC_SEL_CRITICAL, "Power_Supply")]
         second.commit_sel()
         third = poller(bmc, SelCursor(path, "sim-bmc"))
         assert (await third.poll(4)).events == []
