@@ -86,18 +86,26 @@ def call(  # noqa: PLR0913 - the request, its body, and how it is sent
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("error", exc.reason)
-        except (ValueError, AttributeError):
-            detail = exc.reason
-        msg = f"{method} {url}: {exc.code} {detail}"
-        if exc.code == HTTPStatus.UNAUTHORIZED and token is None:
-            msg += f" (set ${TOKEN_ENV} or pass --token-file)"
-        raise ApiCallError(msg, exc.code) from exc
+        raise refusal(exc, method, url, token) from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        msg = f"cannot reach the collector at {api}: {reason}"
-        raise ApiCallError(msg) from exc
+        raise unreachable(api, exc) from exc
+
+
+def refusal(exc: urllib.error.HTTPError, method: str, url: str, token: str | None) -> ApiCallError:
+    """The error for an answer that refused the request: its status and the API's ``error``."""
+    try:
+        detail = json.loads(exc.read()).get("error", exc.reason)
+    except (ValueError, AttributeError):
+        detail = exc.reason
+    msg = f"{method} {url}: {exc.code} {detail}"
+    if exc.code == HTTPStatus.UNAUTHORIZED and token is None:
+        msg += f" (set ${TOKEN_ENV} or pass --token-file)"
+    return ApiCallError(msg, exc.code)
+
+
+def unreachable(api: str, exc: Exception) -> ApiCallError:
+    """The error for a request that got no answer (or one that could not be read)."""
+    return ApiCallError(f"cannot reach the collector at {api}: {getattr(exc, 'reason', exc)}")
 
 
 def span(seconds: float) -> str:

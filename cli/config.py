@@ -3,22 +3,23 @@
 An agent file is checked as ``fleetwatch agent`` loads it (the ``[agent]`` table, the Xid
 catalog it names, and its TLS files); a collector file as ``fleetwatch collector`` does (the
 ``[collector]`` table with its actions and jobs, the rule files, the Xid catalog, its TLS files,
-every webhook's secret and the API token, each from its file or environment variable). TLS
-files must be readable PEM, each key must belong to its certificate, an agent's certificate
-must name its node, and a certificate that has expired or is not valid yet is a problem too. A
-file passes when the daemon would start with it (and could connect, as far as its certificates
-go).
+every webhook's secret, Alertmanager's bearer token and CA file, and the API token, each from
+its file or environment variable). TLS files must be readable PEM, each key must belong to its
+certificate, an agent's certificate must name its node, and a certificate that has expired or
+is not valid yet is a problem too. A file passes when the daemon would start with it (and could
+connect, as far as its certificates go).
 
 Every problem is listed, not only the first, each at its line as the collector's reload gives it
 (:mod:`fleetwatch.config_lines`): a file that does not load is read again, its unknown keys
 named one by one (with the known key they are closest to), a collector's parts checked on their
-own (each part of ``actions``, ``ingest``, ``jobs``), and the rest loaded again without the keys
-each problem names until it loads (:mod:`cli.config_keys`), so the checks that follow (rules,
-TLS, secrets) still run. Every TLS file that cannot be read is named. Values a hostile or broken
-file holds (a key of megabytes) are shown cut, never whole. A secret file (API token, journal
-password, webhook secret, ``--env-file``) that others can read, that anyone but its owner can
-write, or that a group other than the service's (``fleetwatch``) can read is a warning, not a
-problem; so is a collector whose rules drain or notify with nothing configured to carry it out.
+own (each part of ``actions``, ``alertmanager``, ``ingest``, ``jobs``), and the rest loaded
+again without the keys each problem names until it loads (:mod:`cli.config_keys`), so the checks
+that follow (rules, TLS, secrets) still run. Every TLS file that cannot be read is named. Values
+a hostile or broken file holds (a key of megabytes) are shown cut, never whole. A secret file
+(API token, journal password, webhook secret, Alertmanager token, ``--env-file``) that others can
+read, that anyone but its owner can write, or that a group other than the service's
+(``fleetwatch``) can read is a warning, not a problem; so is a collector whose rules drain or
+notify with nothing configured to carry it out.
 """
 
 from __future__ import annotations
@@ -226,6 +227,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         hooks.insert(0, ("actions.drain_webhook", actions.drain_webhook))
     checks: list[Callable[[Mapping[str, str]], object]] = [cfg.api_token]
     checks.append(cfg.journal_config().password)
+    checks.append(cfg.alertmanager.endpoints)  # its bearer token and CA file
     checks += [functools.partial(hook.sender, clock, key) for key, hook in hooks]
     for check_secret in checks:
         try:
@@ -236,6 +238,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         [
             ("api_token_file", cfg.api_token_file),
             ("journal_password_file", cfg.journal_password_file),
+            ("alertmanager.bearer_token_file", cfg.alertmanager.bearer_token_file),
             *((f"{key}.secret_file", hook.secret_file) for key, hook in hooks),
         ]
     )

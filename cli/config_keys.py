@@ -3,9 +3,9 @@
 :func:`load_agent` and :func:`load_collector` load a file as the daemons do; the loaders stop
 at their first problem, so a file that does not load is read again: each unknown key is named
 (with the known key it is closest to, from the tables :func:`accepted_keys` reads from the
-loaders' own dataclasses and key lists) and left out, each part of ``[collector]``
-(``actions`` channel by channel, ``ingest``, ``jobs``) is checked on its own, and the rest is
-loaded again without the keys each problem names until it loads. So every problem is listed,
+loaders' own dataclasses and key lists) and left out, each part of ``[collector]`` (``actions``
+channel by channel, ``alertmanager``, ``ingest``, ``jobs``) is checked on its own, and the rest
+is loaded again without the keys each problem names until it loads. So every problem is listed,
 and the checks that follow (rules, TLS, secrets: :mod:`cli.config`) still run. :class:`Place`
 puts each problem at the line of the key it names, as the collector's reload does
 (:mod:`fleetwatch.config_lines`).
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from agent.config import AgentConfig
     from collector.config import CollectorConfig
 
-_PARTS: Final = ("actions", "ingest", "jobs")  # sub-tables of [collector] checked on their own
+# sub-tables of [collector] checked on their own
+_PARTS: Final = ("actions", "alertmanager", "ingest", "jobs")
 _SUGGEST_CHARS: Final = 100  # a key longer than this gets no "did you mean"
 _Config = TypeVar("_Config")
 
@@ -51,6 +52,7 @@ def accepted_keys(kind: str) -> dict[str, frozenset[str]]:
             "": frozenset(f.name for f in fields(AgentConfig)),
             "bmc": frozenset(f.name for f in fields(BmcConfig)),
         }
+    from collector.actions.alertmanager_config import ALERTMANAGER_KEYS  # noqa: PLC0415
     from collector.actions.config import SAFETY_KEYS, SLURM_KEYS, WEBHOOK_KEYS  # noqa: PLC0415
     from collector.config import CollectorConfig  # noqa: PLC0415
     from collector.ingest.throttle import IngestLimits  # noqa: PLC0415
@@ -62,6 +64,7 @@ def accepted_keys(kind: str) -> dict[str, frozenset[str]]:
         "actions.slurm": frozenset(SLURM_KEYS),
         "actions.drain_webhook": frozenset(WEBHOOK_KEYS),
         "actions.notify.*": frozenset(WEBHOOK_KEYS),
+        "alertmanager": frozenset(ALERTMANAGER_KEYS),
         "ingest": frozenset(f.name for f in fields(IngestLimits)),
         "jobs": frozenset(f.name for f in fields(JobsConfig)),
     }
@@ -242,6 +245,7 @@ def load_collector(
     that passed (None when a problem names no key), for the checks that follow; the keys and
     parts set aside are returned with it.
     """
+    from collector.actions.alertmanager_config import parse_alertmanager  # noqa: PLC0415
     from collector.config import load_collector_config, parse_ingest, parse_jobs  # noqa: PLC0415
 
     try:
@@ -252,7 +256,11 @@ def load_collector(
     if values is None:
         return None, [first], set()
     parts = {key: values.pop(key) for key in _PARTS if key in values}
-    checks: dict[str, Callable[[object], object]] = {"ingest": parse_ingest, "jobs": parse_jobs}
+    checks: dict[str, Callable[[object], object]] = {
+        "alertmanager": parse_alertmanager,
+        "ingest": parse_ingest,
+        "jobs": parse_jobs,
+    }
     aside: set[str] = set()
     for key, raw in parts.items():
         found = _actions_problems(raw) if key == "actions" else _problem(checks[key], raw)

@@ -32,7 +32,7 @@ API_COMMANDS: Final = frozenset(
 # Commands whose output a script may read: API_COMMANDS and these.
 _OUTPUT_ALSO: Final = frozenset({"scan", "rules", "config"})
 # Command paths outside API_COMMANDS that talk to the API too.
-_API_ALSO: Final = frozenset({("rules", "eval")})
+_API_ALSO: Final = frozenset({("rules", "eval"), ("evidence",)})
 # List commands that take --watch (command path as typed).
 WATCHED: Final = frozenset(
     {
@@ -68,6 +68,10 @@ EXAMPLES: Final[dict[tuple[str, ...], str]] = {
     ("events",): """\
   fleetwatch events --node node-07 --since 1h
   fleetwatch events --kind xid --limit 200 -o json""",
+    ("evidence",): """\
+  fleetwatch evidence node-07                 ./fleetwatch-evidence-node-07-<UTC time>.tar.gz
+  fleetwatch evidence node-07 --since 30d -o node-07-rma.tar.gz
+  fleetwatch evidence node-07 -o - | tar tzf -""",
     ("drains",): """\
   fleetwatch drains                           what fleetwatch holds drained
   fleetwatch drains release node-07 --reason 'cable replaced' --require-preflight""",

@@ -2,7 +2,8 @@
 
 Daemons: agent, collector (SIGHUP, or systemctl reload, makes them read their files again).
 Tools for on-call: nodes [NODE], incidents, events, actions, drains [release NODE],
-silence add|list|remove, jobs [JOB [--dump]], preflight run|show|history. Tools for admins:
+silence add|list|remove, jobs [JOB [--dump]], preflight run|show|history, evidence NODE (one
+archive of what is known about a node, for an RMA or a ticket). Tools for admins:
 config check, certs ca|node|collector, rules check|test|eval (eval: what the running rules, or
 a new file, would do on the live fleet), scan FILE (hardware faults in a saved log).
 
@@ -29,6 +30,7 @@ import structlog
 
 from cli import certs as cli_certs
 from cli import conventions
+from cli import evidence as cli_evidence
 from cli import fleet as cli_fleet
 from cli import preflight as cli_preflight
 from cli import scan as cli_scan
@@ -165,6 +167,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     _add_jobs_parser(sub)
     cli_fleet.add_parsers(sub, _default_api(), api_help)
+    cli_evidence.add_parser(sub)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--node", help="only this node")
@@ -565,6 +568,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "jobs": _run_api_tool,
         "nodes": cli_fleet.run,
         "events": cli_fleet.run,
+        "evidence": cli_evidence.run,
         "preflight": _run_preflight,
     }
     try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from collector.actions.alertmanager_config import AlertmanagerConfig, parse_alertmanager
 from collector.actions.config import ActionsConfig, parse_actions
 from collector.api.auth import parse_tokens
 from collector.api.browsers import check_allowed_hosts
@@ -28,7 +29,7 @@ from fleetwatch.config_file import (
 from fleetwatch.tls import check_tls_keys
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 
 def split_host_port(text: str, key: str) -> tuple[str, int]:
@@ -81,6 +82,8 @@ class CollectorConfig:
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     preflight_gates: Path | None = None  # pre-flight's gates file; None: the built-in one
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    # Incidents as Alertmanager alerts ([collector.alertmanager], docs/deploy.md); off: no urls.
+    alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     ingest: IngestLimits = DEFAULT_LIMITS  # per-node budgets ([collector.ingest], docs/ingest.md)
     # mTLS (docs/deploy.md): all three, or none and plaintext gRPC, which a non-loopback
@@ -234,6 +237,15 @@ def parse_ingest(table: object) -> IngestLimits:
     return IngestLimits(**table)
 
 
+# The sub-tables of [collector], each parsed (and checked) by its own function.
+_SUB_TABLES: Final[dict[str, Callable[[object], object]]] = {
+    "actions": parse_actions,
+    "alertmanager": parse_alertmanager,
+    "ingest": parse_ingest,
+    "jobs": parse_jobs,
+}
+
+
 def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> CollectorConfig:
     """Merge defaults, the TOML file at ``path`` (if any) and ``overrides`` (None means unset)."""
     values = merge_config(path, "collector", overrides, CollectorConfig, ConfigError)
@@ -249,12 +261,9 @@ def load_collector_config(path: Path | None, overrides: dict[str, Any]) -> Colle
     for key in TLS_KEYS:
         if isinstance(values.get(key), str) and values[key]:
             values[key] = Path(values[key])  # anything else: the dataclass says what is wrong
-    if "actions" in values:
-        values["actions"] = parse_actions(values["actions"])
-    if "ingest" in values:
-        values["ingest"] = parse_ingest(values["ingest"])
-    if "jobs" in values:
-        values["jobs"] = parse_jobs(values["jobs"])
+    for key, parse in _SUB_TABLES.items():
+        if key in values:
+            values[key] = parse(values[key])
     if "rules" in values:
         rules = values["rules"]
         if isinstance(rules, str) or not isinstance(rules, list | tuple):

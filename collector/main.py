@@ -10,6 +10,7 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from collector.actions.actuators import LiveActuators, build_actuators
+from collector.actions.alertmanager import AlertForwarder
 from collector.actions.dispatcher import Dispatcher
 from collector.actions.journaling import expand
 from collector.api.auth import ChangeGuard
@@ -19,6 +20,7 @@ from collector.api.rules_eval import RulesDesk
 from collector.api.server import ApiServer
 from collector.commands import CommandBroker
 from collector.config import split_host_port
+from collector.export.alertmanager import AlertmanagerCollector
 from collector.export.catalog import SERIES_PER_NODE_BUDGET
 from collector.export.exposition import NodeExposition
 from collector.export.fleet import FleetCollector
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
     from collector.reload import Candidate, ConfigSource
     from fleetwatch.clock import Clock
     from fleetwatch.sd_notify import SdNotifier
+    from rules.model import Rule
 
 log = structlog.get_logger("collector")
 
@@ -256,6 +259,16 @@ class CollectorService:
             interval_s=cfg.rules_interval,
             extra_firing=holds.firing,  # its drains wait under the cap like others
         )
+        # The service tells it of each firing and resolved incident; it reads which fire now
+        # from the evaluator in use (a reload swaps it).
+        self.alertmanager = AlertForwarder(
+            config=cfg.alertmanager,
+            endpoints=cfg.alertmanager.endpoints(self._environ),  # a bad token stops the start
+            clock=clock,
+            firing=self._firing_rules,
+        )
+        self.incidents.watchers.append(self.alertmanager)
+        self.registry.register(AlertmanagerCollector(self.alertmanager))
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
         self.preflight = PreflightService(
@@ -321,6 +334,13 @@ class CollectorService:
         """The class of ``xid`` in the catalog in use now (a reload may replace it)."""
         return self.evaluator.catalog.class_of(xid)
 
+    def _firing_rules(self) -> dict[str, Rule]:
+        """The incidents firing now, by id, with their rule."""
+        engine = self.evaluator.engine
+        return {
+            i.id: engine.rules[i.rule] for i in engine.open_incidents() if i.phase == Phase.FIRING
+        }
+
     def node_flags(self) -> NodeFlags:
         """Drained, draining and incident-bearing nodes now (called by the scrape thread)."""
         firing = frozenset(
@@ -366,6 +386,7 @@ class CollectorService:
         await restore_history(self.journal, self.evaluator, self.clock)
         await self.dispatcher.start()
         await self.incidents.start()
+        self.alertmanager.start()  # after the firing incidents taken back were told to it
         await self.preflight.start()
         self.grpc_port = await self.grpc.start(self.cfg.listen)
         self.wakeups = drain_wakeups(asyncio.get_running_loop())
@@ -468,6 +489,7 @@ class CollectorService:
             self.evaluator.catalog = candidate.catalog
         self.dispatcher.safety = cfg.actions.safety
         self.actuators.swap(candidate.actuators)
+        self.alertmanager.configure(cfg.alertmanager, candidate.alertmanagers)
         self.incidents.interval_s = cfg.rules_interval
         self.liveness.missed = cfg.missed_heartbeats
         self.liveness.silence_s = cfg.heartbeat_interval * cfg.missed_heartbeats
@@ -497,6 +519,7 @@ class CollectorService:
         await self.preflight.stop()  # a run cut short is journaled as could_not_run
         await self.jobs.evidence.stop()
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
+        await self.alertmanager.stop()
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()

@@ -1,7 +1,8 @@
 """The collector's reload: read and check every file, then say what may change while it runs.
 
 On SIGHUP the collector reads its config file again (with the same command-line overrides),
-the rule files it names, the Xid catalog and every webhook secret, and checks the TLS files and
+the rule files it names, the Xid catalog, every webhook secret and Alertmanager's token and CA
+files, and checks the TLS files and
 the API token as a start would. :func:`read_candidate` does all of that and changes nothing: any
 problem raises :class:`ReloadError` listing each one with its file and line. The composition
 root (:meth:`collector.main.CollectorService.reload`) then swaps in what :data:`LIVE_KEYS`
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from prometheus_client import Metric
 
     from collector.actions.actuators import Actuators
+    from collector.actions.alertmanager_http import AlertmanagerEndpoint
     from fleetwatch.clock import Clock
     from fleetwatch.reload import ReloadTally
     from rules.engine import Incident
@@ -55,6 +57,7 @@ LIVE_KEYS: Final = (
     "xid_catalog",
     "missed_heartbeats",
     "actions",
+    "alertmanager",
     "log_level",
 )
 # Everything else needs a restart: sockets and the journal are open, TLS and the API token were
@@ -102,6 +105,7 @@ class Candidate:
     catalog: XidCatalog
     actuators: Actuators
     needs_restart: dict[str, tuple[object, object]]
+    alertmanagers: tuple[AlertmanagerEndpoint, ...] = ()
 
 
 def read_candidate(
@@ -134,6 +138,11 @@ def read_candidate(
         actuators = build_actuators(new.actions, clock, environ)
     except ConfigError as exc:
         problems.append(config_problem(source.path, "collector", str(exc)))
+    alertmanagers: tuple[AlertmanagerEndpoint, ...] = ()
+    try:
+        alertmanagers = new.alertmanager.endpoints(environ)
+    except ConfigError as exc:
+        problems.append(config_problem(source.path, "collector", str(exc)))
     problems.extend(_restart_problems(source.path, new, environ))
     if problems or rules is None or catalog is None or actuators is None:
         raise ReloadError(problems)
@@ -145,6 +154,7 @@ def read_candidate(
         catalog=catalog,
         actuators=actuators,
         needs_restart={key: (getattr(running, key), getattr(new, key)) for key in differ},
+        alertmanagers=alertmanagers,
     )
 
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install what the integration tests need from Debian and is not a Python package: Slurm
 # (slurmctld, slurmd, scontrol, salloc) and MUNGE for the Slurm tests, Prometheus for
-# tests/integration/test_prometheus.py, systemd's offline tools (systemd-analyze,
+# tests/integration/test_prometheus.py, Alertmanager (prometheus-alertmanager, amtool) for
+# tests/integration/test_alertmanager.py, systemd's offline tools (systemd-analyze,
 # systemd-sysusers) for tests/integration/test_systemd_units.py, OpenIPMI's BMC simulator
 # (ipmi_sim) and ipmitool for tests/integration/test_bmc_ipmi.py, and the PostgreSQL server for
 # the shared-journal tests (cli/dev/pg_server.py starts a throwaway one from
@@ -10,7 +11,9 @@
 # machine without RDMA devices and expects a clean failure).
 # Idempotent and quiet: does nothing when every command is already there, and installs only the
 # packages of the commands that are missing.
-# Needs root (apt-get); the tests start their own daemons, nothing here configures or starts any.
+# Needs root (apt-get); the tests start their own daemons, nothing here configures or starts any
+# (on a host with systemd, Debian's prometheus and prometheus-alertmanager packages start their
+# own services on 9090 and 9093; the tests use free ports of their own and never touch those).
 set -eu
 
 PATH="$PATH:/usr/sbin:/sbin"
@@ -24,6 +27,8 @@ need() {  # need COMMAND PACKAGE
 for cmd in slurmctld slurmd scontrol salloc sbatch scancel; do need "$cmd" slurm-wlm; done
 need munged munge
 need prometheus prometheus
+need prometheus-alertmanager prometheus-alertmanager
+need amtool prometheus-alertmanager
 need systemd-analyze systemd
 need systemd-sysusers systemd
 need ipmi_sim openipmi

@@ -2,6 +2,9 @@
 
     GET /api/v1/nodes                 every node with a health summary
     GET /api/v1/nodes/<name>          one node, down to each NVLink and IB port
+    GET /api/v1/nodes/<name>/evidence?since=
+                                      the node's evidence bundle, a gzip'd tar
+                                      (:mod:`collector.model.evidence`; since: 7 days back)
     GET /api/v1/events?node=&kind=&since=&until=&after=&limit=&order=asc|desc
                                       journaled events, paged by journal id
     GET /api/v1/jobs?node=            training jobs (with a rank on the node) with their
@@ -14,11 +17,14 @@ Their query parameters are checked and read by :mod:`collector.api.query`.
 
 from __future__ import annotations
 
+import threading
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
-from collector.api.incidents import MAX_LIMIT
+from collector.api.incidents import MAX_LIMIT, ApiError
+from collector.api.query import NODES_PREFIX
+from collector.model.evidence import DEFAULT_SINCE_S, UnknownNodeError, build_bundle
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
 
@@ -27,11 +33,15 @@ if TYPE_CHECKING:
 
     from collector.api.query import Params
     from collector.jobs.book import JobBook
+    from collector.model.evidence_pack import Bundle
     from collector.model.fleet import FleetModel
     from collector.model.state import NodeState
     from collector.store.events import EventReader, EventRow
 
 KINDS: Final = frozenset(k.value for k in EventKind)
+# Evidence bundles built at once: each holds the HTTP thread for a few milliseconds (a quiet
+# node) to a second or two (one at its limits), and shares the CPU with the event loop.
+MAX_BUNDLES: Final = 2
 
 
 def node_summary(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
@@ -120,7 +130,7 @@ def event_json(row: EventRow) -> dict[str, Any]:
 class FleetReads:
     """Answers the GETs of nodes, events and jobs (from the HTTP thread)."""
 
-    __slots__ = ("_fleet", "_jobs", "_journal", "_node_flags")
+    __slots__ = ("_bundles", "_fleet", "_jobs", "_journal", "_node_flags")
 
     def __init__(
         self,
@@ -135,6 +145,7 @@ class FleetReads:
         self._journal = journal
         self._node_flags = node_flags
         self._jobs = jobs
+        self._bundles = threading.BoundedSemaphore(MAX_BUNDLES)
 
     def get(self, name: str, path: str, params: Params) -> tuple[HTTPStatus, object]:
         """Answer endpoint ``name`` (as :data:`collector.api.query.TAKES` names it)."""
@@ -154,6 +165,27 @@ class FleetReads:
             job_id = unquote(path.removeprefix("/api/v1/jobs").lstrip("/"))
             return self.jobs(job_id, params.text("node"))
         return HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path[:200]}"}
+
+    def evidence(self, path: str, params: Params) -> Bundle:
+        """``/api/v1/nodes/<name>/evidence``: the node's bundle from ``since`` (7 days back).
+
+        ApiError: 404 for a node neither the fleet nor the journal knows, 503 while
+        :data:`MAX_BUNDLES` others are being built.
+        """
+        node = unquote(path.removeprefix(NODES_PREFIX).removesuffix("/evidence"))
+        now_ms = round(params.now * 1000)
+        since_ms = params.time_ms("since")
+        if since_ms is None:
+            since_ms = now_ms - DEFAULT_SINCE_S * 1000
+        if not self._bundles.acquire(blocking=False):
+            msg = f"{MAX_BUNDLES} evidence bundles are being built; ask again in a few seconds"
+            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, msg)
+        try:
+            return build_bundle(self._journal, self._fleet, node, since_ms=since_ms, now_ms=now_ms)
+        except UnknownNodeError as exc:
+            raise ApiError(HTTPStatus.NOT_FOUND, str(exc)) from exc
+        finally:
+            self._bundles.release()
 
     def events(self, params: Params) -> dict[str, Any]:
         """``/api/v1/events``: the page of events the parameters select."""

@@ -48,6 +48,7 @@ TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "/api/v1/scrape_targets": _NONE,
         "/api/v1/nodes": _NONE,
         "/api/v1/nodes/<name>": _NONE,
+        "/api/v1/nodes/<name>/evidence": frozenset({"since"}),
         "/api/v1/events": frozenset({"node", "kind", "after", "limit", "order"}) | _WINDOW,
         "/api/v1/incidents": frozenset({"limit", "node", "open", "rule"}) | _WINDOW,
         "/api/v1/actions": frozenset({"limit", "node"}) | _WINDOW,
@@ -59,6 +60,8 @@ TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "/api/v1/preflight/<id>": _NONE,
     }
 )
+NODES_PREFIX: Final = "/api/v1/nodes/"
+EVIDENCE: Final = "/api/v1/nodes/<name>/evidence"  # a node's evidence bundle (a gzip'd tar)
 # Paths under these prefixes are the endpoint that names what follows.
 _UNDER: Final = (
     ("/metrics/shards/", "/metrics/shards/<n>"),
@@ -80,6 +83,9 @@ def endpoint(path: str) -> str | None:
     """The GET endpoint ``path`` belongs to, as :data:`TAKES` names it (None: none of them)."""
     if path in TAKES:
         return path
+    node, _, rest = path.removeprefix(NODES_PREFIX).partition("/")
+    if path.startswith(NODES_PREFIX) and node and rest == "evidence":
+        return EVIDENCE
     for prefix, name in _UNDER:
         if path.startswith(prefix):
             return name

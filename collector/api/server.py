@@ -6,6 +6,8 @@ GET /metrics/shards/<n>           the nodes' series of shard n (collector.export
 GET /api/v1/scrape_targets        the targets above, for Prometheus' HTTP service discovery
 GET /healthz                      "ok" while the collector runs
 GET /api/v1/nodes, /events, /jobs the fleet's nodes, events and jobs (:mod:`collector.api.fleet`)
+GET /api/v1/nodes/<n>/evidence    a node's evidence bundle, a gzip'd tar
+                                  (:mod:`collector.model.evidence`)
 GET /api/v1/incidents, ...        incidents, actions, silences, drains
                                   (:mod:`collector.api.incidents`)
 POST /api/v1/jobs/<id>/dump       gather a job's evidence now (:mod:`collector.api.jobs`)
@@ -47,6 +49,7 @@ from collector.api.fleet import FleetReads
 from collector.api.query import BadRequestError, Params
 from collector.exceptions import CollectorError, ConfigError, LoopBusyError, PortInUseError
 from collector.export.exposition import OPENMETRICS, TEXT, gzip_body
+from collector.model.evidence_pack import MEDIA_TYPE
 from collector.model.node_states import NodeFlags
 from collector.model.target_keys import FLEET_KEY, job_key
 from fleetwatch.clock import SystemClock
@@ -330,6 +333,10 @@ class ApiServer:
             self._json(req, *self._drains_json(params))
         elif name.startswith(preflight_api.PREFIX):
             self._json(req, *preflight_api.get(path, params, self._journal, self._preflight))
+        elif name == query.EVIDENCE:
+            bundle = self._reads.evidence(path, params)
+            disposition = {"Content-Disposition": f'attachment; filename="{bundle.name}"'}
+            self._send(req, HTTPStatus.OK, bundle.data, MEDIA_TYPE, disposition)
         else:
             self._json(req, *self._reads.get(name, path, params))
 

@@ -199,6 +199,20 @@ class EventReader:
         """Every node the journal knows (every collector's, where several share it)."""
         return [str(r[0]) for r in self._run(lambda db: db.rows("SELECT name FROM nodes"))]
 
+    def node_row(self, name: str) -> NodeRow | None:
+        """What the journal remembers of node ``name`` (its last Hello), or None."""
+        rows = self._run(
+            lambda db: db.rows(
+                "SELECT name, boot_id, hello, last_seen_ms, reachable, collector FROM nodes "
+                "WHERE name = ?",
+                (name,),
+            )
+        )
+        if not rows:
+            return None
+        n, b, h, t, r, c = rows[0]
+        return NodeRow(str(n), str(b), bytes(h), int(t), bool(r), str(c))
+
     def read(self, fn: Callable[[IncidentStore], T]) -> T:
         """Run a read of the incident, action or silence tables."""
         return self._run(lambda db: fn(IncidentStore(db)))

@@ -274,12 +274,19 @@ class PreflightStore:
         rows = self.db.rows(f"SELECT {_RUN_COLUMNS} FROM preflight_runs WHERE id = ?", (run_id,))  # noqa: S608
         return _run(rows[0]) if rows else None
 
-    def results(self, run_id: str) -> list[ResultRow]:
-        """A run's judged measurements, in the order they were written."""
-        rows = self.db.rows(
-            f"SELECT {_RESULT_COLUMNS} FROM preflight_results WHERE run_id = ? ORDER BY id",  # noqa: S608
-            (run_id,),
-        )
+    def results(self, run_id: str, node: str | None = None) -> list[ResultRow]:
+        """A run's judged measurements (of ``node`` only, when given), in the order written."""
+        if node is None:
+            rows = self.db.rows(
+                f"SELECT {_RESULT_COLUMNS} FROM preflight_results WHERE run_id = ? ORDER BY id",  # noqa: S608
+                (run_id,),
+            )
+        else:
+            rows = self.db.rows(
+                f"SELECT {_RESULT_COLUMNS} FROM preflight_results "  # noqa: S608 - fixed columns
+                "WHERE run_id = ? AND node = ? ORDER BY id",
+                (run_id, node),
+            )
         return [_result(r) for r in rows]
 
     def latest_passing(self, node: str, level: str, since_ms: int) -> RunRow | None:

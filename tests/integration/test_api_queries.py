@@ -43,6 +43,7 @@ ENDPOINTS = [
     ("/api/v1/scrape_targets", "/api/v1/scrape_targets"),
     ("/api/v1/nodes", "/api/v1/nodes"),
     ("/api/v1/nodes/node-1", "/api/v1/nodes/<name>"),
+    ("/api/v1/nodes/node-1/evidence", "/api/v1/nodes/<name>/evidence"),
     ("/api/v1/events", "/api/v1/events"),
     ("/api/v1/incidents", "/api/v1/incidents"),
     ("/api/v1/actions", "/api/v1/actions"),

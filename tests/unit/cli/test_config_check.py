@@ -100,12 +100,19 @@ class TestExamples:
         (etc / "xid_catalog.yaml").write_text(catalog.read_text())
         gates = REPO / "rules" / "preflight_gates.yaml"
         (etc / "preflight_gates.yaml").write_text(gates.read_text())
-        names = ("drain.secret", "notify.secret", "api.token", "journal-password")
+        names = (
+            "drain.secret",
+            "notify.secret",
+            "api.token",
+            "journal-password",
+            "alertmanager.token",
+        )
         for name in (*names, "bmc.user", "bmc.password"):
             (etc / name).write_text(f"{name}-value\n")
             (etc / name).chmod(0o600)
         make_pki(tmp_path / "pki").install(etc / "tls", "gpu-node-017")
         (etc / "tls" / "bmc-ca.pem").write_bytes((etc / "tls" / "ca.pem").read_bytes())
+        (etc / "tls" / "alertmanager-ca.pem").write_bytes((etc / "tls" / "ca.pem").read_bytes())
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
         switched = []
         for example in ("agent.toml", "collector.toml"):

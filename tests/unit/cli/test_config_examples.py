@@ -2,7 +2,8 @@
 
 The keys are read from the code: the config dataclasses and the key tables the loaders check
 against (agent/config.py, agent/bmc_config.py, collector/config.py, collector/actions/config.py,
-collector/jobs/config.py, collector/ingest/throttle.py), not from a list kept here. That the
+collector/actions/alertmanager_config.py, collector/jobs/config.py, collector/ingest/throttle.py),
+not from a list kept here. That the
 examples still pass ``fleetwatch config check`` with every commented key switched on is
 tests/unit/cli/test_config_check.py's ``test_every_documented_key_is_valid``.
 """
@@ -18,6 +19,7 @@ import pytest
 from agent.bmc_config import BmcConfig
 from agent.config import AgentConfig
 from cli.config_keys import accepted_keys
+from collector.actions.alertmanager_config import ALERTMANAGER_KEYS
 from collector.actions.config import (
     SAFETY_KEYS,
     SLURM_KEYS,
@@ -53,6 +55,7 @@ def accepted(kind: str) -> dict[str, set[str]]:
         "collector.actions.slurm": set(SLURM_KEYS),
         "collector.actions.drain_webhook": set(WEBHOOK_KEYS),
         f"{CHANNELS}.*": set(WEBHOOK_KEYS),
+        "collector.alertmanager": set(ALERTMANAGER_KEYS),
         "collector.jobs": names(JobsConfig),
         "collector.ingest": names(IngestLimits),
     }
