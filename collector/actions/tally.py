@@ -1,8 +1,9 @@
 """Actions counted by outcome, for ``/metrics``: how many, and when the last one was.
 
 Written on the event loop by the dispatcher, read by the scrape thread (dict copies are atomic
-under the GIL). Only outcomes count (succeeded, failed, skipped, dry_run, shadow, refused); an action held
-back to wait is counted by ``fleetwatch_actions_deferred_total`` and counts here once it ends.
+under the GIL). Only outcomes count (succeeded, failed, skipped, dry_run, shadow, refused); an
+action held back to wait is counted by ``fleetwatch_actions_deferred_total`` and counts here once
+it ends.
 """
 
 from __future__ import annotations
