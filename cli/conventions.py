@@ -27,7 +27,17 @@ __all__ = ["API_COMMANDS", "EXAMPLES", "OUTPUTS", "WATCHED", "finish", "parse", 
 OUTPUTS: Final = ("table", "wide", "json")
 # Commands that talk to the collector's API (their subcommands too).
 API_COMMANDS: Final = frozenset(
-    {"incidents", "actions", "jobs", "nodes", "events", "drains", "silence", "preflight"}
+    {
+        "incidents",
+        "actions",
+        "jobs",
+        "nodes",
+        "events",
+        "drains",
+        "silence",
+        "preflight",
+        "lifecycle",
+    }
 )
 # Commands whose output a script may read: API_COMMANDS and these.
 _OUTPUT_ALSO: Final = frozenset({"scan", "rules", "config"})
@@ -68,6 +78,11 @@ EXAMPLES: Final[dict[tuple[str, ...], str]] = {
     ("events",): """\
   fleetwatch events --node node-07 --since 1h
   fleetwatch events --kind xid --limit 200 -o json""",
+    ("lifecycle",): """\
+  fleetwatch lifecycle node-07                where node-07 stands, and every move it made
+  fleetwatch lifecycle node-07 repair --reason "GPU 3 swap, ticket 4411"
+  fleetwatch lifecycle node-07 repaired       released if fleetwatch drained it
+  fleetwatch lifecycle node-07 rma --reason 'board sent back'""",
     ("evidence",): """\
   fleetwatch evidence node-07                 ./fleetwatch-evidence-node-07-<UTC time>.tar.gz
   fleetwatch evidence node-07 --since 30d -o node-07-rma.tar.gz

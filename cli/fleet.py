@@ -19,6 +19,7 @@ from http import HTTPStatus
 from typing import Any, Final, TextIO
 
 from cli.api import ApiCallError, call, named_gpus, query_string, span
+from cli.lifecycle import shown as shown_state
 from cli.output import cut, gpu_names, print_json, table
 
 MAX_LIMIT: Final = 1000  # the API's own bound on a page of events
@@ -132,7 +133,8 @@ def nodes(api: str, *, output: str, out: TextIO) -> int:
         by_node.setdefault(incident["node"], []).append(incident)
     drained: dict[str, str] = _optional(api, "/api/v1/drains").get("drained", {})
     now = time.time()
-    header = ["NODE", "STATE", "GPUS", "LOST", "NVLINKS DOWN", "IB PORTS", "IB DOWN", "SEEN"]
+    header = ["NODE", "STATE", "LIFECYCLE", "GPUS", "LOST", "NVLINKS DOWN", "IB PORTS"]
+    header += ["IB DOWN", "SEEN"]
     header += ["AGENT", "REASON"] if output == "wide" else ["REASON"]
     shown = [header]
     for n in rows:
@@ -140,6 +142,7 @@ def nodes(api: str, *, output: str, out: TextIO) -> int:
         cells = [
             n["name"],
             n["state"],
+            n.get("lifecycle", {}).get("state", "in_service"),
             str(n["gpus"]),
             str(n["gpus_lost"] or "-"),
             str(n["nvlinks_down"] or "-"),
@@ -192,6 +195,11 @@ def node(api: str, name: str, *, output: str, out: TextIO) -> int:
     )
     why = reasons(data | {"gpus": len(data.get("gpus", []))}, incidents, drained_by)
     print(f"  what is wrong: {'; '.join(why) if why else 'nothing'}", file=out)
+    life = data.get("lifecycle") or {}
+    if life.get("actor"):
+        since = _ago(life.get("since_unix"), now)
+        state = shown_state(life["state"])
+        print(f"  lifecycle: {state} since {since}, by {life['actor']}", file=out)
     if drained_by:
         print(f"  drained by fleetwatch for {drained_by}", file=out)
     waiting = [

@@ -32,6 +32,7 @@ from cli import certs as cli_certs
 from cli import conventions
 from cli import evidence as cli_evidence
 from cli import fleet as cli_fleet
+from cli import lifecycle as cli_lifecycle
 from cli import preflight as cli_preflight
 from cli import scan as cli_scan
 from cli.output import watch
@@ -168,6 +169,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_jobs_parser(sub)
     cli_fleet.add_parsers(sub, _default_api(), api_help)
     cli_evidence.add_parser(sub)
+    cli_lifecycle.add_parser(sub)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--node", help="only this node")
@@ -569,6 +571,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "nodes": cli_fleet.run,
         "events": cli_fleet.run,
         "evidence": cli_evidence.run,
+        "lifecycle": cli_lifecycle.run,
         "preflight": _run_preflight,
     }
     try:

@@ -26,17 +26,20 @@ from collector.export.exposition import NodeExposition
 from collector.export.fleet import FleetCollector
 from collector.export.ingest import IngestCollector
 from collector.export.jobs import JobsCollector
+from collector.export.lifecycle import LifecycleCollector
 from collector.export.preflight import PreflightCollector
 from collector.export.rules import RulesCollector
 from collector.gc_pauses import start_freezer
 from collector.incidents.evaluator import Evaluator
 from collector.incidents.history_restore import restore_history
+from collector.incidents.lifecycle_watch import LifecycleWatch
 from collector.incidents.service import DrainDesk, IncidentService, SilenceBook
 from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from collector.ingest.server import FleetServer, refuse_a_port_in_use
 from collector.ingest.tls import server_credentials
 from collector.jobs.book import SLURM_OWNER, JobBook
 from collector.model.fleet import FleetModel
+from collector.model.lifecycle import OUT_OF_SERVICE, Lifecycle, State
 from collector.model.liveness import LivenessMonitor
 from collector.model.node_states import NodeFlags
 from collector.model.target_keys import FLEET_KEY
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from collector.actions.ports import GpuResetter
     from collector.config import CollectorConfig
     from collector.reload import Candidate, ConfigSource
+    from collector.store.lifecycle import TransitionRow
     from fleetwatch.clock import Clock
     from fleetwatch.sd_notify import SdNotifier
     from rules.model import Rule
@@ -268,6 +272,10 @@ class CollectorService:
             firing=self._firing_rules,
         )
         self.incidents.watchers.append(self.alertmanager)
+        self.lifecycle = Lifecycle(self._journal_move, clock, store.collector)
+        self.dispatcher.lifecycle = self.lifecycle
+        self.incidents.watchers.append(LifecycleWatch(self.lifecycle))
+        self.registry.register(LifecycleCollector(self.lifecycle, self.fleet.node_names))
         self.registry.register(AlertmanagerCollector(self.alertmanager))
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
@@ -310,6 +318,7 @@ class CollectorService:
             allowed_hosts=cfg.http_allowed_hosts,
             nodes=self.node_metrics,
             rules=lambda: self.evaluator.rules,  # read at each request: a reload swaps them
+            lifecycle=self.lifecycle,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -384,7 +393,14 @@ class CollectorService:
                 node in held or node == FLEET_KEY or node.startswith("job/")
             )
         await restore_history(self.journal, self.evaluator, self.clock)
+        self.lifecycle.load((await self.journal.do(lambda s: s.lifecycle.current())).values())
+        self.lifecycle.start()
         await self.dispatcher.start()
+        for node, incident in sorted(self.dispatcher.drained.items()):  # held from before
+            if self.lifecycle.state(node) not in OUT_OF_SERVICE:
+                self.lifecycle.move(
+                    node, State.DRAINED, actor="journal", incident=incident, reason="held drained"
+                )
         await self.incidents.start()
         self.alertmanager.start()  # after the firing incidents taken back were told to it
         await self.preflight.start()
@@ -414,6 +430,10 @@ class CollectorService:
             self._watchdog_task = asyncio.create_task(
                 self._notifier.keep_alive(self.clock), name="watchdog"
             )
+
+    async def _journal_move(self, row: TransitionRow) -> None:
+        """Journal one lifecycle move (the lifecycle's writer task calls it, in order)."""
+        await self.journal.do(lambda s: s.lifecycle.add(row))
 
     def _serving_status(self) -> str:
         """The line ``systemctl status`` shows while the collector serves."""
@@ -520,6 +540,7 @@ class CollectorService:
         await self.jobs.evidence.stop()
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.alertmanager.stop()
+        await self.lifecycle.stop()  # what was moved is journaled before the journal closes
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()

@@ -62,6 +62,7 @@ from collector.actions.actuation import Actuation
 from collector.actions.journaling import ActionJournal, chains, expand
 from collector.actions.local_checks import SafetyChecks
 from collector.actions.waiting import Waiting, WaitingActions
+from collector.model.lifecycle import PERSON_MOVES, Lifecycle, LifecycleError, State
 from rules.model import ActionSpec
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class Dispatcher:
             run=self._run_journaled,
             escalate=self._escalate,
         )
+        # Each node's lifecycle: a drain that succeeded, a release (None: not kept).
+        self.lifecycle: Lifecycle | None = None
         # Whose waiting and unfinished actions :meth:`start` takes up: every node's on a journal
         # of its own; on a shared one, the collector sets it to the nodes it watches.
         self.owns: Callable[[str], bool] = _everyone
@@ -211,7 +214,7 @@ class Dispatcher:
             **self.status(),
         }
 
-    async def release(self, node: str, reason: str) -> bool:
+    async def release(self, node: str, reason: str, by: str = "") -> bool:
         """A person says ``node`` is back in service; it stops counting toward the drain cap.
 
         Its drain cooldown ends too (here and, through the journal, on every collector): a
@@ -225,8 +228,34 @@ class Dispatcher:
             return False
         await self._actions.released(node, incident, reason)
         self._checks.released(node)
+        if self.lifecycle is not None:
+            self.lifecycle.move(
+                node, State.IN_SERVICE, actor=f"person:{by or 'unknown'}", reason=reason
+            )
         log.warning("drain_released", node=node, incident=incident, reason=reason)
         return True
+
+    async def person_move(self, node: str, move: str, reason: str, by: str = "") -> dict[str, Any]:
+        """A person moves ``node``: ``repair`` (in repair), ``rma``, or ``repaired``.
+
+        A repaired node that fleetwatch holds drained is released (as ``drains release`` does);
+        one that is not goes back in service. Re-qualification before that is not done yet.
+
+        Raises:
+            LifecycleError: no lifecycle is kept, or the node may not go there from where it is.
+        """
+        if self.lifecycle is None:
+            msg = "this collector keeps no lifecycle"
+            raise LifecycleError(msg)
+        actor = f"person:{by or 'unknown'}"
+        before = self.lifecycle.state(node).value
+        if move == "repaired" and node in self.drained:
+            await self.release(node, reason or "repaired", by)
+        else:
+            to = State.IN_SERVICE if move == "repaired" else PERSON_MOVES[move]
+            self.lifecycle.move(node, to, actor=actor, reason=reason, strict=True)
+        # A repaired node whose fault still fires is suspect at once: say where it ends up.
+        return {"node": node, "state": self.lifecycle.state(node).value, "previous": before}
 
     async def fire(
         self,
@@ -381,6 +410,14 @@ class Dispatcher:
                 busy.discard(where)
         if draining and outcome.ok:
             self.drained[incident.node] = incident.id
+            if self.lifecycle is not None:
+                self.lifecycle.move(
+                    incident.node,
+                    State.DRAINED,
+                    actor=f"action:{name or spec.name}",
+                    incident=incident.id,
+                    reason=rule.name,
+                )
         if not outcome.retry:  # a refusal for now is not an action that ran
             self._checks.ran(incident, spec, where=where, refused=outcome.refused)
         if outcome.retry:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
 from collector.api.incidents import MAX_LIMIT, ApiError
-from collector.api.query import NODES_PREFIX
+from collector.api.query import LIFECYCLE, NODES_PREFIX
 from collector.model.evidence import DEFAULT_SINCE_S, UnknownNodeError, build_bundle
 from collector.model.node_states import NodeFlags, node_state
 from fleetwatch.model import EventKind
@@ -35,13 +35,23 @@ if TYPE_CHECKING:
     from collector.jobs.book import JobBook
     from collector.model.evidence_pack import Bundle
     from collector.model.fleet import FleetModel
+    from collector.model.lifecycle import Lifecycle
     from collector.model.state import NodeState
     from collector.store.events import EventReader, EventRow
+    from collector.store.lifecycle import TransitionRow
 
 KINDS: Final = frozenset(k.value for k in EventKind)
 # Evidence bundles built at once: each holds the HTTP thread for a few milliseconds (a quiet
 # node) to a second or two (one at its limits), and shares the CPU with the event loop.
 MAX_BUNDLES: Final = 2
+# The lifecycle of a node that never moved.
+_NEVER_MOVED: Final = {
+    "state": "in_service",
+    "since_unix": None,
+    "actor": "",
+    "incident": "",
+    "reason": "",
+}
 
 
 def node_summary(node: NodeState, flags: NodeFlags | None = None) -> dict[str, Any]:
@@ -61,6 +71,19 @@ def node_summary(node: NodeState, flags: NodeFlags | None = None) -> dict[str, A
         "ib_ports": len(node.ports),
         "ib_ports_down": sum(1 for p in node.ports.values() if p.state and not p.up),
         "events": dict(node.events),
+    }
+
+
+def lifecycle_json(row: TransitionRow | None) -> dict[str, Any]:
+    """Where a node stands: its state, since when, who or what put it there, and why."""
+    if row is None:
+        return dict(_NEVER_MOVED)
+    return {
+        "state": row.state,
+        "since_unix": row.at_ms / 1000,
+        "actor": row.actor,
+        "incident": row.incident,
+        "reason": row.reason,
     }
 
 
@@ -130,7 +153,7 @@ def event_json(row: EventRow) -> dict[str, Any]:
 class FleetReads:
     """Answers the GETs of nodes, events and jobs (from the HTTP thread)."""
 
-    __slots__ = ("_bundles", "_fleet", "_jobs", "_journal", "_node_flags")
+    __slots__ = ("_bundles", "_fleet", "_jobs", "_journal", "_lifecycle", "_node_flags")
 
     def __init__(
         self,
@@ -139,32 +162,68 @@ class FleetReads:
         journal: EventReader,
         node_flags: Callable[[], NodeFlags],
         jobs: JobBook | None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
-        """Read ``fleet`` and ``journal``; ``node_flags`` says which nodes are drained."""
+        """Read ``fleet`` and ``journal``; ``node_flags`` says which nodes are drained.
+
+        ``lifecycle`` says where each node stands (None: each reads as in service).
+        """
         self._fleet = fleet
         self._journal = journal
         self._node_flags = node_flags
         self._jobs = jobs
         self._bundles = threading.BoundedSemaphore(MAX_BUNDLES)
+        self._lifecycle = lifecycle
 
-    def get(self, name: str, path: str, params: Params) -> tuple[HTTPStatus, object]:
+    def get(  # noqa: PLR0911 - one answer per endpoint
+        self, name: str, path: str, params: Params
+    ) -> tuple[HTTPStatus, object]:
         """Answer endpoint ``name`` (as :data:`collector.api.query.TAKES` names it)."""
         if name == "/api/v1/nodes":
             nodes = self._fleet.snapshot()
             flags = self._node_flags()
-            return HTTPStatus.OK, {"nodes": [node_summary(n, flags) for n in nodes.values()]}
+            listed = [self._with_lifecycle(node_summary(n, flags)) for n in nodes.values()]
+            return HTTPStatus.OK, {"nodes": listed}
         if name == "/api/v1/nodes/<name>":
             node_name = unquote(path.removeprefix("/api/v1/nodes/"))
             node = self._fleet.snapshot().get(node_name)
             if node is None:
                 return HTTPStatus.NOT_FOUND, {"error": f"no node named {node_name!r}"}
-            return HTTPStatus.OK, node_detail(node, self._node_flags())
+            return HTTPStatus.OK, self._with_lifecycle(node_detail(node, self._node_flags()))
+        if name == LIFECYCLE:
+            return self.lifecycle(path, params)
         if name == "/api/v1/events":
             return HTTPStatus.OK, self.events(params)
         if name in ("/api/v1/jobs", "/api/v1/jobs/<id>"):
             job_id = unquote(path.removeprefix("/api/v1/jobs").lstrip("/"))
             return self.jobs(job_id, params.text("node"))
         return HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path[:200]}"}
+
+    def _with_lifecycle(self, shown: dict[str, Any]) -> dict[str, Any]:
+        """``shown`` (a node's JSON) with where the node stands in its lifecycle."""
+        shown["lifecycle"] = lifecycle_json(
+            self._lifecycle.row(shown["name"]) if self._lifecycle is not None else None
+        )
+        return shown
+
+    def lifecycle(self, path: str, params: Params) -> tuple[HTTPStatus, object]:
+        """``/api/v1/nodes/<name>/lifecycle``: where the node stands, and its moves.
+
+        Oldest first, from ``since`` (every one kept, by default).
+        """
+        node = unquote(path.removeprefix("/api/v1/nodes/").removesuffix("/lifecycle"))
+        if node not in self._fleet.snapshot() and (
+            self._lifecycle is None or self._lifecycle.row(node) is None
+        ):
+            return HTTPStatus.NOT_FOUND, {"error": f"no node named {node!r}"}
+        since_ms = params.time_ms("since") or 0
+        moves = self._journal.read_lifecycle(lambda s: s.history(node, since_ms))
+        now = self._lifecycle.row(node) if self._lifecycle is not None else None
+        return HTTPStatus.OK, {
+            "node": node,
+            "lifecycle": lifecycle_json(now),
+            "moves": [m.to_json() for m in moves],
+        }
 
     def evidence(self, path: str, params: Params) -> Bundle:
         """``/api/v1/nodes/<name>/evidence``: the node's bundle from ``since`` (7 days back).

@@ -33,6 +33,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import unquote
 
+from collector.model.lifecycle import PERSON_MOVES, LifecycleError
 from collector.preflight.holds import hold_rule
 from collector.store.incidents import SilenceRow
 from fleetwatch.config_file import short_repr, shown_key
@@ -72,8 +73,16 @@ class DrainKeeper(Protocol):
         """What is drained and what waits."""
         ...
 
-    def release(self, node: str, reason: str) -> bool:
-        """Stop holding ``node`` as drained; False when it was not."""
+    def release(self, node: str, reason: str, by: str = "") -> bool:
+        """Stop holding ``node`` as drained (``by``: who asked); False when it was not."""
+        ...
+
+    def move(self, node: str, move: str, reason: str, by: str = "") -> dict[str, Any]:
+        """A person's lifecycle move of ``node`` (repair, repaired, rma); where it stands now.
+
+        Raises:
+            LifecycleError: the node may not go there from where it stands.
+        """
         ...
 
 
@@ -245,7 +254,9 @@ def change(  # noqa: PLR0913 - the request (method, path, body) and what it may 
     if writer is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this API is read-only")
     if method == "POST" and path.startswith("/api/v1/drains/") and path.endswith("/release"):
-        return _release(path, body, drains)
+        return _release(path, body, drains, created_by)
+    if method == "POST" and path.startswith("/api/v1/nodes/") and path.endswith("/lifecycle"):
+        return _move(path, body, drains, created_by, known)
     if method == "POST" and path == "/api/v1/silences":
         row = silence_from_json(body, now, known=known, created_by=created_by)
         return HTTPStatus.CREATED, {"id": writer.add(row)}
@@ -257,16 +268,44 @@ def change(  # noqa: PLR0913 - the request (method, path, body) and what it may 
     raise ApiError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} {path} is not supported")
 
 
-def _release(path: str, body: bytes, drains: DrainKeeper | None) -> tuple[HTTPStatus, object]:
+def _release(
+    path: str, body: bytes, drains: DrainKeeper | None, by: str = ""
+) -> tuple[HTTPStatus, object]:
     if drains is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "no actions are configured")
     node = unquote(path.removeprefix("/api/v1/drains/").removesuffix("/release"))
     data = json_object(body, "a release")
     if set(data) - {"reason"}:
         raise ApiError(HTTPStatus.BAD_REQUEST, "a release takes only a reason")
-    if not drains.release(node, str(data.get("reason", ""))[:500]):
+    if not drains.release(node, str(data.get("reason", ""))[:500], by):
         raise ApiError(HTTPStatus.NOT_FOUND, f"fleetwatch holds no drain of {node!r}")
     return HTTPStatus.OK, {"released": node}
+
+
+def _move(
+    path: str, body: bytes, drains: DrainKeeper | None, by: str, known: Known | None
+) -> tuple[HTTPStatus, object]:
+    """``POST /api/v1/nodes/<node>/lifecycle`` ``{"move": "repair", "reason": "..."}``."""
+    if drains is None:
+        raise ApiError(HTTPStatus.NOT_FOUND, "no actions are configured")
+    node = unquote(path.removeprefix("/api/v1/nodes/").removesuffix("/lifecycle"))
+    data = json_object(body, "a lifecycle move")
+    if set(data) - {"move", "reason"}:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "a lifecycle move takes only move and reason")
+    move = data.get("move")
+    if not isinstance(move, str) or move not in PERSON_MOVES:
+        shown = short_repr(move) if move is not None else "nothing"
+        moves = ", ".join(PERSON_MOVES)
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"move must be one of {moves}, not {shown}")
+    if known is not None and node not in (names := set(known.nodes())):
+        close = difflib.get_close_matches(node, list(names), n=_SUGGESTIONS)
+        hint = f" (did you mean {', '.join(shown_key(c) for c in close)}?)" if close else ""
+        raise ApiError(HTTPStatus.NOT_FOUND, f"no node {short_repr(node, 80)} in the fleet{hint}")
+    try:
+        answer = drains.move(node, move, str(data.get("reason", ""))[:500], by)
+    except LifecycleError as exc:
+        raise ApiError(HTTPStatus.CONFLICT, str(exc)) from None
+    return HTTPStatus.OK, answer
 
 
 def silence_from_json(

@@ -49,6 +49,7 @@ TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "/api/v1/nodes": _NONE,
         "/api/v1/nodes/<name>": _NONE,
         "/api/v1/nodes/<name>/evidence": frozenset({"since"}),
+        "/api/v1/nodes/<name>/lifecycle": frozenset({"since"}),
         "/api/v1/events": frozenset({"node", "kind", "after", "limit", "order"}) | _WINDOW,
         "/api/v1/incidents": frozenset({"limit", "node", "open", "rule"}) | _WINDOW,
         "/api/v1/actions": frozenset({"limit", "node"}) | _WINDOW,
@@ -62,6 +63,7 @@ TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
 )
 NODES_PREFIX: Final = "/api/v1/nodes/"
 EVIDENCE: Final = "/api/v1/nodes/<name>/evidence"  # a node's evidence bundle (a gzip'd tar)
+LIFECYCLE: Final = "/api/v1/nodes/<name>/lifecycle"  # a node's lifecycle moves
 # Paths under these prefixes are the endpoint that names what follows.
 _UNDER: Final = (
     ("/metrics/shards/", "/metrics/shards/<n>"),
@@ -86,6 +88,8 @@ def endpoint(path: str) -> str | None:
     node, _, rest = path.removeprefix(NODES_PREFIX).partition("/")
     if path.startswith(NODES_PREFIX) and node and rest == "evidence":
         return EVIDENCE
+    if path.startswith(NODES_PREFIX) and node and rest == "lifecycle":
+        return LIFECYCLE
     for prefix, name in _UNDER:
         if path.startswith(prefix):
             return name

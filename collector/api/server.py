@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from collector.export.exposition import NodeExposition
     from collector.jobs.book import JobBook
     from collector.model.fleet import FleetModel
+    from collector.model.lifecycle import Lifecycle
     from collector.store.events import EventReader
     from fleetwatch.clock import Clock
     from rules.model import Rule, RuleSet
@@ -160,6 +161,7 @@ class ApiServer:
         job_desk: JobDesk | None = None,
         rules: Callable[[], RuleSet] | None = None,
         rules_desk: RulesDesk | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -174,13 +176,16 @@ class ApiServer:
         (None: incidents carry only the pre-flight holds' text, silences' rules are not
         checked). ``clock`` (None: the system's) is what ``since=2h`` counts back from.
         ``rules_desk`` runs dry runs of rules (None: ``POST /api/v1/rules/eval`` is refused).
+        ``lifecycle`` says where each node stands (None: every node reads as in service).
         """
         self._guard = guard
         self._jobs = jobs
         self._fleet = fleet
         self._journal = journal
         self._rules = rules
-        self._reads = FleetReads(fleet=fleet, journal=journal, node_flags=node_flags, jobs=jobs)
+        self._reads = FleetReads(
+            fleet=fleet, journal=journal, node_flags=node_flags, jobs=jobs, lifecycle=lifecycle
+        )
         self._registry = registry
         self._nodes = nodes
         self._silences = silences

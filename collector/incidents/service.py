@@ -727,6 +727,10 @@ class DrainDesk(_LoopBridge):
 
         return self._call(read())
 
-    def release(self, node: str, reason: str) -> bool:
-        """Stop holding ``node`` as drained."""
-        return self._call(self._dispatcher.release(node, reason))
+    def release(self, node: str, reason: str, by: str = "") -> bool:
+        """Stop holding ``node`` as drained (``by``: who asked, as the API tells)."""
+        return self._call(self._dispatcher.release(node, reason, by))
+
+    def move(self, node: str, move: str, reason: str, by: str = "") -> dict[str, Any]:
+        """A person's lifecycle move (repair, repaired, rma); where the node stands after it."""
+        return self._call(self._dispatcher.person_move(node, move, reason, by))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from collector.store.incidents import IncidentStore
+from collector.store.lifecycle import LifecycleStore
 from collector.store.preflight import PreflightStore
 from collector.store.sql import where
 from fleetwatch.clock import unix_ms
@@ -221,6 +222,10 @@ class EventReader:
         """Run a read of the pre-flight tables."""
         return self._run(lambda db: fn(PreflightStore(db)))
 
+    def read_lifecycle(self, fn: Callable[[LifecycleStore], T]) -> T:
+        """Run a read of the lifecycle table."""
+        return self._run(lambda db: fn(LifecycleStore(db)))
+
     def held_by_others(self, collector: str, alive_since_ms: int) -> list[str]:
         """Nodes whose stream another collector holds, one that beat since ``alive_since_ms``."""
         rows = self._run(
@@ -253,6 +258,7 @@ class EventStore:
         self.where = where
         self.incidents = IncidentStore(db)
         self.preflight = PreflightStore(db)
+        self.lifecycle = LifecycleStore(db)
 
     @property
     def shared(self) -> bool:

@@ -24,6 +24,7 @@ import structlog
 from collector.exceptions import JournalError, JournalUnreachableError
 from collector.store.events import EventReader, EventStore
 from collector.store.incidents import ADD_CREATED_BY
+from collector.store.lifecycle import PG_SCHEMA as LIFECYCLE_PG
 from collector.store.preflight import PG_SCHEMA as PREFLIGHT_PG
 from collector.store.sql import MIGRATION_LOCK, PgConn, Row, SqlConn
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("collector.store.postgres")
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 CONNECT_TIMEOUT_S: Final = 10
 # How long a starting collector waits for a server it cannot reach (below systemd's
 # TimeoutStartSec of 60 s), and what says that a connection failed for that reason.
@@ -136,6 +137,7 @@ CREATE TABLE fleet_state (
 """,
     PREFLIGHT_PG,  # 2: the pre-flight tables (collector/store/preflight.py)
     ADD_CREATED_BY,  # 3: who added each silence (collector/store/incidents.py)
+    LIFECYCLE_PG,  # 4: the nodes' lifecycle (collector/store/lifecycle.py)
 )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from collector.exceptions import JournalError
 from collector.store.events import EventReader, EventRow, EventStore, NodeRow
 from collector.store.incidents import ADD_CREATED_BY, SCHEMA_V2
+from collector.store.lifecycle import SQLITE_SCHEMA as LIFECYCLE_SQLITE
 from collector.store.preflight import SQLITE_SCHEMA as PREFLIGHT_SQLITE
 from collector.store.sql import SqlConn, SqliteConn
 
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 
 # 3: events_by_received (the rules' history is read back at start); 4: nodes.collector, and
 # the collectors and fleet_state tables (shared with the PostgreSQL schema's queries); 5: the
-# pre-flight tables (collector/store/preflight.py); 6: silences.created_by.
-SCHEMA_VERSION: Final = 6
+# pre-flight tables (collector/store/preflight.py); 6: silences.created_by; 7: the lifecycle
+# table (collector/store/lifecycle.py).
+SCHEMA_VERSION: Final = 7
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS events (
@@ -107,7 +109,7 @@ class SqliteStore(EventStore):
             raise JournalError(msg)
         if version == SCHEMA_VERSION:
             return
-        # Versions 1 to 3 and 5 only create tables and indexes (IF NOT EXISTS: safe to
+        # Versions 1 to 3, 5 and 7 only create tables and indexes (IF NOT EXISTS: safe to
         # replay); versions 4 and 6 add a column, which must happen once (to a table from
         # before them: one created here already has it).
         add_collector = version >= 1 and not _has_column(conn, "nodes", "collector")
@@ -117,7 +119,7 @@ class SqliteStore(EventStore):
         conn.executescript(
             f"BEGIN; {_SCHEMA} {SCHEMA_V2} "
             f"{_V4_ADD_COLUMN if add_collector else ''} {_V4_TABLES} {PREFLIGHT_SQLITE} "
-            f"{ADD_CREATED_BY if add_created_by else ''} "
+            f"{ADD_CREATED_BY if add_created_by else ''} {LIFECYCLE_SQLITE} "
             f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;",
         )
 

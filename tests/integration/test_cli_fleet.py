@@ -40,12 +40,13 @@ async def test_nodes_lists_the_fleet_and_one_node(running, capsys):
     code, out, _ = await cli(capsys, "nodes", api)
     lines = out.splitlines()
     assert lines[0].split() == [
-        "NODE", "STATE", "GPUS", "LOST", "NVLINKS", "DOWN", "IB", "PORTS", "IB", "DOWN", "SEEN",
-        "REASON",
+        "NODE", "STATE", "LIFECYCLE", "GPUS", "LOST", "NVLINKS", "DOWN", "IB", "PORTS", "IB",
+        "DOWN", "SEEN", "REASON",
     ]  # fmt: skip
     (row,) = [line for line in lines if line.startswith("node-2 ")]
     assert row.split()[1] in ("degraded", "drained", "draining")
-    assert row.split()[2:4] == ["8", "1"]  # 8 GPUs, 1 lost: never "1/8" read as a ratio
+    assert row.split()[2] in ("suspect", "drained")  # its lifecycle: the fault fired
+    assert row.split()[3:5] == ["8", "1"]  # 8 GPUs, 1 lost: never "1/8" read as a ratio
     reason = row[lines[0].index("REASON") :]
     assert "1 GPU lost" in reason, reason  # after "drained (gpu_lost); " once the drain ran
     assert "firing: " in reason

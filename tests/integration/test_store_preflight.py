@@ -89,6 +89,6 @@ def test_a_schema_4_sqlite_journal_gains_the_tables(tmp_path: Path):
     store.preflight.start_run(RunRow("pf-9", "quick", ("a",), 1))
     store.close()
     (version,) = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()
-    assert version == SCHEMA_VERSION == 6
+    assert version == SCHEMA_VERSION == 7
     reader = JournalReader(path)
     assert reader.read_preflight(lambda s: s.run("pf-9")) is not None

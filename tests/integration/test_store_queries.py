@@ -13,6 +13,7 @@ import pytest
 
 from collector.store.events import EventRow, NodeRow
 from collector.store.incidents import ActionRow, IncidentRow, SilenceRow
+from collector.store.lifecycle import TransitionRow
 from collector.store.postgres import MIGRATIONS, SCHEMA_VERSION, PostgresReader, PostgresStore
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class TestPostgresSchema3:
     def test_a_schema_2_journal_gains_created_by(self, pg_dsn: str):
         """A journal the release before migrated (schema 2), with a silence: it opens, the
         silence stays (created_by ""), a new one records who added it."""
-        assert SCHEMA_VERSION == 3
+        assert SCHEMA_VERSION >= 3
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE fleetwatch_schema (version INTEGER NOT NULL)")
             for step in MIGRATIONS[:2]:
@@ -101,4 +102,34 @@ class TestPostgresSchema3:
             reader.close()
         assert [(r.node, r.created_by) for r in rows] == [("node-3", ""), ("n2", "token")]
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            assert conn.execute("SELECT version FROM fleetwatch_schema").fetchall() == [(3,)]
+            assert conn.execute("SELECT version FROM fleetwatch_schema").fetchall() == [
+                (SCHEMA_VERSION,)
+            ]
+
+    def test_a_schema_3_journal_gains_the_lifecycle_table(self, pg_dsn: str):
+        """Schema 4 adds the lifecycle table; the moves a collector journals are read back."""
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE fleetwatch_schema (version INTEGER NOT NULL)")
+            for step in MIGRATIONS[:3]:
+                conn.execute(step)
+            conn.execute("INSERT INTO fleetwatch_schema (version) VALUES (3)")
+        store = PostgresStore(pg_dsn, collector="c1")
+        store.lifecycle.add(TransitionRow("n1", "drained", "in_service", 5, "action:drain_node"))
+        store.lifecycle.add(
+            TransitionRow("n1", "in_repair", "drained", 9, "person:ana", reason="x")
+        )
+        store.lifecycle.add(TransitionRow("n2", "suspect", "in_service", 7, "rule:gpu_hot"))
+        store.close()
+        reader = PostgresReader(pg_dsn)
+        try:
+            current = reader.read_lifecycle(lambda s: s.current())
+            history = reader.read_lifecycle(lambda s: s.history("n1"))
+        finally:
+            reader.close()
+        assert {n: r.state for n, r in current.items()} == {"n1": "in_repair", "n2": "suspect"}
+        assert [(r.state, r.actor, r.reason) for r in history] == [
+            ("drained", "action:drain_node", ""),
+            ("in_repair", "person:ana", "x"),
+        ]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT version FROM fleetwatch_schema").fetchall() == [(4,)]

@@ -9,7 +9,7 @@ journal (ids and times within 64 bits).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -46,10 +46,17 @@ class Drains:
     def drains(self) -> dict[str, object]:
         return {}
 
-    def release(self, node: str, reason: str) -> bool:
+    def release(self, node: str, reason: str, by: str = "") -> bool:
         assert isinstance(node, str)
         assert len(reason) <= 500
+        del by
         return True
+
+    def move(self, node: str, move: str, reason: str, by: str = "") -> dict[str, Any]:
+        assert isinstance(node, str)
+        assert len(reason) <= 500
+        del by
+        return {"node": node, "state": move, "previous": "in_service"}
 
 
 class TestHeaders:

@@ -28,6 +28,7 @@ class TestEndpoints:
             ("/api/v1/nodes/node-07/evidence", "/api/v1/nodes/<name>/evidence"),
             ("/api/v1/nodes/evidence", "/api/v1/nodes/<name>"),
             ("/api/v1/nodes/node-07/evidence/x", "/api/v1/nodes/<name>"),
+            ("/api/v1/nodes/node-07/lifecycle", "/api/v1/nodes/<name>/lifecycle"),
             ("/api/v1/events", "/api/v1/events"),
             ("/api/v1/incidents", "/api/v1/incidents"),
             ("/api/v1/actions", "/api/v1/actions"),
@@ -50,6 +51,7 @@ class TestEndpoints:
         """The parameters each endpoint takes, as the CLI is written against them."""
         assert {k: sorted(v) for k, v in TAKES.items() if v} == {
             "/api/v1/nodes/<name>/evidence": ["since"],
+            "/api/v1/nodes/<name>/lifecycle": ["since"],
             "/api/v1/events": ["after", "kind", "limit", "node", "order", "since", "until"],
             "/api/v1/incidents": ["limit", "node", "open", "rule", "since", "until"],
             "/api/v1/actions": ["limit", "node", "since", "until"],

@@ -31,7 +31,7 @@ class Desk:
         self.reads += 1
         return {"drained": []}
 
-    async def release(self, node: str, _reason: str) -> bool:
+    async def release(self, node: str, _reason: str, _by: str = "") -> bool:
         await asyncio.sleep(0)
         while not self.go.is_set():  # a slow release, as long as the test wants
             await asyncio.sleep(0.01)

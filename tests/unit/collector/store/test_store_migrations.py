@@ -1,4 +1,5 @@
-"""SQLite journal schema 6: who added each silence (``silences.created_by``, issue 42)."""
+"""SQLite journal schemas 6 (who added each silence, ``silences.created_by``, issue 42) and 7
+(the nodes' lifecycle, issue 43)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from collector.store.incidents import SilenceRow
+from collector.store.lifecycle import TransitionRow
 from collector.store.sqlite import SCHEMA_VERSION, JournalReader, SqliteStore
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ class TestCreatedBy:
         store = SqliteStore(path)
         store.incidents.add_silence(SilenceRow("n1", "*", 0, 10, "", 0, created_by="token"))
         store.close()
-        assert (SCHEMA_VERSION, version(path)) == (6, 6)
+        assert (SCHEMA_VERSION, version(path)) == (7, 7)
         assert columns(path)[-1] == "created_by"
         (row,) = JournalReader(path).read(lambda s: s.silences())
         assert row.created_by == "token"
@@ -100,3 +102,31 @@ class TestCreatedBy:
         SqliteStore(path).close()
         assert columns(path).count("created_by") == 1
         assert version(path) == SCHEMA_VERSION
+
+
+class TestLifecycleTable:
+    def test_a_schema_6_journal_gets_the_table_and_keeps_what_it_held(self, tmp_path: Path):
+        """A journal of the release before (no lifecycle table) opens, gains the table empty,
+        and records transitions; nodes with none are in service."""
+        path = tmp_path / "j.db"
+        SqliteStore(path).close()
+        conn = sqlite3.connect(path)
+        conn.executescript("DROP TABLE lifecycle; PRAGMA user_version=6;")
+        conn.close()
+        store = SqliteStore(path)
+        assert store.lifecycle.current() == {}
+        store.lifecycle.add(TransitionRow("n1", "drained", "in_service", 5, "action:drain_node"))
+        store.lifecycle.add(TransitionRow("n1", "in_service", "drained", 9, "person:ana"))
+        store.close()
+        assert version(path) == SCHEMA_VERSION
+        store = SqliteStore(path)
+        (row,) = store.lifecycle.current().values()
+        assert (row.node, row.state, row.previous, row.actor) == (
+            "n1",
+            "in_service",
+            "drained",
+            "person:ana",
+        )
+        assert [r.state for r in store.lifecycle.history("n1")] == ["drained", "in_service"]
+        assert store.lifecycle.history("n1", since_ms=6)[0].state == "in_service"
+        store.close()
