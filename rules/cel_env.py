@@ -27,6 +27,7 @@ Functions, about the target being evaluated (windows are durations such as ``"10
 ``xids(window)``                  its Xids: a list of {xid, class, action, fatal}
 ``increase(signal, window)``      how much a counter grew (resets handled)
 ``rate(signal, window)``          that growth per second
+``rises(signal, window)``         how many times a counter went up (each step one, resets handled)
 ``share_of_ports(signal, above)`` share of the fleet's IB ports whose signal is above a value
 
 Conditions are type-checked against these at load time; nothing is ever ``eval``'d in Python.
@@ -77,7 +78,7 @@ _EVENT_KINDS: Final = tuple(sorted(k.value for k in EventKind))
 _SIGNAL_REFS: Final = (
     re.compile(r"signals\.([A-Za-z_][A-Za-z0-9_]*)"),
     re.compile(r"""signals\[\s*["']([^"']+)["']\s*\]"""),
-    re.compile(r"""(?:rate|increase|share_of_ports)\(\s*["']([^"']+)["']"""),
+    re.compile(r"""(?:rate|increase|rises|share_of_ports)\(\s*["']([^"']+)["']"""),
 )
 
 
@@ -94,6 +95,10 @@ class TargetContext(Protocol):
 
     def increase(self, signal: str, window_s: float) -> float:
         """How much a counter signal grew in the last ``window_s`` seconds (0 without data)."""
+        ...
+
+    def rises(self, signal: str, window_s: float) -> int:
+        """How many times a counter signal went up in the last ``window_s`` seconds (0: none)."""
         ...
 
     def share_of_ports(self, signal: str, above: float) -> float:
@@ -213,6 +218,7 @@ class RuleEnvironment:
             decl("xids", [s], cel.Type.DYN, lambda w: self._ctx().xids(self._window(w))),
             decl("increase", [s, s], d, increase),
             decl("rate", [s, s], d, rate),
+            decl("rises", [s, s], cel.Type.INT, lambda g, w: self._ctx().rises(g, self._window(w))),
             decl(
                 "share_of_ports",
                 [s, d],
@@ -224,7 +230,7 @@ class RuleEnvironment:
     def compile(self, scope: Scope, condition: str) -> cel.Expression:
         """Compile and type-check a condition; ConditionError says what is wrong."""
         durations = re.findall(
-            r"""(?:events|increase|rate)\(\s*["'][^"']*["']\s*,\s*["']([^"']*)["']""",
+            r"""(?:events|increase|rate|rises)\(\s*["'][^"']*["']\s*,\s*["']([^"']*)["']""",
             condition,
         )
         durations += re.findall(r"""xids\(\s*["']([^"']*)["']""", condition)

@@ -216,6 +216,7 @@ def _check_functions() -> list[cel.FunctionDecl]:
         "xids": ([s], cel.Type.List(cel.Type.Map(s, cel.Type.DYN))),
         "increase": ([s, s], d),
         "rate": ([s, s], d),
+        "rises": ([s, s], cel.Type.INT),
         "share_of_ports": ([s, d], d),
     }
     return [

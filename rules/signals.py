@@ -11,7 +11,8 @@ from typing import Final
 from fleetwatch.signals import GPU, IB_PORT, NODE, NVLINK, OPEN_PREFIXES
 from rules.model import Scope
 
-# The signals a rule of each scope may name in ``signals.x``, ``rate()`` or ``increase()``.
+# The signals a rule of each scope may name in ``signals.x``, ``rate()``, ``increase()`` or
+# ``rises()``.
 BY_SCOPE: Final[dict[Scope, frozenset[str]]] = {
     Scope.NODE: NODE,
     Scope.GPU: GPU | NODE,

@@ -2,8 +2,8 @@
 
 A target's variables (``node``, ``gpu``, ``link``, ``port``, ``fleet``) are plain maps built
 from the fleet model; its window functions (``events()``, ``xids()``, ``increase()``,
-``share_of_ports()``) read the rules' history through a :class:`WindowContext`. The ``fleet``
-counts are tallied once per regular tick, in parts (:class:`FleetTally`).
+``rises()``, ``share_of_ports()``) read the rules' history through a :class:`WindowContext`.
+The ``fleet`` counts are tallied once per regular tick, in parts (:class:`FleetTally`).
 """
 
 from __future__ import annotations
@@ -196,6 +196,10 @@ class WindowContext:
         """How much the target's counter ``signal`` grew in the last ``window_s`` seconds."""
         return self.source.history.increase(self.key, signal, self.now - window_s, self.now)
 
+    def rises(self, signal: str, window_s: float) -> int:
+        """How many times the target's counter ``signal`` went up in the last ``window_s``."""
+        return self.source.history.rises(self.key, signal, self.now - window_s, self.now)
+
     def share_of_ports(self, signal: str, above: float) -> float:
         """The share of the fleet's IB ports whose ``signal`` is over ``above``."""
         # Counted in the regular tick's fleet tally; a threshold asked for the first time is
@@ -228,6 +232,11 @@ class StillContext:
         """No growth."""
         del signal, window_s
         return 0.0
+
+    def rises(self, signal: str, window_s: float) -> int:
+        """No rise."""
+        del signal, window_s
+        return 0
 
     def share_of_ports(self, signal: str, above: float) -> float:
         """No share."""

@@ -6,9 +6,10 @@ on this GPU or another (a healthy node's maps look alike: the same zeros, the sa
 Handing CEL its maps was most of an evaluation's cost. A condition that reads only fields it
 names (no macro over a map, no computed key, no map or list literal, no map compared whole) and
 windows by literal arguments (``events("sxid", "1h")``, ``increase(...)``, ``rate(...)``,
-``xids("10m")`` and a macro over what it returns) is a pure function of those fields and those
-windows' values, so its answer is kept under the tuple of them and used again while the same
-values come back: a healthy node's windows are all zero, and asking them is cheap beside CEL.
+``rises(...)``, ``xids("10m")`` and a macro over what it returns) is a pure function of those
+fields and those windows' values, so its answer is kept under the tuple of them and used again
+while the same values come back: a healthy node's windows are all zero, and asking them is
+cheap beside CEL.
 
 The key keeps each value's type (CEL tells ``1`` from ``1.0`` and ``true`` from ``1``; Python's
 hashing does not) and marks a field that is absent (``has()`` reads absence). A variable's map
@@ -38,7 +39,7 @@ _VARIABLE = r"\b(?:node|gpu|rank|link|port|job|fleet)\b"
 _LITERAL = r"""(["'])([^"'\\]*)\{n}"""
 # A window asked with literal arguments: its value goes into the key.
 _CALL: Final = re.compile(
-    r"\b(events|increase|rate)\(\s*"
+    r"\b(events|increase|rate|rises)\(\s*"
     + _LITERAL.format(n=2)
     + r"\s*,\s*"
     + _LITERAL.format(n=4)
@@ -50,7 +51,7 @@ _CALL_MACRO: Final = re.compile(r"__window__\s*\.\s*(?:all|exists|exists_one|fil
 # What makes a condition read more than the fields it names (checked once the windows asked
 # with literal arguments are taken out: any window left has computed arguments, or is the fleet's).
 _IMPURE: Final = re.compile(
-    r"\b(?:events|xids|increase|rate|share_of_ports|size)\s*\("  # such windows; size() of a map
+    r"\b(?:events|xids|increase|rate|rises|share_of_ports|size)\s*\("  # these; size() of a map
     r"|\.\s*(?:all|exists|exists_one|filter|map|size)\s*\("  # macros that walk a map
     r"|[\w)\]]\s*\["  # an index: a key that may be computed
     r"|\{"  # a map literal: a map compared whole
@@ -112,6 +113,8 @@ def window_values(windows: tuple[Window, ...], context: TargetContext) -> list[o
             values.append(context.events(name, seconds))
         elif function == "increase":  # rate() is increase() over the window's seconds
             values.append(float(context.increase(name, seconds)))
+        elif function == "rises":  # not increase(): one step of 2 and two steps of 1 differ
+            values.append(int(context.rises(name, seconds)))
         else:
             # The evaluator's context keys the Xids in a window by two numbers; a list of a
             # thousand entries (a flood) as part of every key cost memory and time per event.

@@ -28,13 +28,14 @@ _INDEXES_SIGNALS: Final = re.compile(r"signals\s*\[")
 _READS_FLEET: Final = re.compile(r"\b(fleet|share_of_ports)\b")
 # A window function call with literal arguments: what a condition of windows alone is made of.
 _WINDOW_CALL: Final = re.compile(
-    r"""\b(?:rate|increase|events|xids)\(\s*["'][^"']*["']\s*(?:,\s*["'][^"']*["']\s*)?\)"""
+    r"""\b(?:rate|increase|rises|events|xids)\(\s*["'][^"']*["']\s*(?:,\s*["'][^"']*["']\s*)?\)"""
 )
 # What may remain of such a condition once its window calls are taken out: numbers, operators.
 _ONLY_ARITHMETIC: Final = re.compile(r"[\s\d.eE<>=!&|()+\-*/%]*")
-# A counter window: the signal and the window of ``increase(...)`` or ``rate(...)``.
+# A counter window: the signal and the window of ``increase(...)``, ``rate(...)`` or
+# ``rises(...)``.
 _COUNTER_WINDOW: Final = re.compile(
-    r"""(?:increase|rate)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']"""
+    r"""(?:increase|rate|rises)\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']"""
 )
 
 

@@ -1,9 +1,9 @@
 """Recent history for rule windows: events per target, and counter samples the rules ask about.
 
 Only what a rule can ask for is kept: events for the longest event window any rule uses, and
-samples of the signals named in ``increase()``/``rate()``, for the longest window each is asked
-over. Both are bounded in length too, so a flood costs memory in proportion to the limits, not
-to the flood.
+samples of the signals named in ``increase()``, ``rate()`` and ``rises()``, for the longest
+window each is asked over. Both are bounded in length too, so a flood costs memory in proportion
+to the limits, not to the flood.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class History:
 
         False once every event it had is older than the event window and every counter step
         older than its signal's window (or when it never had either): until something new comes,
-        ``events()``, ``xids()``, ``increase()`` and ``rate()`` answer it as they did before.
+        ``events()``, ``xids()``, ``increase()``, ``rate()`` and ``rises()`` answer it as they did
+        before.
         """
         return _still(self._moving, target, now)
 
@@ -148,6 +149,27 @@ class History:
                 total += value - previous if value >= previous else value
             previous = value
         return total
+
+    def rises(self, target: str, signal: str, since: float, now: float) -> int:
+        """How many times a counter went up between ``since`` and ``now``, whatever each step.
+
+        Measured as :meth:`increase` measures: from the last sample at or before ``since``
+        (without one, the first sample in the window only starts the count); a drop is a reset,
+        and a rise only when the new value is above 0. Two errors logged at once are one rise.
+        """
+        series = self._samples.get(f"{target} {signal}")
+        if not series:
+            return 0
+        count = 0
+        previous: float | None = None
+        for at, value in _POINT.iter_unpack(series):
+            if at > now:
+                break
+            # a step up, or a drop (a reset) to above 0
+            if previous is not None and at > since and (value > previous or 0 < value < previous):
+                count += 1
+            previous = value
+        return count
 
     def forget(self, prefix: str) -> None:
         """Drop everything of targets whose key starts with ``prefix`` (a node that left)."""

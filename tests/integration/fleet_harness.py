@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from agent.sim.cluster import SimCluster
 from cli.demo.wiring import demo_rules
 from collector.actions.config import ActionsConfig, WebhookConfig
@@ -28,6 +30,17 @@ if TYPE_CHECKING:
 
 SECRET = b"test-secret"
 NODES = [f"node-{i}" for i in range(1, 5)]
+BUILTIN_RULES = Path(__file__).parents[2] / "rules" / "default.yaml"
+
+
+def builtin_rules(tmp_path: Path, *names: str) -> Path:
+    """A rule file holding only the built-in rules ``names``, as shipped."""
+    data = yaml.safe_load(BUILTIN_RULES.read_text("utf-8"))
+    rules = [r for r in data["rules"] if r["name"] in names]
+    assert sorted(names) == sorted(r["name"] for r in rules)
+    path = tmp_path / "builtin-subset.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "rules": rules}))
+    return path
 
 
 def actions(receiver: WebhookReceiver, tmp_path: Path, **safety: Any) -> ActionsConfig:
@@ -69,6 +82,14 @@ async def start(
         what="agents connected",
     )
     return service, cluster
+
+
+def dbe_counter_known(service: CollectorService, node: str, gpu: int) -> bool:
+    """Whether the collector holds a value of the GPU's DBE counter, which a rise is measured
+    from: a node counts as connected at its Hello, before its first report."""
+    state = service.fleet.snapshot().get(node)
+    gpus = state.gpus.values() if state is not None else ()
+    return any(g.index == gpu and g.number("ecc_dbe_aggregate_total") is not None for g in gpus)
 
 
 def kinds(receiver: WebhookReceiver) -> list[tuple[str, str]]:

@@ -73,9 +73,12 @@ def test_a_condition_of_named_fields_is_kept_with_what_it_reads():
 class Windows:
     """A target's windows, as the evaluator's context gives them to CEL."""
 
-    def __init__(self, events: int = 0, xids: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, events: int = 0, xids: list[dict[str, Any]] | None = None, rises: int = 0
+    ) -> None:
         self._events = events
         self._xids = xids or []
+        self._rises = rises
         self.asked: list[tuple[str, str, float]] = []
 
     def events(self, kind: str, window_s: float) -> int:
@@ -89,6 +92,10 @@ class Windows:
     def increase(self, signal: str, window_s: float) -> float:
         self.asked.append(("increase", signal, window_s))
         return 0.0
+
+    def rises(self, signal: str, window_s: float) -> int:
+        self.asked.append(("rises", signal, window_s))
+        return self._rises
 
     def share_of_ports(self, signal: str, above: float) -> float:
         raise AssertionError((signal, above, "never in a key"))
@@ -212,3 +219,53 @@ rules:
     temperatures(95)
     fired = {i.target for i in ev.engine.open_incidents()}
     assert len(fired) == len(uuids)
+
+
+def test_rises_is_a_window_of_its_own_in_the_key():
+    """rises() is asked as itself, not as increase() (which rate() is): the same growth in
+    one step or in two is a different count, so a different key."""
+    memo = ConditionMemo({"dbe": 'rises("ecc_dbe_aggregate_total", "24h") >= 2'})
+    assert memo.pure("dbe")
+    once, twice = Windows(rises=1), Windows(rises=2)
+    assert memo.key("dbe", {}, once) != memo.key("dbe", {}, twice)
+    assert once.asked == [("rises", "ecc_dbe_aggregate_total", 86400.0)]
+    assert not ConditionMemo({"r": 'rises(gpu.uuid, "24h") >= 2'}).pure("r")  # computed
+
+
+def test_a_counter_that_rose_twice_is_not_answered_as_one_that_stepped_once():
+    """Two GPUs whose DBE counters grew by 2, one in a single step and one in two: the
+    evaluator remembers the first's answer (no) and must not hand it to the second (yes)."""
+    text = """\
+version: 1
+rules:
+  - name: dbe_twice
+    scope: gpu
+    when: 'rises("ecc_dbe_aggregate_total", "24h") >= 2'
+    severity: critical
+"""
+    clock = FakeClock()
+    fleet = FleetModel()
+    ev = Evaluator(
+        rules=parse_rules(text, "t.yaml"), fleet=fleet, catalog=load_catalog(), clock=clock
+    )
+    fleet.observer = ev
+    fleet.on_hello(made_up_hello("n0", gpus=2), 0.0, 0.0)
+    one_step, two_steps = list(fleet.view()["n0"].gpus)
+
+    def counters(values: dict[str, float]) -> None:
+        fleet.apply_samples(
+            "n0",
+            [
+                sample_to_pb(Target.gpu(u), "ecc_dbe_aggregate_total", value)
+                for u, value in values.items()
+            ],
+        )
+        clock.advance(1.0)
+        ev.tick()
+
+    counters({one_step: 0.0, two_steps: 0.0})
+    counters({one_step: 2.0, two_steps: 1.0})
+    counters({one_step: 2.0, two_steps: 2.0})
+    assert ev.memo.hits + ev.memo.misses > 0  # the rule's answers were remembered
+    fired = {i.target for i in ev.engine.open_incidents()}
+    assert fired == {f"n0/gpu/{fleet.view()['n0'].gpus[two_steps].index}"}
