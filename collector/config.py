@@ -46,6 +46,10 @@ def split_host_port(text: str, key: str) -> tuple[str, int]:
 TLS_KEYS = ("tls_cert", "tls_key", "tls_client_ca")
 
 
+# The pre-flight levels a node may be re-qualified at ("": none, release at once).
+REQUALIFY_LEVELS: Final = ("", "quick", "standard", "full")
+
+
 @dataclass(frozen=True, slots=True)
 class CollectorConfig:
     """Everything the collector can be told. Intervals are in seconds."""
@@ -81,6 +85,10 @@ class CollectorConfig:
     metrics_shard_samples: int = 4000
     xid_catalog: Path | None = None  # the Xid catalog rules read; None: the built-in one
     preflight_gates: Path | None = None  # pre-flight's gates file; None: the built-in one
+    # Re-qualify a node that comes back (a person says repaired, or it booted again while in
+    # repair or drained) with a pre-flight run of this level before it takes work: quick,
+    # standard or full; "" releases it at once (docs/oncall.md#a-nodes-lifecycle).
+    requalify: str = "quick"
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     # Incidents as Alertmanager alerts ([collector.alertmanager], docs/deploy.md); off: no urls.
     alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
@@ -109,6 +117,10 @@ class CollectorConfig:
             msg = f"collector config: {exc}"
             raise ConfigError(msg) from exc
         object.__setattr__(self, "http_allowed_hosts", hosts)
+        if self.requalify not in REQUALIFY_LEVELS:
+            shown = ", ".join(repr(v) for v in REQUALIFY_LEVELS)
+            msg = f"collector config: requalify must be one of {shown}, not {self.requalify!r}"
+            raise ConfigError(msg)
         check_number(self.heartbeat_interval, "heartbeat_interval", ConfigError)
         check_number(
             self.missed_heartbeats,

@@ -45,6 +45,7 @@ from collector.model.node_states import NodeFlags
 from collector.model.target_keys import FLEET_KEY
 from collector.preflight.holds import PreflightHolds
 from collector.preflight.orchestrator import PreflightService
+from collector.preflight.requalify import Requalifier
 from collector.reload import (
     LIVE_KEYS,
     ReloadCollector,
@@ -288,6 +289,17 @@ class CollectorService:
             collector=store.collector,
             holds=holds,
         )
+        self.requalifier: Requalifier | None = None
+        if cfg.requalify:
+            self.requalifier = Requalifier(
+                self.preflight,
+                self.dispatcher,
+                self.lifecycle,
+                cfg.requalify,
+                self.fleet.node_names,
+            )
+            self.dispatcher.requalify = self.requalifier.start
+            self.fleet.rebooted.append(self.requalifier.booted)
         self.preflight_desk = PreflightDesk(self.preflight, self.dispatcher)
         self.job_desk = JobDesk(self.jobs)
         self.rules_desk = RulesDesk(lambda: self.evaluator, self.dispatcher.would, expand)
@@ -536,6 +548,8 @@ class CollectorService:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.requalifier is not None:
+            await self.requalifier.stop()
         await self.preflight.stop()  # a run cut short is journaled as could_not_run
         await self.jobs.evidence.stop()
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short

@@ -62,7 +62,13 @@ from collector.actions.actuation import Actuation
 from collector.actions.journaling import ActionJournal, chains, expand
 from collector.actions.local_checks import SafetyChecks
 from collector.actions.waiting import Waiting, WaitingActions
-from collector.model.lifecycle import PERSON_MOVES, Lifecycle, LifecycleError, State
+from collector.model.lifecycle import (
+    OUT_OF_SERVICE,
+    PERSON_MOVES,
+    Lifecycle,
+    LifecycleError,
+    State,
+)
 from rules.model import ActionSpec
 
 if TYPE_CHECKING:
@@ -138,6 +144,9 @@ class Dispatcher:
         )
         # Each node's lifecycle: a drain that succeeded, a release (None: not kept).
         self.lifecycle: Lifecycle | None = None
+        # Starts the re-qualification of a repaired node (node, actor, why) -> started; None:
+        # a repaired node is released at once ([collector] requalify = "").
+        self.requalify: Callable[[str, str, str], bool] | None = None
         # Whose waiting and unfinished actions :meth:`start` takes up: every node's on a journal
         # of its own; on a shared one, the collector sets it to the nodes it watches.
         self.owns: Callable[[str], bool] = _everyone
@@ -214,7 +223,9 @@ class Dispatcher:
             **self.status(),
         }
 
-    async def release(self, node: str, reason: str, by: str = "") -> bool:
+    async def release(
+        self, node: str, reason: str, by: str = "", *, actor: str | None = None
+    ) -> bool:
         """A person says ``node`` is back in service; it stops counting toward the drain cap.
 
         Its drain cooldown ends too (here and, through the journal, on every collector): a
@@ -229,17 +240,17 @@ class Dispatcher:
         await self._actions.released(node, incident, reason)
         self._checks.released(node)
         if self.lifecycle is not None:
-            self.lifecycle.move(
-                node, State.IN_SERVICE, actor=f"person:{by or 'unknown'}", reason=reason
-            )
+            who = actor or f"person:{by or 'unknown'}"  # a re-qualification passed: its run
+            self.lifecycle.move(node, State.IN_SERVICE, actor=who, reason=reason)
         log.warning("drain_released", node=node, incident=incident, reason=reason)
         return True
 
     async def person_move(self, node: str, move: str, reason: str, by: str = "") -> dict[str, Any]:
         """A person moves ``node``: ``repair`` (in repair), ``rma``, or ``repaired``.
 
-        A repaired node that fleetwatch holds drained is released (as ``drains release`` does);
-        one that is not goes back in service. Re-qualification before that is not done yet.
+        A repaired node out of service is re-qualified (``requalify``: pre-flight, then released
+        when it passes); without re-qualification, a repaired node that fleetwatch holds drained
+        is released (as ``drains release`` does), one that is not goes back in service.
 
         Raises:
             LifecycleError: no lifecycle is kept, or the node may not go there from where it is.
@@ -249,7 +260,10 @@ class Dispatcher:
             raise LifecycleError(msg)
         actor = f"person:{by or 'unknown'}"
         before = self.lifecycle.state(node).value
-        if move == "repaired" and node in self.drained:
+        out = self.lifecycle.state(node) in OUT_OF_SERVICE
+        if move == "repaired" and self.requalify is not None and out:
+            self.requalify(node, actor, reason or "repaired")
+        elif move == "repaired" and node in self.drained:
             await self.release(node, reason or "repaired", by)
         else:
             to = State.IN_SERVICE if move == "repaired" else PERSON_MOVES[move]

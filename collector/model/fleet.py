@@ -96,6 +96,9 @@ class FleetModel:
         self._changed: dict[str, int] = {}
         self._urgent: dict[str, int] = {}
         self._membership = 0  # grows when a node comes or goes
+        # Told (node, old boot id, new boot id) when a known node says Hello from a new boot
+        # (it was rebooted: re-qualification starts there), after the lock is let go.
+        self.rebooted: list[Callable[[str, str, str], None]] = []
 
     @property
     def observer(self) -> FleetObserver | None:
@@ -188,6 +191,9 @@ class FleetModel:
                 self._membership += 1
         if self.observer is not None:
             self.observer.note_inventory(hello.node)
+        if old is not None and old.boot_id and old.boot_id != hello.boot_id:
+            for told in self.rebooted:
+                told(hello.node, old.boot_id, hello.boot_id)
         return old is not None and not old.reachable
 
     def restore(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from agent.sim.cluster import SimCluster
     from cli.dev.webhook_receiver import WebhookReceiver
+    from collector.config import CollectorConfig
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +138,11 @@ async def test_a_node_moves_through_its_lifecycle_and_keeps_it_over_a_restart(
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     acts = actions(receiver, tmp_path, max_drained_share=1.0)
-    service, cluster = await start(collector_config, tmp_path, acts, rules=(rules,))
+    # Re-qualification off: a repaired node is released at once (test_requalify.py has it on).
+    def make(**kw: object) -> CollectorConfig:
+        return collector_config(requalify="", **kw)  # type: ignore[no-any-return]
+
+    service, cluster = await start(make, tmp_path, acts, rules=(rules,))
     try:
         await walk(service, cluster, capsys, f"--api=http://127.0.0.1:{service.http_port}")
     finally:
