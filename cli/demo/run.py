@@ -91,6 +91,7 @@ class DemoResult:
     deliveries: list[Delivery] = field(default_factory=list)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)  # fleetwatch_node_state, by node
+    lifecycle: dict[str, str] = field(default_factory=dict)  # each node's lifecycle state
     unacked: int = 0
     connected: int = 0  # agents connected at the end (the crashed node's not)
     start_s: float = 0.0  # seconds the simulated nodes took to start
@@ -274,6 +275,7 @@ async def _final_view(collector: CollectorService, result: DemoResult) -> None:
     result.nodes = collector.fleet.snapshot()
     flags = collector.node_flags()
     result.states = {name: node_state(node, flags) for name, node in result.nodes.items()}
+    result.lifecycle = {name: collector.lifecycle.state(name).value for name in result.nodes}
     result.events = collector.reader.events(limit=100_000)
     result.incidents = await collector.journal.do(lambda s: s.incidents.incidents(limit=100_000))
     result.actions = await collector.journal.do(lambda s: s.incidents.actions(limit=100_000))
@@ -345,7 +347,7 @@ def _summary(result: DemoResult, out: TextIO) -> None:
     for job in result.jobs:
         print(job_line(None, job), file=out)
     print("final fleet health:", file=out)
-    for line in node_table(result.nodes, result.states):
+    for line in node_table(result.nodes, result.states, result.lifecycle):
         print(line, file=out)
 
 

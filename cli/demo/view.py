@@ -128,12 +128,20 @@ def port_problems(node: NodeState) -> list[str]:
     return problems
 
 
-def node_table(nodes: dict[str, NodeState], states: dict[str, str]) -> list[str]:
-    """A row per node: its state (``fleetwatch_node_state``), GPUs, NVLinks, IB ports, problems."""
-    lines = [f"  {'node':<9}{'state':<13}{'GPUs':<7}{'NVL down':<10}{'IB up':<7}problems"]
+def node_table(
+    nodes: dict[str, NodeState], states: dict[str, str], lifecycle: dict[str, str] | None = None
+) -> list[str]:
+    """A row per node: its state, lifecycle, GPUs, NVLinks, IB ports and problems.
+
+    ``states`` as ``fleetwatch_node_state`` says them, ``lifecycle`` as the node's lifecycle does
+    (None or a node left out: in service).
+    """
+    head = f"  {'node':<9}{'state':<13}{'lifecycle':<13}{'GPUs':<7}{'NVL down':<10}{'IB up':<7}"
+    lines = [head + "problems"]
     for node in sorted(nodes.values(), key=lambda n: n.name):
         state = states.get(node.name, "")
         state = state.upper() if state == "unreachable" else state
+        state += " " * (13 - len(state)) + f"{(lifecycle or {}).get(node.name, 'in_service'):<13}"
         present = sum(g.present for g in node.gpus.values())
         down = sum(g.nvlinks_down for g in node.gpus.values())
         ports_up = sum(p.up for p in node.ports.values())
