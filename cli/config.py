@@ -222,9 +222,16 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         )
         problems += map(place.at, found_tls)
     actions = cfg.actions
-    hooks = [(f"actions.notify.{shown_key(name)}", hook) for name, hook in actions.notify.items()]
-    if actions.drain_webhook is not None:
-        hooks.insert(0, ("actions.drain_webhook", actions.drain_webhook))
+    hooks = [
+        (f"actions.{name}", hook)
+        for name, hook in (
+            ("drain_webhook", actions.drain_webhook),
+            ("reboot_webhook", actions.reboot_webhook),
+            ("rma_webhook", actions.rma_webhook),
+        )
+        if hook is not None
+    ]
+    hooks += [(f"actions.notify.{shown_key(name)}", hook) for name, hook in actions.notify.items()]
     checks: list[Callable[[Mapping[str, str]], object]] = [cfg.api_token]
     checks.append(cfg.journal_config().password)
     checks.append(cfg.alertmanager.endpoints)  # its bearer token and CA file
@@ -251,6 +258,7 @@ def check_collector(path: Path, environ: Mapping[str, str], clock: Clock) -> Out
         f"{0 if rules is None else len(rules.rules)} rules{'' if cfg.rules else ' (built-in)'}, "
         f"drains via {' and '.join(k for k, on in drainers.items() if on) or 'nothing'}, "
         f"{len(actions.notify)} notify channels"
+        f"{_reboots_and_tickets(actions, rules)}"
         f"{', requeues jobs via slurm' if actions.slurm.requeue else ''}"
         f"{', dry run' if actions.safety.dry_run else ''}"
     )
@@ -277,18 +285,39 @@ def _rules_and_gates(
     return rules, problems
 
 
+def _reboots_and_tickets(actions: ActionsConfig, rules: RuleSet | None) -> str:
+    """``, reboots via slurm and webhook, RMA tickets via webhook``.
+
+    Reboots are named once a reboot webhook is set or a rule reboots (Slurm's would be there
+    whenever it drains: saying so on every line says nothing).
+    """
+    named = {
+        spec.name
+        for rule in (rules.rules if rules is not None else ())
+        for spec in (*rule.actions, *(rule.escalation.actions if rule.escalation else ()))
+    }
+    rebooters = {"slurm": actions.slurm.enabled, "webhook": actions.reboot_webhook is not None}
+    shown = " and ".join(k for k, on in rebooters.items() if on) or "nothing"
+    reboots = actions.reboot_webhook is not None or "reboot_node" in named
+    said = f", reboots via {shown}" if reboots else ""
+    return said + (", RMA tickets via webhook" if actions.rma_webhook is not None else "")
+
+
 def _sink_warnings(actions: ActionsConfig, rules: RuleSet) -> list[str]:
-    """Rules that drain or notify with nothing configured to carry it out: what happens then.
+    """Rules that drain, reboot, open tickets or notify with nothing to carry it out: what then.
 
     A drain goes through Slurm and/or a drain webhook, a notification through the webhook of
     the rule's channel, else of ``default``. Without one, the action is journaled as failed
     and goes no further: easy to miss until the day it matters.
     """
     drains: set[str] = set()
+    named: dict[str, set[str]] = {"reboot_node": set(), "rma_ticket": set()}
     channels: dict[str, set[str]] = {}  # a channel rules notify: those rules
     for rule in rules.rules:
         for spec in (*rule.actions, *(rule.escalation.actions if rule.escalation else ())):
             drain_first = spec.name == "reset_gpu" and spec.params.get("drain_first") is True
+            if spec.name in named:
+                named[spec.name].add(rule.name)
             if spec.name == "drain_node" or drain_first:
                 drains.add(rule.name)
             elif spec.name == "notify":
@@ -304,6 +333,7 @@ def _sink_warnings(actions: ActionsConfig, rules: RuleSet) -> list[str]:
             "enabled = true under [collector.actions.slurm], or a url under "
             "[collector.actions.drain_webhook]"
         )
+    warnings += _repair_warnings(actions, named)
     unheard = sorted(c for c in channels if c not in actions.notify)
     if unheard and "default" not in actions.notify:
         why = "no [collector.actions.notify.<channel>] is set"
@@ -314,6 +344,26 @@ def _sink_warnings(actions: ActionsConfig, rules: RuleSet) -> list[str]:
             f"no notify sink: {_some(notifying)} notify, but {why}: each notification is "
             "journaled as failed and reaches nobody; set a url under "
             "[collector.actions.notify.default]"
+        )
+    return warnings
+
+
+def _repair_warnings(actions: ActionsConfig, named: dict[str, set[str]]) -> list[str]:
+    """Rules that reboot nodes or open RMA tickets (``named``) with nothing to do it."""
+    warnings: list[str] = []
+    if named["reboot_node"] and not (actions.slurm.enabled or actions.reboot_webhook is not None):
+        warnings.append(
+            f"no reboot sink: {_some(named['reboot_node'])} reboot nodes, but "
+            "[collector.actions.slurm] is not enabled and there is no "
+            "[collector.actions.reboot_webhook]: each reboot is journaled as failed; set "
+            "enabled = true under [collector.actions.slurm] (with a RebootProgram in "
+            "slurm.conf), or a url under [collector.actions.reboot_webhook]"
+        )
+    if named["rma_ticket"] and actions.rma_webhook is None:
+        warnings.append(
+            f"no RMA sink: {_some(named['rma_ticket'])} open RMA tickets, but there is no "
+            "[collector.actions.rma_webhook]: each ticket is journaled as failed and reaches "
+            "nobody; set a url under [collector.actions.rma_webhook]"
         )
     return warnings
 

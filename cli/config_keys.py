@@ -53,16 +53,24 @@ def accepted_keys(kind: str) -> dict[str, frozenset[str]]:
             "bmc": frozenset(f.name for f in fields(BmcConfig)),
         }
     from collector.actions.alertmanager_config import ALERTMANAGER_KEYS  # noqa: PLC0415
-    from collector.actions.config import SAFETY_KEYS, SLURM_KEYS, WEBHOOK_KEYS  # noqa: PLC0415
+    from collector.actions.config import (  # noqa: PLC0415
+        RMA_KEYS,
+        SAFETY_KEYS,
+        SLURM_KEYS,
+        WEBHOOK_KEYS,
+        WEBHOOK_TABLES,
+    )
     from collector.config import CollectorConfig  # noqa: PLC0415
     from collector.ingest.throttle import IngestLimits  # noqa: PLC0415
     from collector.jobs.config import JobsConfig  # noqa: PLC0415
 
     return {
         "": frozenset(f.name for f in fields(CollectorConfig)),
-        "actions": frozenset({*SAFETY_KEYS, "slurm", "drain_webhook", "notify"}),
+        "actions": frozenset({*SAFETY_KEYS, "slurm", *WEBHOOK_TABLES, "notify"}),
         "actions.slurm": frozenset(SLURM_KEYS),
         "actions.drain_webhook": frozenset(WEBHOOK_KEYS),
+        "actions.reboot_webhook": frozenset(WEBHOOK_KEYS),
+        "actions.rma_webhook": frozenset(RMA_KEYS),
         "actions.notify.*": frozenset(WEBHOOK_KEYS),
         "alertmanager": frozenset(ALERTMANAGER_KEYS),
         "ingest": frozenset(f.name for f in fields(IngestLimits)),
@@ -276,17 +284,18 @@ def load_collector(
 
 
 def _actions_problems(raw: object) -> list[str]:
-    """Problems of ``[collector.actions]``: its own keys, the drain webhook, each channel."""
-    from collector.actions.config import parse_actions  # noqa: PLC0415
+    """Problems of ``[collector.actions]``: its own keys, each webhook, each channel."""
+    from collector.actions.config import WEBHOOK_TABLES, parse_actions  # noqa: PLC0415
 
     if not isinstance(raw, dict):
         return _problem(parse_actions, raw)
     table: dict[str, Any] = dict(raw)
-    hooks = {"drain_webhook": table.pop("drain_webhook", None)}
+    hooks = {name: table.pop(name, None) for name in WEBHOOK_TABLES}
     notify = table.pop("notify", None)
     problems = _problem(parse_actions, table)
-    if hooks["drain_webhook"] is not None:
-        problems += _problem(parse_actions, hooks)
+    for name, hook in hooks.items():
+        if hook is not None:
+            problems += _problem(parse_actions, {name: hook})
     if isinstance(notify, dict):
         for name, hook in notify.items():
             problems += _problem(parse_actions, {"notify": {name: hook}})

@@ -37,6 +37,7 @@ API_COMMANDS: Final = frozenset(
         "silence",
         "preflight",
         "lifecycle",
+        "reliability",
     }
 )
 # Commands whose output a script may read: API_COMMANDS and these.
@@ -83,6 +84,10 @@ EXAMPLES: Final[dict[tuple[str, ...], str]] = {
   fleetwatch lifecycle node-07 repair --reason "GPU 3 swap, ticket 4411"
   fleetwatch lifecycle node-07 repaired       released if fleetwatch drained it
   fleetwatch lifecycle node-07 rma --reason 'board sent back'""",
+    ("reliability",): """\
+  fleetwatch reliability                      the fleet's last 30 days, and its lemon nodes
+  fleetwatch reliability node-07 --window 7d  one node's times between incidents and repairs
+  fleetwatch reliability -o json | jq .fleet.gpu_time_lost_ratio""",
     ("evidence",): """\
   fleetwatch evidence node-07                 ./fleetwatch-evidence-node-07-<UTC time>.tar.gz
   fleetwatch evidence node-07 --since 30d -o node-07-rma.tar.gz

@@ -34,6 +34,7 @@ from cli import evidence as cli_evidence
 from cli import fleet as cli_fleet
 from cli import lifecycle as cli_lifecycle
 from cli import preflight as cli_preflight
+from cli import reliability as cli_reliability
 from cli import scan as cli_scan
 from cli.output import watch
 from fleetwatch import __version__
@@ -170,6 +171,7 @@ def _add_tool_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cli_fleet.add_parsers(sub, _default_api(), api_help)
     cli_evidence.add_parser(sub)
     cli_lifecycle.add_parser(sub)
+    cli_reliability.add_parser(sub)
 
     drains = sub.add_parser("drains", help="nodes fleetwatch drained; release one put back")
     drains.add_argument("--node", help="only this node")
@@ -572,6 +574,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "events": cli_fleet.run,
         "evidence": cli_evidence.run,
         "lifecycle": cli_lifecycle.run,
+        "reliability": cli_reliability.run,
         "preflight": _run_preflight,
     }
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 import structlog
@@ -38,6 +39,7 @@ from collector.ingest.grpc_wakeups import DrainedWakeups, drain_wakeups
 from collector.ingest.server import FleetServer, refuse_a_port_in_use
 from collector.ingest.tls import server_credentials
 from collector.jobs.book import SLURM_OWNER, JobBook
+from collector.model.evidence import build_bundle
 from collector.model.fleet import FleetModel
 from collector.model.lifecycle import OUT_OF_SERVICE, Lifecycle, State
 from collector.model.liveness import LivenessMonitor
@@ -46,6 +48,7 @@ from collector.model.target_keys import FLEET_KEY
 from collector.preflight.holds import PreflightHolds
 from collector.preflight.orchestrator import PreflightService
 from collector.preflight.requalify import Requalifier
+from collector.reliability import Reliability
 from collector.reload import (
     LIVE_KEYS,
     ReloadCollector,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:
 
     from collector.actions.config import ActionsConfig
     from collector.actions.ports import GpuResetter
+    from collector.actions.rma import BuildBundle
     from collector.config import CollectorConfig
     from collector.reload import Candidate, ConfigSource
     from collector.store.lifecycle import TransitionRow
@@ -94,10 +98,12 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
     actuators: LiveActuators,
     gpu_ranks: Callable[[str, int], list[tuple[str, int, str]]] | None = None,
     gpu_job: Callable[[str, int], str | None] | None = None,
+    evidence: BuildBundle | None = None,
 ) -> Dispatcher:
     """The dispatcher with ``cfg``'s safety limits, acting through ``actuators``.
 
-    A reload re-points ``actuators`` at what the new configuration names.
+    A reload re-points ``actuators`` at what the new configuration names. ``evidence`` builds
+    the bundle an RMA ticket carries.
     """
     return Dispatcher(
         journal=journal,
@@ -111,6 +117,9 @@ def build_dispatcher(  # noqa: PLR0913 - the composition root passes every colla
         requeuer=actuators.requeuer,
         gpu_job=gpu_job,
         requeue_on=lambda: actuators.requeuer.on,
+        rebooters=(actuators.rebooter,),
+        ticketer=actuators.ticketer,
+        evidence=evidence,
     )
 
 
@@ -172,6 +181,14 @@ class CollectorService:
         self.stats = CollectorStats()
         store, self.reader = open_store(cfg.journal_config(), self._environ)
         self.journal = Journal(store, self.stats.journal)
+        # The rules' lemon counts and the reliability figures (collector.reliability).
+        self.reliability = Reliability(
+            journal=self.journal,
+            reader=self.reader,
+            fleet=self.fleet,
+            clock=clock,
+            engine=lambda: self.evaluator.engine,  # a reload swaps the evaluator
+        )
         self.peers = Peers(
             journal=self.journal,
             clock=clock,
@@ -211,6 +228,7 @@ class CollectorService:
             actuators=self.actuators,
             gpu_ranks=self.jobs.on_gpu,
             gpu_job=job_on_gpu(self.jobs, self.fleet),
+            evidence=functools.partial(build_bundle, self.reader, self.fleet),
         )
         self.ruleset = load_rules(list(cfg.rules))
         self.evaluator = Evaluator(
@@ -220,6 +238,7 @@ class CollectorService:
             clock=clock,
             jobs=self.jobs,
             fleet_extras=self.dispatcher.status,
+            node_faults=self.reliability.recent.fields,
         )
         # Callback slot: the fleet model exists before the evaluator that reads it, and a
         # reload swaps the evaluator (reload_config), so the model is told whom to notify.
@@ -277,6 +296,11 @@ class CollectorService:
         self.dispatcher.lifecycle = self.lifecycle
         self.incidents.watchers.append(LifecycleWatch(self.lifecycle))
         self.registry.register(LifecycleCollector(self.lifecycle, self.fleet.node_names))
+        self.lifecycle.moved.append(self.reliability.recent.moved)
+        self.dispatcher.tally.listeners.append(self.reliability.recent.action)
+        # a count that moved: its node's rules at the next tick (of the evaluator in use)
+        self.reliability.recent.changed.append(lambda n: self.evaluator.note_node(n))  # noqa: PLW0108
+        self.registry.register(self.reliability.collector)
         self.registry.register(AlertmanagerCollector(self.alertmanager))
         self.silences = SilenceBook(self.journal, self.incidents)
         self.drains = DrainDesk(self.dispatcher)
@@ -331,6 +355,7 @@ class CollectorService:
             nodes=self.node_metrics,
             rules=lambda: self.evaluator.rules,  # read at each request: a reload swaps them
             lifecycle=self.lifecycle,
+            reliability=self.reliability.answer,
         )
         self.liveness = LivenessMonitor(
             fleet=self.fleet,
@@ -407,6 +432,7 @@ class CollectorService:
         await restore_history(self.journal, self.evaluator, self.clock)
         self.lifecycle.load((await self.journal.do(lambda s: s.lifecycle.current())).values())
         self.lifecycle.start()
+        await self.reliability.start()  # before the moves and outcomes that follow
         await self.dispatcher.start()
         for node, incident in sorted(self.dispatcher.drained.items()):  # held from before
             if self.lifecycle.state(node) not in OUT_OF_SERVICE:
@@ -555,6 +581,7 @@ class CollectorService:
         await self.incidents.stop(grace if grace is not None else 0.0)  # then cut actions short
         await self.alertmanager.stop()
         await self.lifecycle.stop()  # what was moved is journaled before the journal closes
+        await self.reliability.stop()
         await self.grpc.stop(grace)
         self.http.stop()
         await self.journal.close()

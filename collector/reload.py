@@ -232,6 +232,7 @@ def successor(
         clock=old.clock,
         env=old.env,
         fleet_extras=old.fleet_extras,
+        node_faults=old.node_faults,
     )
     dropped: list[Incident] = []
     for incident in old.engine.open_incidents():

@@ -1,5 +1,9 @@
 """Reliability: how often the fleet fails, how, what fleetwatch did, what checkpoints it advises.
 
+Also the nodes' lifecycle (how many stand where, who is out and for how long) and how they are
+repaired: time to repair and between incidents (the collector's 30-day figures from its journal,
+and the histograms over the range), GPU time lost, lemon nodes.
+
 MTBF comes from the recording rules in ``deploy/prometheus/rules/fleetwatch-recording.yml``
 (``fleet:fleetwatch_nodes:count``, ``fleet:fleetwatch_node_mtbf_seconds:1d``,
 ``category:fleetwatch_node_failures:increase1h``): node-time observed over failures counted.
@@ -14,8 +18,10 @@ from dashboards.common import (
     BLUE,
     FULL,
     OPEN_CLOSED,
+    ORANGE_FROM_ONE,
     RANGE,
     RATE,
+    SCRAPE,
     THIRD,
     WINDOW,
     actions_annotation,
@@ -35,6 +41,22 @@ REPAIRS: Final = '{action=~"drain_node|reset_gpu|resume_node"}'
 FAILED: Final = increase("fleetwatch_node_failures_total", RANGE)
 # Node-seconds observed over the dashboard's range: the average fleet size times its length.
 NODE_SECONDS: Final = f"avg_over_time({NODES}[{RANGE}]) * $__range_s"
+
+
+# Lifecycle states, in the order a reader scans them, with their colours.
+LIFECYCLE_COLOURS: Final = (
+    ("in_service", "green"),
+    ("suspect", "yellow"),
+    ("drained", "orange"),
+    ("in_repair", "purple"),
+    ("requalifying", "blue"),
+    ("rma", "red"),
+)
+
+
+def _median(histogram: str) -> str:
+    """The median of what ``histogram`` observed over the dashboard's range."""
+    return f"histogram_quantile(0.5, sum by (le) (increase({histogram}_bucket[{RANGE}])))"
 
 
 def _repairs(window: str) -> str:
@@ -136,6 +158,117 @@ PANELS: Final = (
         [(f"increase(fleetwatch_actions_deferred_total{RATE})", "deferred")],
         width=THIRD,
     ),
+    Row("Lifecycle"),
+    Timeseries(
+        "Nodes by lifecycle state",
+        "How many nodes stand in each lifecycle state: in service, suspect (an incident fires "
+        "on it), drained, in repair, re-qualifying, RMA (docs/oncall.md, a node's lifecycle).",
+        [("sum by (state) (fleetwatch_nodes_lifecycle)", "{{state}}")],
+        stack=True,
+        colours=LIFECYCLE_COLOURS,
+    ),
+    Table(
+        "Nodes out of service",
+        "Each node not in service now, where it stands and for how long (since it entered "
+        "that state).",
+        ["time() - fleetwatch_node_lifecycle_since_timestamp_seconds"],
+        hide=SCRAPE,
+        rename={"Value": "for"},
+        unit="s",
+        no_value="every node in service",
+    ),
+    Row("Repairs and lemon nodes"),
+    Stat(
+        "Mean time to repair (30 days)",
+        "From a node leaving service (drained, in repair, RMA) to its return to service, over "
+        "the repairs that ended in the last 30 days (from the journal).",
+        ["fleetwatch_fleet_mean_time_to_repair_seconds"],
+        unit="s",
+        width=THIRD,
+        steps=BLUE,
+        no_value="no repair in 30 days",
+    ),
+    Stat(
+        "Median time to repair over the range",
+        "The histogram of the repairs that ended over the dashboard's range (buckets from 15 "
+        "minutes to 30 days: a short repair reads as up to 15 minutes).",
+        [f"{_median('fleetwatch_node_repair_seconds')} > 0"],
+        unit="s",
+        width=THIRD,
+        steps=BLUE,
+        no_value="no repair in range",
+    ),
+    Stat(
+        "GPU time lost (30 days)",
+        "The fleet's GPUs times their time out of service (drained, in repair, re-qualifying, "
+        "RMA) over its GPUs times 30 days.",
+        ["fleetwatch_fleet_gpu_time_lost_ratio"],
+        unit="percentunit",
+        width=THIRD,
+        steps=thresholds((None, "green"), (0.02, "orange"), (0.05, "red")),
+    ),
+    Stat(
+        "Mean time between incidents (30 days)",
+        "Between two incident episodes of one node (in service to suspect or drained), over "
+        "every node, in the last 30 days (from the journal).",
+        ["fleetwatch_fleet_mean_time_between_incidents_seconds"],
+        unit="s",
+        width=THIRD,
+        steps=BLUE,
+        no_value="no node had two",
+    ),
+    Stat(
+        "Median time between incidents over the range",
+        "The histogram of the incident episodes that began over the dashboard's range.",
+        [f"{_median('fleetwatch_node_time_between_incidents_seconds')} > 0"],
+        unit="s",
+        width=THIRD,
+        steps=BLUE,
+        no_value="no node had two in range",
+    ),
+    Stat(
+        "Lemon nodes",
+        "Nodes a lemon rule fires on now: 5 remediations or 5 incident episodes in 7 days, no "
+        "person has looked since (lemon_node drains them).",
+        ["fleetwatch_fleet_lemon_nodes"],
+        width=THIRD,
+        steps=ORANGE_FROM_ONE,
+    ),
+    Timeseries(
+        "Repairs ended and incident episodes begun",
+        "Per rate interval, from the histograms' counts.",
+        [
+            (f"sum(increase(fleetwatch_node_repair_seconds_count{RATE}))", "repairs ended"),
+            (
+                f"sum(increase(fleetwatch_node_time_between_incidents_seconds_count{RATE}))",
+                "episodes begun (a node's second or later)",
+            ),
+        ],
+        bars=True,
+    ),
+    Timeseries(
+        "GPU time lost over the last 30 days",
+        "The fleet's share of GPU time lost in the 30 days before each point.",
+        [("fleetwatch_fleet_gpu_time_lost_ratio", "GPU time lost")],
+        unit="percentunit",
+    ),
+    Table(
+        "Which nodes are lemons",
+        "The nodes a lemon rule fires on now (lemon_node drains them until a person releases "
+        "them); fleetwatch reliability NODE says why.",
+        ["fleetwatch_node_lemon"],
+        hide=(*SCRAPE, "Value"),
+        no_value="no lemon",
+    ),
+    Table(
+        "Most remediated nodes (7 days)",
+        "The twenty nodes with the most remediations (drains, GPU resets, reboots, RMA "
+        "tickets) that succeeded in the last 7 days.",
+        ["topk(20, fleetwatch_node_remediations)"],
+        hide=SCRAPE,
+        rename={"Value": "remediations"},
+        no_value="no remediation in 7 days",
+    ),
     Row("Checkpoint advice"),
     Table(
         "Checkpoint advice per job",
@@ -175,7 +308,8 @@ def build() -> dm.Dashboard:
     return new_dashboard(
         "fleetwatch: reliability",
         UID,
-        "Failures by category, MTBF, drains and resets, checkpoint advice.",
+        "Failures by category, MTBF, drains and resets, the nodes' lifecycle, time to repair "
+        "and between incidents, GPU time lost, lemon nodes, checkpoint advice.",
         PANELS,
         tags=["reliability"],
         time_from="now-7d",

@@ -4,6 +4,7 @@ Variables a condition sees (maps; a signal a target did not report is absent, so
 ``has()`` where it matters):
 
 ``node``   name, reachable, connected, gpus, gpus_lost, nvlinks_down, ib_ports, ib_ports_down,
+           remediations_7d, incidents_7d, seen_by_person (a lemon's counts),
            signals (the node's own, e.g. ``agent_outbox_pending``)
 ``gpu``    index, uuid, model, pci_bus_id, present, nvlink_count, nvlinks_down, signals
 ``rank``   the training-job rank on the GPU (gpu rules; empty when none runs there): job, rank,

@@ -59,6 +59,9 @@ VARIABLE_TYPES: Final[dict[str, dict[str, Kind]]] = {
         "nvlinks_down": _N,
         "ib_ports": _N,
         "ib_ports_down": _N,
+        "remediations_7d": _N,
+        "incidents_7d": _N,
+        "seen_by_person": _B,
         "signals": _S,
     },
     "gpu": {

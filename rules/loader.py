@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 RULE_NAME: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# What ``reboot_node: {reason: ...}`` may add to the reboot's reason (it reaches scontrol and
+# a webhook): words and the punctuation a Slurm reason of fleetwatch's may hold.
+REASON_NOTE: Final = re.compile(r"[A-Za-z0-9 ._:/(),-]{1,80}")
 RULE_KEYS: Final = frozenset(
     {
         "name",
@@ -232,8 +235,26 @@ class _Checker:
     def scoped_actions(
         self, scope: Scope, actions: tuple[ActionSpec, ...], line: int, rule: str
     ) -> None:
-        """drain_node needs an incident on a node, reset_gpu and requeue_job one on a GPU."""
+        """drain_node, reboot_node, rma_ticket need a node's incident; reset_gpu, requeue_job a GPU.
+
+        A reboot's ``reason`` holds only what :data:`REASON_NOTE` allows.
+        """
         for spec in actions:
+            if spec.name in ("reboot_node", "rma_ticket") and scope not in NODE_SCOPES:
+                self.problem(line, rule, f"{spec.name} needs a node, and a {scope} rule has none")
+            note = spec.params.get("reason")
+            if (
+                spec.name == "reboot_node"
+                and isinstance(note, str)
+                and note
+                and (note != note.strip() or REASON_NOTE.fullmatch(note) is None)
+            ):
+                self.problem(
+                    line,
+                    rule,
+                    f"reboot_node.reason must be 1-80 letters, digits, spaces and "
+                    f". _ : / ( ) , - (no outer spaces), not {short_repr(note)}",
+                )
             if spec.name == "requeue_job" and scope not in GPU_SCOPES:
                 self.problem(
                     line,

@@ -33,8 +33,8 @@ class Severity(StrEnum):
     CRITICAL = "critical"
 
 
-# The scopes whose incidents name a node (drain_node) and a GPU (reset_gpu, and requeue_job:
-# the job of the rank on that GPU).
+# The scopes whose incidents name a node (drain_node, reboot_node, rma_ticket) and a GPU
+# (reset_gpu, and requeue_job: the job of the rank on that GPU).
 NODE_SCOPES: Final = frozenset({Scope.NODE, Scope.GPU, Scope.NVLINK, Scope.IB_PORT})
 GPU_SCOPES: Final = frozenset({Scope.GPU, Scope.NVLINK})
 
@@ -44,6 +44,9 @@ ACTIONS: Final[dict[str, dict[str, tuple[type, Any]]]] = {
     "reset_gpu": {"drain_first": (bool, False)},
     "requeue_job": {"exclude_node": (bool, True)},
     "notify": {"channel": (str, "default")},
+    # words added to the reboot's reason ("" none): rules.loader.REASON_NOTE says which
+    "reboot_node": {"reason": (str, "")},
+    "rma_ticket": {},
 }
 
 

@@ -35,6 +35,14 @@ systemd, running as root) and the pitfalls met on the way:
   next ping (well under a second): wait for the state, do not assert it at once.
 - ``scontrol show node`` reports an unknown node on stdout ("Node x not found", exit 1), and
   ``scontrol update`` on stderr ("slurm_update error: Invalid node name specified").
+- ``RebootProgram`` is ``reboot-program.sh`` in the temp dir: it appends one line (time, host,
+  its arguments: slurmd passes none) to ``reboots.log`` and reboots nothing. ``scontrol reboot
+  ASAP nextstate=DOWN reason=... NODE`` makes an idle node ``IDLE+DRAIN+REBOOT_REQUESTED``, and
+  about a second later slurmd (node-01's, for a spare too) runs the program and the node reads
+  ``DOWN+DRAIN+REBOOT_ISSUED`` with ``: reboot issued`` after the reason; a node running a job
+  waits for it to end. Since nothing reboots, no node registers from a new boot: after
+  ``ResumeTimeout`` (60 s here) slurmctld marks it DOWN, ``reboot timed out``. slurmctld logs
+  ``reboot request queued for nodes NODE`` for each reboot it takes.
 - ``salloc --no-shell`` allocates a node at once without starting any process on it: the cheap
   way to make a node ALLOCATED (and a drain of it DRAINING) without slurmstepd or cgroups.
 - ``sbatch -w node-01 --wrap 'sleep 300'`` runs a real batch job there (slurmstepd starts it as
@@ -81,6 +89,11 @@ _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 _STOP_TIMEOUT_S = 10.0
 _LOG_TAIL_CHARS = 3000
+# The RebootProgram slurmd runs for `scontrol reboot`, and the file it records each call in.
+REBOOT_PROGRAM = "reboot-program.sh"
+REBOOT_LOG = "reboots.log"
+# How long slurmctld waits for a rebooted node to register again before it marks it DOWN.
+RESUME_TIMEOUT_S = 60
 
 
 class SlurmHarnessError(RuntimeError):
@@ -249,6 +262,19 @@ class SlurmCluster:
             time.sleep(0.05)
 
 
+def _write_reboot_program(root: Path) -> None:
+    """The cluster's ``RebootProgram``: it writes one line per call and reboots nothing."""
+    script = root / REBOOT_PROGRAM
+    log = root / REBOOT_LOG
+    script.write_text(
+        "#!/bin/sh\n"
+        "# fleetwatch's Slurm test harness: record the call, reboot nothing\n"
+        f'printf \'%s %s %s\\n\' "$(date +%s.%N)" "$(hostname)" "$*" >> {log}\n'
+        "exit 0\n"
+    )
+    script.chmod(0o755)
+
+
 def _slurm_conf(root: Path, spares: int, user: str) -> str:
     """The cluster's slurm.conf: every file under ``root``, free ports, no cgroups, no mail."""
     node = "NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN"
@@ -280,6 +306,8 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
 MailProg=/bin/true
+RebootProgram={root / REBOOT_PROGRAM}
+ResumeTimeout={RESUME_TIMEOUT_S}
 NodeName={REAL_NODE} {node}
 NodeName={spare_names} {node}
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -367,6 +395,7 @@ def slurm_cluster(spares: int = 8, startup_timeout_s: float = 30.0) -> Iterator[
         key.write_bytes(os.urandom(128))
         key.chmod(0o600)
         user = pwd.getpwuid(os.getuid()).pw_name
+        _write_reboot_program(root)
         conf = root / "slurm.conf"
         conf.write_text(_slurm_conf(root, spares, user))
         cluster = SlurmCluster(

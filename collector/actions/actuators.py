@@ -1,7 +1,8 @@
-"""The drain adapters, notify channels and job requeuer the configuration names, replaceable.
+"""What the configuration names to drain, notify, requeue, reboot and open tickets, replaceable.
 
-The dispatcher keeps one :class:`LiveDrainer`, one :class:`LiveNotifier` and one
-:class:`LiveRequeuer` for its life; each passes calls on to what the configuration built last.
+The dispatcher keeps one :class:`LiveDrainer`, :class:`LiveNotifier`, :class:`LiveRequeuer`,
+:class:`LiveRebooter` and :class:`LiveTicketer` for its life; each passes calls on to what the
+configuration built last.
 A reload builds the new set first (reading every webhook secret, so a missing one fails the
 reload and changes nothing), then swaps it in with one assignment: an action already running
 finishes with the adapter it started with.
@@ -15,12 +16,23 @@ from typing import TYPE_CHECKING
 
 from collector.actions.adapters import (
     SlurmDrainer,
+    SlurmRebooter,
     SlurmRequeuer,
     WebhookDrainer,
     WebhookNotifier,
+    WebhookRebooter,
+    WebhookTicketer,
 )
-from collector.actions.ports import ActionOutcome, Drainer, JobRequeuer, Notifier
+from collector.actions.ports import (
+    ActionOutcome,
+    Drainer,
+    JobRequeuer,
+    Notifier,
+    Rebooter,
+    Ticketer,
+)
 from collector.actions.slurm import SlurmNodes
+from collector.actions.slurm_reboot import SlurmReboots
 from collector.actions.slurm_requeue import SlurmJobs
 from fleetwatch.config_file import shown_key
 
@@ -28,19 +40,23 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from collector.actions.config import ActionsConfig
+    from collector.actions.ports import BundleRead
     from fleetwatch.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)
 class Actuators:
-    """What drains nodes, notifies people and requeues jobs, as one configuration says.
+    """What drains nodes, notifies people, requeues jobs, reboots nodes and opens RMA tickets.
 
-    ``requeuer`` is None while ``[collector.actions.slurm] requeue`` is off.
+    ``requeuer`` is None while ``[collector.actions.slurm] requeue`` is off; ``rebooters``
+    are Slurm (while it is enabled) and the reboot webhook; ``ticketer`` is the RMA webhook.
     """
 
     drainers: tuple[Drainer, ...] = ()
     notifier: Notifier | None = None
     requeuer: JobRequeuer | None = None
+    rebooters: tuple[Rebooter, ...] = ()
+    ticketer: Ticketer | None = None
 
 
 def build_actuators(
@@ -56,9 +72,11 @@ def build_actuators(
     """
     env_vars = environ or {}
     drainers: list[Drainer] = []
+    rebooters: list[Rebooter] = []
     env = {"SLURM_CONF": str(cfg.slurm.slurm_conf)} if cfg.slurm.slurm_conf else None
     if cfg.slurm.enabled:
         drainers.append(SlurmDrainer(SlurmNodes(scontrol=cfg.slurm.scontrol, env=env)))
+        rebooters.append(SlurmRebooter(SlurmReboots(scontrol=cfg.slurm.scontrol, env=env)))
     requeuer = (
         SlurmRequeuer(SlurmJobs(scontrol=cfg.slurm.scontrol, env=env))
         if cfg.slurm.requeue
@@ -67,19 +85,32 @@ def build_actuators(
     if cfg.drain_webhook is not None:
         hook = cfg.drain_webhook.sender(clock, "actions.drain_webhook", env_vars)
         drainers.append(WebhookDrainer(hook))
+    if cfg.reboot_webhook is not None:
+        hook = cfg.reboot_webhook.sender(clock, "actions.reboot_webhook", env_vars)
+        rebooters.append(WebhookRebooter(hook))
+    ticketer = None
+    if cfg.rma_webhook is not None:
+        hook = cfg.rma_webhook.sender(clock, "actions.rma_webhook", env_vars)
+        ticketer = WebhookTicketer(hook, cfg.rma_max_bundle_bytes)
     channels = {
         name: hook.sender(clock, f"actions.notify.{shown_key(name)}", env_vars)
         for name, hook in cfg.notify.items()
     }
-    return Actuators(tuple(drainers), WebhookNotifier(channels) if channels else None, requeuer)
+    return Actuators(
+        tuple(drainers),
+        WebhookNotifier(channels) if channels else None,
+        requeuer,
+        tuple(rebooters),
+        ticketer,
+    )
 
 
-def _combined(outcomes: list[ActionOutcome]) -> ActionOutcome:
+def _combined(outcomes: list[ActionOutcome], what: str = "drain") -> ActionOutcome:
     """Every adapter's outcome as one, as the dispatcher combines its adapters' outcomes."""
     if len(outcomes) == 1:
         return outcomes[0]
     if not outcomes:
-        return ActionOutcome(ok=False, detail="no drain adapter is configured")
+        return ActionOutcome(ok=False, detail=f"no {what} adapter is configured")
     return ActionOutcome(
         ok=all(o.ok for o in outcomes),
         detail="; ".join(o.detail for o in outcomes),
@@ -144,6 +175,41 @@ class LiveRequeuer:
         return await requeuer.requeue(job, node)
 
 
+class LiveRebooter:
+    """Reboots through every rebooter of the current configuration (Slurm, the webhook)."""
+
+    name = "configured"
+
+    def __init__(self, rebooters: tuple[Rebooter, ...]) -> None:
+        """Start with ``rebooters``; :attr:`rebooters` is replaced on a reload."""
+        self.rebooters = rebooters
+
+    async def reboot(self, node: str, reason: str, key: str) -> ActionOutcome:
+        """Ask each rebooter at once; none configured: the reboot fails."""
+        rebooters = self.rebooters
+        outcomes = await asyncio.gather(*(r.reboot(node, reason, key) for r in rebooters))
+        return _combined(list(outcomes), "reboot")
+
+
+class LiveTicketer:
+    """Opens tickets through the current configuration's RMA webhook."""
+
+    def __init__(self, ticketer: Ticketer | None) -> None:
+        """Start with ``ticketer`` (None: none); :attr:`ticketer` is replaced on a reload."""
+        self.ticketer = ticketer
+
+    async def open_ticket(
+        self, payload: dict[str, object], bundle: BundleRead, key: str
+    ) -> ActionOutcome:
+        """Open the ticket, or say that no RMA webhook is configured (no bundle is built)."""
+        ticketer = self.ticketer
+        if ticketer is None:
+            return ActionOutcome(
+                ok=False, detail="rma_ticket: no [collector.actions.rma_webhook] is configured"
+            )
+        return await ticketer.open_ticket(payload, bundle, key)
+
+
 class LiveActuators:
     """The dispatcher's adapters, and the one place a reload swaps what they pass calls to."""
 
@@ -152,14 +218,24 @@ class LiveActuators:
         self.drainer = LiveDrainer(actuators.drainers)
         self.notifier = LiveNotifier(actuators.notifier)
         self.requeuer = LiveRequeuer(actuators.requeuer)
+        self.rebooter = LiveRebooter(actuators.rebooters)
+        self.ticketer = LiveTicketer(actuators.ticketer)
 
     def swap(self, actuators: Actuators) -> None:
         """Use ``actuators`` from the next action on."""
         self.drainer.drainers = actuators.drainers
         self.notifier.notifier = actuators.notifier
         self.requeuer.requeuer = actuators.requeuer
+        self.rebooter.rebooters = actuators.rebooters
+        self.ticketer.ticketer = actuators.ticketer
 
     @property
     def current(self) -> Actuators:
         """What calls go to now."""
-        return Actuators(self.drainer.drainers, self.notifier.notifier, self.requeuer.requeuer)
+        return Actuators(
+            self.drainer.drainers,
+            self.notifier.notifier,
+            self.requeuer.requeuer,
+            self.rebooter.rebooters,
+            self.ticketer.ticketer,
+        )

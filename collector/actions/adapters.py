@@ -1,6 +1,8 @@
 """Actuators behind the dispatcher's protocols: Slurm and webhooks drain, webhooks notify.
 
-Slurm requeues jobs too (:class:`SlurmRequeuer`).
+Slurm requeues jobs too (:class:`SlurmRequeuer`); Slurm and a webhook reboot nodes
+(:class:`SlurmRebooter`, :class:`WebhookRebooter`); a webhook opens RMA tickets
+(:class:`WebhookTicketer`).
 """
 
 from __future__ import annotations
@@ -8,13 +10,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from collector.actions.ports import ActionOutcome
+from collector.actions.rma import RMA_KIND, attachment
 from collector.actions.slurm import DrainOutcome, ResumeOutcome, SlurmError, SlurmRefusedError
+from collector.actions.slurm_reboot import RebootOutcome
 from collector.actions.slurm_requeue import RequeueOutcome
 
 if TYPE_CHECKING:
+    from collector.actions.ports import BundleRead
     from collector.actions.slurm import SlurmNodes
+    from collector.actions.slurm_reboot import SlurmReboots
     from collector.actions.slurm_requeue import RequeueResult, SlurmJobs
     from collector.actions.webhook import DeliveryResult, WebhookSender
+
+REBOOT_KIND = "reboot_request"
 
 
 def _outcome(result: DeliveryResult, what: str) -> ActionOutcome:
@@ -162,3 +170,79 @@ class SlurmRequeuer:
                 ok=False, detail=f"refused: slurm: job {job} {why}; not requeued", refused=True
             )
         return ActionOutcome(ok=True, detail=_requeued(result))
+
+
+class SlurmRebooter:
+    """Reboots nodes through Slurm (``scontrol reboot ASAP nextstate=DOWN``)."""
+
+    name = "slurm"
+
+    def __init__(self, reboots: SlurmReboots) -> None:
+        """Use ``reboots`` (one adapter for the collector's life)."""
+        self._reboots = reboots
+
+    async def reboot(self, node: str, reason: str, key: str) -> ActionOutcome:  # noqa: ARG002
+        """Ask Slurm for the reboot; a node held by someone else is left as it is."""
+        try:
+            result = await self._reboots.reboot(node, reason)
+        except SlurmRefusedError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: {exc}", refused=True)
+        except SlurmError as exc:
+            return ActionOutcome(ok=False, detail=f"slurm: reboot of {node} not asked for: {exc}")
+        states = "+".join(sorted(result.state.states))
+        if result.outcome is RebootOutcome.HELD_BY_OTHER:
+            held = result.state.reason or "no reason"
+            return ActionOutcome(
+                ok=False,
+                detail=f"slurm: {node} left alone, held out by someone else ({held}); not rebooted",
+            )
+        if result.outcome is RebootOutcome.ALREADY_REQUESTED:
+            return ActionOutcome(
+                ok=True, detail=f"slurm: reboot of {node} already asked ({states})"
+            )
+        return ActionOutcome(
+            ok=True, detail=f"slurm: reboot of {node} asked ({states}; {result.reason})"
+        )
+
+
+class WebhookRebooter:
+    """Asks another system (a BMC controller, a Kubernetes operator) to reboot a node.
+
+    The receiver drains the node first, reboots it once its jobs are gone, and brings it back
+    held out of service (``next_state: down``) for re-qualification (docs/webhooks.md).
+    """
+
+    name = "webhook"
+
+    def __init__(self, sender: WebhookSender) -> None:
+        """Send reboot requests through ``sender``."""
+        self._sender = sender
+
+    async def reboot(self, node: str, reason: str, key: str) -> ActionOutcome:
+        """POST a ``reboot_request``."""
+        payload = {"node": node, "reason": reason, "drain_first": True, "next_state": "down"}
+        return _outcome(await self._sender.send(payload, key, kind=REBOOT_KIND), "reboot webhook")
+
+
+class WebhookTicketer:
+    """Opens RMA tickets through a webhook, each with the node's evidence bundle."""
+
+    def __init__(self, sender: WebhookSender, max_bundle_bytes: int) -> None:
+        """Send each ``rma_request`` through ``sender``, a bundle attached up to the size given."""
+        self._sender = sender
+        self._max_bundle_bytes = max_bundle_bytes
+
+    async def open_ticket(
+        self, payload: dict[str, object], bundle: BundleRead, key: str
+    ) -> ActionOutcome:
+        """POST an ``rma_request``: the incident's payload, and the bundle (or its manifest)."""
+        built, why = await bundle()
+        shown = attachment(built, self._max_bundle_bytes, why)
+        result = await self._sender.send({**payload, "bundle": shown}, key, kind=RMA_KIND)
+        outcome = _outcome(result, "rma webhook")
+        what = (
+            f"bundle {shown['name']} attached ({shown['bytes']} bytes, sha256 {shown['sha256']})"
+            if shown["attached"]
+            else f"no bundle attached: {shown['why']}"
+        )
+        return ActionOutcome(ok=outcome.ok, detail=f"{outcome.detail}; {what}")

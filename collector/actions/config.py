@@ -1,4 +1,4 @@
-"""The ``[collector.actions]`` table: safety limits, drain adapters and notify channels.
+"""The ``[collector.actions]`` table: safety limits, drain, reboot and RMA adapters, notifying.
 
 [collector.actions]
 dry_run = false                 # journal what would run, run nothing
@@ -12,16 +12,30 @@ reset_retry = 60                # seconds between asks to reset a GPU that is bu
 max_requeues = 4                # requeue_job: at most this many requeues ...
 requeue_window = 3600           # ... within this many seconds, fleet-wide (this collector)
 requeue_cooldown = 86400        # seconds before fleetwatch requeues the same job again
+max_rebooting_nodes = 2         # reboot_node: reboots in flight at once, at most (a reboot is in
+reboot_timeout = 1800           # flight until the node says hello from a new boot, or this long)
+reboot_cooldown = 3600          # seconds before fleetwatch reboots the same node again
 
 [collector.actions.slurm]       # drain through scontrol (on a host with Slurm's client)
 enabled = true
 scontrol = "scontrol"
 slurm_conf = "/etc/slurm/slurm.conf"   # optional: SLURM_CONF for scontrol
 requeue = false                 # true: rules' requeue_job actions requeue jobs (off by default)
+                                # reboot_node goes through scontrol reboot ASAP nextstate=DOWN
+                                # while enabled (slurm.conf needs a RebootProgram)
 
 [collector.actions.drain_webhook]      # and/or ask another system to drain
 url = "https://drainer.example/fleetwatch"
 secret_file = "/etc/fleetwatch/drain.secret"  # or: secret_env = "FLEETWATCH_DRAIN_SECRET"
+
+[collector.actions.reboot_webhook]     # and/or ask another system to reboot (reboot_node):
+url = "https://reboots.example/fleetwatch"   # it drains the node first, reboots it, and
+secret_env = "FLEETWATCH_REBOOT_SECRET"      # brings it back held out of service
+
+[collector.actions.rma_webhook]        # rma_ticket: open a ticket with the vendor/RMA desk
+url = "https://rma.example/fleetwatch"
+secret_file = "/etc/fleetwatch/rma.secret"
+max_bundle_bytes = 524288       # the evidence bundle attached up to this size; else its manifest
 
 [collector.actions.notify.default]     # notify channels; rules name them (default: default)
 url = "https://chat.example/hooks/abc"
@@ -58,8 +72,17 @@ SAFETY_KEYS: Final = {
     "max_requeues": "max_requeues",
     "requeue_window": "requeue_window_s",
     "requeue_cooldown": "requeue_cooldown_s",
+    "max_rebooting_nodes": "max_rebooting_nodes",
+    "reboot_cooldown": "reboot_cooldown_s",
+    "reboot_timeout": "reboot_timeout_s",
 }
 SLURM_KEYS: Final = ("enabled", "scontrol", "slurm_conf", "requeue")
+# The webhook tables of [collector.actions] (each takes WEBHOOK_KEYS; rma_webhook RMA_KEYS).
+WEBHOOK_TABLES: Final = ("drain_webhook", "reboot_webhook", "rma_webhook")
+RMA_KEYS: Final = (*WEBHOOK_KEYS, "max_bundle_bytes")
+# The most bytes of evidence bundle an rma_request carries by default (base64 makes it 4/3 as
+# big): under a 1 MiB request limit, which many receivers (and our own) keep.
+DEFAULT_MAX_BUNDLE_BYTES: Final = 512 * 1024
 
 
 def _boolean(value: object, key: str) -> bool:
@@ -76,7 +99,12 @@ def _check_safety(values: dict[str, Any]) -> None:
         key = f"actions.{names[attr]}"
         if attr == "dry_run":
             _boolean(value, key)
-        elif attr in ("max_drained_nodes", "breaker_max_drains", "max_requeues"):
+        elif attr in (
+            "max_drained_nodes",
+            "breaker_max_drains",
+            "max_requeues",
+            "max_rebooting_nodes",
+        ):
             check_number(value, key, ConfigError, inclusive=True, integer=True)
         else:
             check_number(value, key, ConfigError, inclusive=attr == "max_drained_share")
@@ -141,15 +169,21 @@ class ActionsConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     drain_webhook: WebhookConfig | None = None
     notify: dict[str, WebhookConfig] = field(default_factory=dict)
+    reboot_webhook: WebhookConfig | None = None  # reboot_node's webhook (beside Slurm's)
+    rma_webhook: WebhookConfig | None = None  # rma_ticket's
+    rma_max_bundle_bytes: int = DEFAULT_MAX_BUNDLE_BYTES
 
 
-def _webhook(raw: object, key: str) -> WebhookConfig:
-    """Check one webhook table: known keys of the right types, at most one secret source."""
-    takes = f"takes {', '.join(WEBHOOK_KEYS)}"
+def _webhook(raw: object, key: str, keys: tuple[str, ...] = WEBHOOK_KEYS) -> WebhookConfig:
+    """Check one webhook table: known keys of the right types, at most one secret source.
+
+    ``keys``: what the table takes (the ones beyond :data:`WEBHOOK_KEYS` are read before).
+    """
+    takes = f"takes {', '.join(keys)}"
     if not isinstance(raw, dict):
         msg = f"collector config: {key} must be a table that {takes}"
         raise ConfigError(msg)
-    unknown = sorted(set(raw) - set(WEBHOOK_KEYS))
+    unknown = sorted(set(raw) - set(keys))
     if unknown or "url" not in raw:
         what = f"has no key(s) {shown_keys(unknown)}" if unknown else "needs a url"
         msg = f"collector config: {key} {what}; it {takes}"
@@ -183,6 +217,17 @@ def _webhook(raw: object, key: str) -> WebhookConfig:
     )
 
 
+def _max_bundle(raw: object) -> tuple[object, int]:
+    """The rma_webhook table without ``max_bundle_bytes``, and that (a whole number >= 0)."""
+    if not isinstance(raw, dict) or "max_bundle_bytes" not in raw:
+        return raw, DEFAULT_MAX_BUNDLE_BYTES
+    table = dict(raw)
+    value = table.pop("max_bundle_bytes")
+    key = "actions.rma_webhook.max_bundle_bytes"
+    check_number(value, key, ConfigError, inclusive=True, integer=True)
+    return table, int(value)
+
+
 def parse_actions(raw: object) -> ActionsConfig:
     """Check the ``actions`` table; ConfigError names the key that is wrong."""
     if raw is None:
@@ -193,7 +238,8 @@ def parse_actions(raw: object) -> ActionsConfig:
     table: dict[str, Any] = dict(raw)
     safety_values = {SAFETY_KEYS[k]: table.pop(k) for k in list(table) if k in SAFETY_KEYS}
     slurm_raw = table.pop("slurm", {})
-    drain_raw = table.pop("drain_webhook", None)
+    hooks_raw = {name: table.pop(name, None) for name in WEBHOOK_TABLES}
+    hooks_raw["rma_webhook"], max_bundle = _max_bundle(hooks_raw["rma_webhook"])
     notify_raw = table.pop("notify", {})
     if table:
         msg = f"collector config: actions has no key(s) {shown_keys(sorted(table))}"
@@ -222,12 +268,23 @@ def parse_actions(raw: object) -> ActionsConfig:
     if not isinstance(notify_raw, dict):
         msg = "collector config: actions.notify must map channel names to webhooks"
         raise ConfigError(msg)
+    hooks = {
+        name: _webhook(
+            raw_hook, f"actions.{name}", RMA_KEYS if name == "rma_webhook" else WEBHOOK_KEYS
+        )
+        if raw_hook
+        else None
+        for name, raw_hook in hooks_raw.items()
+    }
     return ActionsConfig(
         safety=safety,
         slurm=slurm,
-        drain_webhook=_webhook(drain_raw, "actions.drain_webhook") if drain_raw else None,
+        drain_webhook=hooks["drain_webhook"],
         notify={
             str(name): _webhook(value, f"actions.notify.{shown_key(name)}")
             for name, value in notify_raw.items()
         },
+        reboot_webhook=hooks["reboot_webhook"],
+        rma_webhook=hooks["rma_webhook"],
+        rma_max_bundle_bytes=max_bundle,
     )

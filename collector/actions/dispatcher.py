@@ -45,6 +45,14 @@ most ``max_requeues`` within ``requeue_window_s``, never in dry run. It never wa
 limits hold back is skipped. These limits count this collector's requeues (and, after a restart,
 what its journal holds), not a peer's on a shared journal.
 
+``reboot_node`` reboots the incident's node through the scheduler (Slurm's ``reboot ASAP
+nextstate=DOWN``, or a webhook whose receiver drains first), once per ``reboot_cooldown_s`` per
+node, at most ``max_rebooting_nodes`` in flight, and under the drain cap when the node is still
+in service (:mod:`~collector.actions.local_checks`); the node is then held drained by the
+incident and in repair. ``rma_ticket`` sends the incident, its GPU and the node's evidence
+bundle (built in a worker thread, :mod:`~collector.actions.rma`) to the RMA webhook; the node
+is then in RMA.
+
 The dispatcher coordinates; the parts are :mod:`~collector.actions.local_checks` (may it run
 now), :mod:`~collector.actions.journaling` (rows, plans, outcomes in the journal),
 :mod:`~collector.actions.waiting` (what waits, and settling it), :mod:`~collector.actions.actuation`
@@ -61,6 +69,7 @@ import structlog
 from collector.actions.actuation import Actuation
 from collector.actions.journaling import ActionJournal, chains, expand
 from collector.actions.local_checks import SafetyChecks
+from collector.actions.rma import BundleReads
 from collector.actions.waiting import Waiting, WaitingActions
 from collector.model.lifecycle import (
     OUT_OF_SERVICE,
@@ -81,7 +90,10 @@ if TYPE_CHECKING:
         GpuResetter,
         JobRequeuer,
         Notifier,
+        Rebooter,
+        Ticketer,
     )
+    from collector.actions.rma import BuildBundle
     from collector.actions.safety import SafetyConfig
     from collector.actions.tally import ActionTally
     from collector.model.fleet import FleetModel
@@ -91,6 +103,9 @@ if TYPE_CHECKING:
     from rules.model import Rule
 
 log = structlog.get_logger("collector.actions")
+
+# Where an accepted reboot or RMA ticket moves its node in the lifecycle.
+_MOVES = {"reboot_node": State.IN_REPAIR, "rma_ticket": State.RMA}
 
 __all__ = ["Dispatcher"]
 
@@ -112,8 +127,14 @@ class Dispatcher:
         requeuer: JobRequeuer | None = None,
         gpu_job: Callable[[str, int], str | None] | None = None,
         requeue_on: Callable[[], bool] | None = None,
+        rebooters: tuple[Rebooter, ...] = (),
+        ticketer: Ticketer | None = None,
+        evidence: BuildBundle | None = None,
     ) -> None:
         """Nothing is drained until :meth:`start` has read what the journal says.
+
+        ``rebooters`` run ``reboot_node``, ``ticketer`` ``rma_ticket``, whose tickets carry
+        the node's evidence bundle as ``evidence`` builds it (blocking; run in a worker thread).
 
         ``gpu_ranks(node, index)`` names the (job, rank, process state) on a GPU, ``gpu_job``
         the job of the rank a GPU rule sees there (the one ``requeue_job`` requeues through
@@ -132,7 +153,16 @@ class Dispatcher:
             requeue_on=requeue_on,
         )
         self._actuation = Actuation(
-            drainers, notifier, resetter, requeuer, job_of=self._checks.job_of
+            drainers,
+            notifier,
+            resetter,
+            requeuer,
+            job_of=self._checks.job_of,
+            rebooters=rebooters,
+            ticketer=ticketer,
+            bundles=BundleReads(evidence) if evidence is not None else None,
+            node_state=lambda node: fleet.view().get(node),
+            now=clock.now,
         )
         self._actions = ActionJournal(journal, clock, self._checks)
         self._waits = WaitingActions(
@@ -195,6 +225,7 @@ class Dispatcher:
         rows = await self._actions.every_action()
         self._checks.learn_drained(rows, self.owns)
         self._checks.learn_requeued(rows, self.owns)
+        self._checks.learn_rebooted(rows, self.owns)
         self._waits.take_up(rows, self.owns)
         await self._waits.settle_unfinished(self.owns)
         if self.drained or self.waiting:
@@ -432,6 +463,8 @@ class Dispatcher:
                     incident=incident.id,
                     reason=rule.name,
                 )
+        if spec.name in _MOVES and outcome.ok:
+            self._out_of_service(incident, rule, spec, name or spec.name)
         if not outcome.retry:  # a refusal for now is not an action that ran
             self._checks.ran(incident, spec, where=where, refused=outcome.refused)
         if outcome.retry:
@@ -453,6 +486,28 @@ class Dispatcher:
         )
         return outcome
 
+    def _out_of_service(
+        self, incident: IncidentRow, rule: Rule, spec: ActionSpec, name: str
+    ) -> None:
+        """A reboot or an RMA ticket was accepted: the node moves in its lifecycle.
+
+        A reboot drained the node too (Slurm's ``reboot ASAP``; a webhook's receiver drains
+        first): fleetwatch holds it out, for this incident, until a release or re-qualification,
+        and the reboot is in flight until the node says hello from a new boot.
+        """
+        node = incident.node
+        if spec.name == "reboot_node":
+            self.drained[node] = incident.id
+            self._checks.reboot_asked(node, self._checks.boot_of(node))
+        if self.lifecycle is not None:
+            self.lifecycle.move(
+                node,
+                _MOVES[spec.name],
+                actor=f"action:{name}",
+                incident=incident.id,
+                reason=rule.name,
+            )
+
     async def settle(
         self,
         firing: Callable[[str], tuple[IncidentRow, Rule] | None],
@@ -469,6 +524,8 @@ class Dispatcher:
         )
         if not wants_resume or self.drained.get(incident.node) != incident.id:
             return
+        if self.lifecycle is not None and self.lifecycle.state(incident.node) in _MOVES.values():
+            return  # rebooted or sent for RMA: re-qualification brings it back, not a resolution
         spec = ActionSpec("resume_node")
         action_id, new = await self._actions.add(incident, spec, "running", "", "resume_node")
         if not new:

@@ -1,4 +1,4 @@
-"""The drain and reset checks made against every collector's actions (a shared journal).
+"""The drain, reset and reboot checks made against every collector's actions (a shared journal).
 
 Pure functions of :class:`FleetActions`, the view the journal builds under its fleet lock; the
 collector's own checks (:mod:`collector.actions.local_checks`) see only what this collector did.
@@ -78,4 +78,45 @@ def drain_refusal(  # noqa: PLR0913 - the incident, the view, the limits
     if fleet.drains_since >= safety.breaker_max_drains:
         until = now_ms + int(safety.breaker_cooldown_s * 1000)
         return "deferred", "circuit breaker opened: drains came too fast (fleet-wide)", until
+    return PLANNED
+
+
+def reboot_refusal(  # noqa: PLR0913 - the incident, the view, the limits
+    incident: IncidentRow,
+    fleet: FleetActions,
+    *,
+    now_ms: int,
+    safety: SafetyConfig,
+    cap: int,
+    size: int,
+) -> Decision:
+    """A reboot of the incident's node: once per ``reboot_cooldown_s``, a few at once, capped.
+
+    Never while one of the node runs anywhere, nor past ``max_rebooting_nodes`` in flight
+    fleet-wide; a node no collector holds drained needs room under the drain cap (the reboot
+    takes it out of service). What these hold back is skipped: a reboot never waits.
+    """
+    node = incident.node
+    if node in fleet.rebooting_now:
+        return "skipped", f"{node} is being rebooted for another incident", 0
+    last = fleet.last_ms.get(("reboot_node", node))
+    if last is not None and now_ms - last < safety.reboot_cooldown_s * 1000:
+        return "skipped", f"cooldown: reboot_node ran on {node} {_ago(now_ms, last)}", 0
+    others = fleet.rebooting - {node}
+    if len(others) >= safety.max_rebooting_nodes:
+        shown = ", ".join(sorted(others)[:4]) or "none may"
+        why = (
+            f"reboot limit reached: {len(others)} nodes rebooting ({shown}; max_rebooting_nodes "
+            f"{safety.max_rebooting_nodes}, fleet-wide)"
+        )
+        return "skipped", why, 0
+    if node in fleet.drained or node in fleet.draining:
+        return PLANNED
+    taken = len(set(fleet.drained) | fleet.draining | fleet.rebooting_now)
+    if taken >= cap:
+        why = (
+            f"drain cap reached: a reboot takes {node} out of service too; {taken} of {size} "
+            f"nodes drained or draining (cap {cap})"
+        )
+        return "skipped", why, 0
     return PLANNED

@@ -23,7 +23,7 @@ from typing import Final
 from collector.actions.slurm import is_single_node_name
 from collector.exceptions import CollectorError
 from fleetwatch.wire.validate import NODE_NAME
-from rules.loader import RULE_NAME
+from rules.loader import REASON_NOTE, RULE_NAME
 
 __all__ = [
     "REASON_PREFIX",
@@ -124,15 +124,21 @@ def _check_incident(incident_id: str) -> str:
     return incident_id
 
 
-def drain_reason(rule: str, node: str, target: str, incident_id: str) -> str:
+def drain_reason(rule: str, node: str, target: str, incident_id: str, *, note: str = "") -> str:
     """``fleetwatch: <rule>: <what> (incident <id>)``, from checked parts only.
 
     The incident's evidence is left out on purpose: it may quote telemetry (an IB port's state
     text, a job's summary). People find it in the journal and the notification, by the id.
+    ``note``: words the rule file adds (``reboot_node: {reason: ...}``), after ``<what>``; the
+    loader checked them (:data:`rules.loader.REASON_NOTE`), and so does this.
     """
     if RULE_NAME.fullmatch(rule) is None:
         raise UnsafeArgumentError("rule", rule, "a snake_case rule name")
-    what = parse_target(node, target).words()
+    if note and REASON_NOTE.fullmatch(note) is None:
+        raise UnsafeArgumentError(
+            "reason", note, "1-80 letters, digits, spaces and . _ : / ( ) , -"
+        )
+    what = parse_target(node, target).words() + (f": {note}" if note else "")
     return f"{REASON_PREFIX} {rule}: {what} (incident {_check_incident(incident_id)})"
 
 

@@ -4,8 +4,8 @@ Each action of an incident is journaled under the key ``<action>:<incident>``; a
 the journal is not journaled (nor run) again. A firing's first actions can be decided before the
 firing is journaled (:meth:`ActionJournal.plan`) and go in the incident's own transaction
 (:class:`FirePlan`); the others are decided when their turn comes (:meth:`ActionJournal.decide`).
-On a shared journal a drain or a reset is decided again under the fleet lock, against every
-collector's actions (:meth:`IncidentStore.decide_action`). Each outcome is counted once in
+On a shared journal a drain, a reset or a reboot is decided again under the fleet lock, against
+every collector's actions (:meth:`IncidentStore.decide_action`). Each outcome is counted once in
 :attr:`ActionJournal.tally`.
 """
 
@@ -77,7 +77,7 @@ class FirePlan:
 
 
 def chains(actions: tuple[ActionSpec, ...]) -> list[tuple[ActionSpec, ...]]:
-    """What runs one after another: the drains and resets in order, then each notification."""
+    """What runs one after another (drains to tickets, in order), then each notification."""
     ordered = tuple(spec for spec in actions if spec.name != "notify")
     notes = [(spec,) for spec in actions if spec.name == "notify"]
     return ([ordered] if ordered else []) + notes
@@ -159,6 +159,9 @@ class ActionJournal:
         params = dict(spec.params)
         if spec.name == "requeue_job" and (job := self._checks.job_of(incident)) is not None:
             params["job"] = job  # which job: the journal says, and the limits learn it back
+        if spec.name == "reboot_node":
+            # the boot it is asked from: the reboot is in flight until the node has another
+            params["boot_id"] = self._checks.boot_of(incident.node)
         return ActionRow(
             idempotency_key=f"{action}:{incident.id}",
             incident_id=incident.id,
@@ -204,13 +207,17 @@ class ActionJournal:
         def decide(fleet: FleetActions) -> Decision:
             return self._checks.fleet_refusal(incident, spec, fleet)
 
-        window_ms = int(self._checks.config.breaker_window_s * 1000)
+        safety = self._checks.config
+        window_ms = int(safety.breaker_window_s * 1000)
+        rebooting = spec.name == "reboot_node"
+        cooldown_s = max(safety.node_cooldown_s, safety.reboot_cooldown_s * rebooting)
         action_id, new, state, why = await self._journal.do(
             lambda s: s.incidents.decide_action(
                 row,
                 decide,
                 breaker_window_ms=window_ms,
-                cooldown_ms=int(self._checks.config.node_cooldown_s * 1000),
+                cooldown_ms=int(cooldown_s * 1000),
+                reboot_window_ms=int(safety.reboot_timeout_s * 1000) if rebooting else None,
             )
         )
         if new:

@@ -1,11 +1,18 @@
 """The checks made against what this collector did, before an action runs.
 
 :class:`SafetyChecks` keeps what this collector did (nodes drained and draining, GPUs being
-reset, jobs being and lately requeued, when each action last ran, the drain breaker) and says
-whether an action may run now, within the limits of :class:`SafetyConfig`. Over a shared journal
-a drain or a reset is decided again against every collector's actions
-(:mod:`collector.actions.fleet_checks`), through :meth:`SafetyChecks.fleet_refusal`; a requeue
-is decided here only.
+reset, jobs being and lately requeued, nodes rebooting, when each action last ran, the drain
+breaker) and says whether an action may run now, within the limits of :class:`SafetyConfig`.
+Over a shared journal a drain, a reset or a reboot is decided again against every collector's
+actions (:mod:`collector.actions.fleet_checks`), through :meth:`SafetyChecks.fleet_refusal`; a
+requeue is decided here only.
+
+A reboot takes its node out of service as a drain does (Slurm's ``reboot ASAP`` drains it), so
+one of a node fleetwatch does not hold drained needs room under the drain cap; and no more than
+``max_rebooting_nodes`` reboots are in flight at once (from the reboot until the node says hello
+from a new boot, at most ``reboot_timeout_s``), nor two of one node within ``reboot_cooldown_s``.
+What these hold back is skipped, never deferred: a reboot that waited for room would land long
+after the fault that asked for it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from collector.actions.fleet_checks import drain_refusal, gpu_of, reset_refusal
+from collector.actions.fleet_checks import drain_refusal, gpu_of, reboot_refusal, reset_refusal
 from collector.jobs.processes import GONE
 
 if TYPE_CHECKING:
@@ -72,6 +79,9 @@ class SafetyChecks:
         self.breaker_open_until: float | None = None
         self._last_action: dict[tuple[str, str], float] = {}
         self._drain_starts: deque[float] = deque()
+        self.rebooting: set[str] = set()  # nodes whose reboot is being decided or running now
+        # node -> (its boot id then, Unix time): reboots asked for, until the node is back
+        self.rebooted: dict[str, tuple[str, float]] = {}
 
     def learn_drained(self, rows: list[ActionRow], owns: Callable[[str], bool]) -> None:
         """Which of the nodes ``owns`` says are this collector's the journal's ``rows`` drained."""
@@ -81,8 +91,8 @@ class SafetyChecks:
                 # too, against a cap of this collector's own nodes, it held this one's drains
                 # back for good once the peers' drains filled it
                 continue
-            if row.action.endswith("drain_node") and row.state == "succeeded":
-                self.drained[row.node] = row.incident_id
+            if row.action.endswith(("drain_node", "reboot_node")) and row.state == "succeeded":
+                self.drained[row.node] = row.incident_id  # a reboot drained it too
             elif row.action in ("resume_node", "release_node") and row.state == "succeeded":
                 self.drained.pop(row.node, None)
 
@@ -98,6 +108,42 @@ class SafetyChecks:
             ):
                 self.requeued[job] = (row.incident_id, row.created_ms / 1000)
                 self._requeue_times.append(row.created_ms / 1000)
+
+    def learn_rebooted(self, rows: list[ActionRow], owns: Callable[[str], bool]) -> None:
+        """The reboots the journal's ``rows`` hold: their cooldown, and those still in flight."""
+        now, mono = self._clock.now(), self._clock.monotonic()
+        for row in reversed(rows):  # oldest first
+            if not (owns(row.node) and row.action.endswith("reboot_node")):
+                continue
+            at = row.created_ms / 1000
+            if row.state not in ("succeeded", "failed", "planned", "running"):
+                continue  # never ran: skipped, dry run, shadow, refused
+            self._last_action[row.node, "reboot_node"] = mono - max(0.0, now - at)
+            boot = row.params.get("boot_id")
+            if row.state != "failed":  # asked for, or may have been (a restart cut it short)
+                self.rebooted[row.node] = (boot if isinstance(boot, str) else "", at)
+
+    def boot_of(self, node: str) -> str:
+        """The boot id ``node``'s agent last said hello with ("" unknown)."""
+        state = self._fleet.view().get(node)
+        return state.boot_id if state is not None else ""
+
+    def rebooting_nodes(self) -> set[str]:
+        """Nodes whose reboot is in flight: asked for, and not yet back from a new boot.
+
+        At most ``reboot_timeout_s`` after it was asked for: a node that never comes back is a
+        person's to look at, and must not hold every other reboot back for good.
+        """
+        now = self._clock.now()
+        for node, (boot, at) in list(self.rebooted.items()):
+            back = bool(boot) and self.boot_of(node) not in ("", boot)
+            if back or now - at >= self.config.reboot_timeout_s:
+                del self.rebooted[node]
+        return set(self.rebooted) | self.rebooting
+
+    def reboot_asked(self, node: str, boot_id: str) -> None:
+        """A reboot of ``node`` (from boot ``boot_id``) was accepted: it is in flight now."""
+        self.rebooted[node] = (boot_id, self._clock.now())
 
     def job_of(self, incident: IncidentRow) -> str | None:
         """The job of the rank on the incident's GPU, as its rule saw it (none known: None)."""
@@ -196,6 +242,11 @@ class SafetyChecks:
                 and f"{cooldown_key(incident, spec)} is being reset for another incident"
             )
             or (spec.name == "requeue_job" and self._requeue_skip(incident))
+            or (
+                spec.name == "reboot_node"
+                and incident.node in self.rebooting
+                and f"{incident.node} is being rebooted for another incident"
+            )
         )
         if why:
             return "skipped", why
@@ -205,10 +256,15 @@ class SafetyChecks:
         mono = self._clock.monotonic()
         where = cooldown_key(incident, spec)
         last = self._last_action.get((where, spec.name))
+        cooldown = (
+            self.config.reboot_cooldown_s
+            if spec.name == "reboot_node"
+            else self.config.node_cooldown_s
+        )
         if (
             spec.name not in ("notify", "requeue_job")  # a requeue's limits are its job's
             and last is not None
-            and mono - last < self.config.node_cooldown_s
+            and mono - last < cooldown
         ):
             return (
                 "skipped",
@@ -216,9 +272,44 @@ class SafetyChecks:
             )
         if spec.name == "drain_node":
             return self._drain_refusal(mono, more=more_drains, asking=asking)
+        return self._kind_limit(incident, spec, more_drains)
+
+    def _kind_limit(self, incident: IncidentRow, spec: ActionSpec, more: int) -> tuple[str, str]:
+        """The limits of requeues and reboots (the others have none past the cooldown)."""
         if spec.name == "requeue_job":
             return self._requeue_limit()
+        if spec.name == "reboot_node":
+            return self._reboot_limit(incident.node, more=more)
         return "planned", ""
+
+    def _reboot_limit(self, node: str, *, more: int = 0) -> tuple[str, str]:
+        """``max_rebooting_nodes``, and the drain cap for a node fleetwatch does not hold out."""
+        rebooting = self.rebooting_nodes() - {node}
+        limit = self.config.max_rebooting_nodes
+        if len(rebooting) >= limit:
+            shown = ", ".join(sorted(rebooting)[:4]) or "none may"
+            why = (
+                f"reboot limit reached: {len(rebooting)} nodes rebooting ({shown}; "
+                f"max_rebooting_nodes {limit})"
+            )
+            return "skipped", why
+        if node in self.drained or node in self.draining:
+            return "planned", ""
+        fleet_size = self.fleet_size()
+        cap = self.cap(fleet_size)
+        taken = self.out_of_service() + more
+        if taken >= cap:
+            why = (
+                f"drain cap reached: a reboot takes {node} out of service too; {taken} of "
+                f"{fleet_size} nodes drained or draining (cap {cap})"
+            )
+            return "skipped", why
+        return "planned", ""
+
+    def out_of_service(self) -> int:
+        """Nodes fleetwatch holds out: drained, being drained, or being rebooted from service."""
+        held = set(self.drained) | self.draining
+        return len(held) + len(self.rebooting - held)
 
     def fleet_refusal(
         self, incident: IncidentRow, spec: ActionSpec, fleet: FleetActions
@@ -228,6 +319,12 @@ class SafetyChecks:
         if spec.name == "reset_gpu":
             return reset_refusal(cooldown_key(incident, spec), fleet, now_ms, self.config)
         size = max(fleet.nodes, self.fleet_size())
+        if spec.name == "reboot_node":
+            return reboot_refusal(
+                incident, fleet, now_ms=now_ms, safety=self.config, cap=self.cap(size), size=size
+            )
+        if spec.name != "drain_node":
+            return "planned", "", 0  # decided here alone (a notification a restart cut short)
         return drain_refusal(
             incident, fleet, now_ms=now_ms, safety=self.config, cap=self.cap(size), size=size
         )
@@ -243,7 +340,7 @@ class SafetyChecks:
                 self.breaker_open_until = None
         fleet_size = self.fleet_size()
         cap = self.cap(fleet_size)
-        taken = len(self.drained) + len(self.draining) + more
+        taken = self.out_of_service() + more
         if taken >= cap:
             return (
                 "deferred",
@@ -269,6 +366,7 @@ class SafetyChecks:
             "drain_node": self.draining,
             "reset_gpu": self.resetting,
             "requeue_job": self.requeuing,
+            "reboot_node": self.rebooting,
         }.get(spec.name)
 
     def drain_started(self) -> None:
@@ -325,8 +423,12 @@ class SafetyChecks:
 
 
 def place(incident: IncidentRow, spec: ActionSpec) -> str:
-    """What an action holds while it is decided and runs: a drain its node, a reset its GPU."""
-    return incident.node if spec.name == "drain_node" else cooldown_key(incident, spec)
+    """What an action holds while decided and running: a drain's or reboot's node, a reset's GPU."""
+    return (
+        incident.node
+        if spec.name in ("drain_node", "reboot_node")
+        else cooldown_key(incident, spec)
+    )
 
 
 def cooldown_key(incident: IncidentRow, spec: ActionSpec) -> str:

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["ActionOutcome", "Drainer", "GpuResetter", "JobRequeuer", "Notifier", "refused"]
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from collector.model.evidence_pack import Bundle
+
+    # Reads the incident node's evidence bundle, off the event loop: (bundle, "") or (None, why).
+    BundleRead = Callable[[], Awaitable[tuple[Bundle | None, str]]]
+
+__all__ = [
+    "ActionOutcome",
+    "Drainer",
+    "GpuResetter",
+    "JobRequeuer",
+    "Notifier",
+    "Rebooter",
+    "Ticketer",
+    "refused",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +75,24 @@ class JobRequeuer(Protocol):
 
     async def requeue(self, job: str, node: str | None) -> ActionOutcome:
         """Requeue ``job`` keeping it off ``node`` (None: anywhere); refused when it may not be."""
+        ...
+
+
+class Rebooter(Protocol):
+    """Reboots a node through its scheduler (Slurm) or another system (a webhook)."""
+
+    name: str
+
+    async def reboot(self, node: str, reason: str, key: str) -> ActionOutcome:
+        """Reboot ``node`` once it is drained, to come back held out of service; idempotent."""
+        ...
+
+
+class Ticketer(Protocol):
+    """Opens a ticket with the vendor's or the site's RMA desk."""
+
+    async def open_ticket(
+        self, payload: dict[str, object], bundle: BundleRead, key: str
+    ) -> ActionOutcome:
+        """Send the incident's ``payload`` and the node's evidence (``bundle`` reads it)."""
         ...

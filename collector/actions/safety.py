@@ -25,3 +25,6 @@ class SafetyConfig:
     max_requeues: int = 4  # requeue_job: at most this many within requeue_window_s
     requeue_window_s: float = 3600.0
     requeue_cooldown_s: float = 86400.0  # before the same job is requeued again
+    max_rebooting_nodes: int = 2  # reboot_node: reboots in flight at once, at most
+    reboot_cooldown_s: float = 3600.0  # before fleetwatch reboots the same node again
+    reboot_timeout_s: float = 1800.0  # a reboot is in flight until the node is back, or this

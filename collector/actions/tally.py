@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Final
 from collector.model.target_keys import FLEET_KEY
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleetwatch.clock import Clock
 
 UNFINISHED: Final = frozenset({"planned", "running", "deferred"})
@@ -33,6 +35,8 @@ class ActionTally:
         self._clock = clock
         self._counts: Counter[Key] = Counter()
         self._last: dict[Key, float] = {}
+        # Told of each outcome as (action, outcome, node): the reliability counts the rules read.
+        self.listeners: list[Callable[[str, str, str], None]] = []
 
     def record(self, action: str, outcome: str, node: str) -> None:
         """Count an action that ended in ``outcome`` (unfinished states are ignored)."""
@@ -41,6 +45,8 @@ class ActionTally:
         key = (action, outcome, metric_node(node))
         self._counts[key] += 1
         self._last[key] = self._clock.now()
+        for told in self.listeners:
+            told(action, outcome, node)
 
     def snapshot(self) -> list[tuple[Key, int, float]]:
         """Every (key, count, last unix time), sorted by key."""

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("collector.actions")
 
-# Actions safe to send again with the same idempotency key after a crash cut them short.
-REPEATABLE = frozenset({"drain_node", "notify"})
+# Actions safe to send again with the same idempotency key after a crash cut them short (a
+# reboot is not: it may have been asked for, and a node rebooted twice loses what it ran).
+REPEATABLE = frozenset({"drain_node", "notify", "rma_ticket"})
 TAKEN = "taken"  # a waiting action another collector on the shared journal took up
 CUT_SHORT = "collector restarted before the outcome was known"
 
@@ -97,7 +98,7 @@ class WaitingActions:
                 continue  # a peer's node (shared journal): its collector settles it
             # a notification is deferred only by a start that found it cut short (below): a
             # crash before it ran again must not drop it
-            if kind in ("drain_node", "reset_gpu", "notify") and row.state == "deferred":
+            if kind in ("drain_node", "reset_gpu", *REPEATABLE) and row.state == "deferred":
                 self.waiting[row.id] = Waiting(
                     row.id,
                     row.incident_id,
@@ -122,9 +123,12 @@ class WaitingActions:
                 )
                 continue
             # A reset may have run; running it twice is not safe. People decide. So with a
-            # requeue, which may have left its job held between its requeuehold and release.
+            # requeue, which may have left its job held between its requeuehold and release,
+            # and a reboot, which may have been asked for (scontrol show node says).
             job = row.params.get("job") if kind == "requeue_job" else None
             held = f": job {job} may be held in Slurm (scontrol release {job})" if job else ""
+            if kind == "reboot_node":
+                held = f": {row.node} may be rebooting (scontrol show node {row.node})"
             await self._actions.finish(row.id, "failed", CUT_SHORT + held)
 
     async def settle(

@@ -59,6 +59,7 @@ TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "/api/v1/jobs/<id>": _NONE,
         "/api/v1/preflight": frozenset({"limit", "node"}),
         "/api/v1/preflight/<id>": _NONE,
+        "/api/v1/reliability": frozenset({"node", "window"}),
     }
 )
 NODES_PREFIX: Final = "/api/v1/nodes/"

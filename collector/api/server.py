@@ -10,6 +10,8 @@ GET /api/v1/nodes/<n>/evidence    a node's evidence bundle, a gzip'd tar
                                   (:mod:`collector.model.evidence`)
 GET /api/v1/incidents, ...        incidents, actions, silences, drains
                                   (:mod:`collector.api.incidents`)
+GET /api/v1/reliability           time between incidents, to repair, GPU time lost, lemons
+                                  (:mod:`collector.api.reliability`)
 POST /api/v1/jobs/<id>/dump       gather a job's evidence now (:mod:`collector.api.jobs`)
 
 Every GET but ``/healthz`` takes only its own query parameters (:mod:`collector.api.query`):
@@ -41,6 +43,7 @@ from collector.api import incidents as incidents_api
 from collector.api import jobs as jobs_api
 from collector.api import preflight as preflight_api
 from collector.api import query
+from collector.api import reliability as reliability_api
 from collector.api import rules_eval as rules_eval_api
 from collector.api.auth import Refusal
 from collector.api.browsers import HostNames, content_type_refusal
@@ -162,6 +165,7 @@ class ApiServer:
         rules: Callable[[], RuleSet] | None = None,
         rules_desk: RulesDesk | None = None,
         lifecycle: Lifecycle | None = None,
+        reliability: Callable[[str | None, float], dict[str, Any] | None] | None = None,
     ) -> None:
         """Bind now (so a busy port fails at start-up); serve on :meth:`start`.
 
@@ -177,6 +181,7 @@ class ApiServer:
         checked). ``clock`` (None: the system's) is what ``since=2h`` counts back from.
         ``rules_desk`` runs dry runs of rules (None: ``POST /api/v1/rules/eval`` is refused).
         ``lifecycle`` says where each node stands (None: every node reads as in service).
+        ``reliability(node, window_s)`` answers ``/api/v1/reliability`` (None: a 404).
         """
         self._guard = guard
         self._jobs = jobs
@@ -193,6 +198,7 @@ class ApiServer:
         self._preflight = preflight  # pre-flight runs and checked releases (None: none)
         self._job_desk = job_desk
         self._rules_desk = rules_desk
+        self._reliability = reliability
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._hosts = HostNames.build(
             listen_host=host,
@@ -338,6 +344,8 @@ class ApiServer:
             self._json(req, *self._drains_json(params))
         elif name.startswith(preflight_api.PREFIX):
             self._json(req, *preflight_api.get(path, params, self._journal, self._preflight))
+        elif name == reliability_api.PATH:
+            self._json(req, *reliability_api.get(params, self._reliability))
         elif name == query.EVIDENCE:
             bundle = self._reads.evidence(path, params)
             disposition = {"Content-Disposition": f'attachment; filename="{bundle.name}"'}

@@ -15,13 +15,13 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Final, Literal
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-Kind = Literal["gauge", "counter"]
-_KINDS: Final[dict[str, Kind]] = {"gauge": "gauge", "counter": "counter"}
+Kind = Literal["gauge", "counter", "histogram"]
+_KINDS: Final[dict[str, Kind]] = {"gauge": "gauge", "counter": "counter", "histogram": "histogram"}
 
 NODE_STATES: Final = ("healthy", "degraded", "draining", "drained", "unreachable")
 # Every reason an HTTP API request can be refused for (fleetwatch_api_requests_refused_total);
@@ -62,10 +62,20 @@ class MetricSpec:
     group: str
 
     def family(self) -> GaugeMetricFamily | CounterMetricFamily:
-        """An empty family of this metric, to add samples to."""
+        """An empty family of this gauge or counter, to add samples to."""
+        if self.kind == "histogram":
+            msg = f"{self.name} is a histogram: build it with histogram_family()"
+            raise TypeError(msg)
         if self.kind == "counter":
             return CounterMetricFamily(self.name, self.help, labels=list(self.labels))
         return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
+
+    def histogram_family(self) -> HistogramMetricFamily:
+        """An empty family of this histogram (its series: _bucket with le, _sum, _count)."""
+        if self.kind != "histogram":
+            msg = f"{self.name} is a {self.kind}, not a histogram"
+            raise TypeError(msg)
+        return HistogramMetricFamily(self.name, self.help, labels=list(self.labels))
 
 
 def _spec(group: str, row: object) -> MetricSpec:
@@ -73,7 +83,10 @@ def _spec(group: str, row: object) -> MetricSpec:
     match row:
         case [str(name), str(kind), str(unit), str(labels), str(help_text)] if kind in _KINDS:
             return MetricSpec(name, _KINDS[kind], unit, tuple(labels.split()), help_text, group)
-    msg = f"metrics.toml: not a [name, gauge|counter, unit, labels, help] row in {group!r}: {row!r}"
+    msg = (
+        "metrics.toml: not a [name, gauge|counter|histogram, unit, labels, help] row in "
+        f"{group!r}: {row!r}"
+    )
     raise ValueError(msg)
 
 

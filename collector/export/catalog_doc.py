@@ -41,6 +41,9 @@ detail (state, replay, recovery and CRC errors of each link) stays in the JSON A
 (`/api/v1/nodes/<node>`): the GPU series sum it. So do the IB packet counters split by unicast
 and multicast, the `_data` word counters (the byte counters are derived from them) and the
 per-second rates the agent works out for rules (Prometheus computes its own with `rate()`).
+The reliability figures are the fleet's (histograms of time to repair and between incidents,
+30-day gauges); per node only a remediation count and a lemon flag, and only for the nodes
+remediated in the last 7 days and the lemons: the rest is in `/api/v1/reliability`.
 
 ## Node states
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from collector.model.recent_faults import NO_FAULTS
+
 if TYPE_CHECKING:
-    from collections.abc import Generator, Hashable
+    from collections.abc import Callable, Generator, Hashable, Mapping
 
     from collector.model.fleet import FleetModel
     from collector.model.history import History
@@ -244,8 +246,8 @@ class StillContext:
         return 0.0
 
 
-def node_map(node: NodeState) -> dict[str, Any]:
-    """The ``node`` variable."""
+def node_map(node: NodeState, faults: Mapping[str, Any] = NO_FAULTS) -> dict[str, Any]:
+    """The ``node`` variable; ``faults`` its recent remediations and episodes (a lemon's)."""
     return {
         "name": node.name,
         "reachable": node.reachable,
@@ -255,6 +257,7 @@ def node_map(node: NodeState) -> dict[str, Any]:
         "nvlinks_down": sum(g.nvlinks_down for g in node.gpus.values()),
         "ib_ports": len(node.ports),
         "ib_ports_down": sum(1 for p in node.ports.values() if p.state and not p.up),
+        **faults,
         "signals": node.signals,
     }
 
@@ -287,15 +290,20 @@ def port_map(port: PortState) -> dict[str, Any]:
 
 
 def base_map(
-    made: dict[str, dict[str, Any]], fleet: dict[str, Any], node: NodeState
+    made: dict[str, dict[str, Any]],
+    fleet: dict[str, Any],
+    node: NodeState,
+    faults: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``node`` and ``fleet`` variables every target of ``node`` has.
 
     ``made`` keeps each node's map for the tick, so it is built once however many targets read it.
+    ``faults`` gives a node's recent remediations and episodes (None: none).
     """
     node_data = made.get(node.name)
     if node_data is None:
-        node_data = made[node.name] = node_map(node)
+        counts = faults(node.name) if faults is not None else NO_FAULTS
+        node_data = made[node.name] = node_map(node, counts)
     return {"node": node_data, "fleet": fleet}
 
 

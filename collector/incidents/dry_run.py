@@ -91,6 +91,7 @@ def _shadow(live: Evaluator, rules: RuleSet) -> Evaluator:
         clock=live.clock,
         env=live.env,
         fleet_extras=live.fleet_extras,
+        node_faults=live.node_faults,
     )
     shadow.history = live.history  # the live windows: never written through the shadow
     shadow.jobs = live.jobs  # not attach_jobs: that would hand the book the shadow's history

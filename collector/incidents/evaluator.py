@@ -36,7 +36,7 @@ from rules.engine import Engine
 from rules.model import Scope
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Generator, Iterator
+    from collections.abc import Callable, Generator, Iterator, Mapping
 
     from cel_expr_python import cel
 
@@ -83,11 +83,13 @@ class Evaluator:
         env: RuleEnvironment | None = None,
         jobs: JobBook | None = None,
         fleet_extras: Callable[[], dict[str, Any]] | None = None,
+        node_faults: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> None:
         """Compile every rule once; ``jobs`` gives job and rank variables (none: no jobs).
 
         ``fleet_extras`` gives more ``fleet`` variables from elsewhere (the dispatcher's drain
-        counts); without it the drain counts are zero.
+        counts); without it the drain counts are zero. ``node_faults`` gives a node's recent
+        remediations and incident episodes (``node.remediations_7d`` ...); without it, none.
         """
         self.rules = rules
         self.fleet = fleet
@@ -115,6 +117,8 @@ class Evaluator:
             full_sweep_s=full_sweep_s,
             never_when_still=self._never_when_still,
         )
+        self.node_faults = node_faults
+        self.sweeper.faults = node_faults
         self.tally = FleetTally(fleet)
         self._cut_signals = {r.name: reads_named_signals(r) for r in rules.rules}
         # Answers of the conditions that read nothing but the values they name.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from collector.model.lifecycle import Lifecycle, State
+from collector.model.lifecycle import STILL_FIRING, Lifecycle, State
 from rules.engine import Phase
 from rules.model import NODE_SCOPES, Severity
 
@@ -38,9 +38,10 @@ class LifecycleWatch:
         if ids:
             first = min(ids)
             rule = first.split(":", 1)[0]
-            why = "put back in service while this still fires"
             actor = f"rule:{rule}"
-            self.lifecycle.move(node, State.SUSPECT, actor=actor, incident=first, reason=why)
+            self.lifecycle.move(
+                node, State.SUSPECT, actor=actor, incident=first, reason=STILL_FIRING
+            )
 
     def changed(self, incident: IncidentRow, rule: Rule) -> None:
         """One incident was journaled as it is now."""

@@ -13,6 +13,8 @@ The idea of ``promtool test rules``, run through the collector's own evaluator:
           - {at: 2m, fleet: {drains_waiting: 1}}   # what the dispatcher reports (drain cap)
           - {at: 0s, job: {id: train, nodes: [node-01], ranks_per_node: 8, compute: 0.8}}
           - {at: 90s, job: {id: train, rank: 3, compute: 1.1}}   # from now on rank 3 is slower
+          - {at: 3m, action: {node: node-01, name: reset_gpu}}    # an action ended (succeeded)
+          - {at: 4m, lifecycle: {node: node-01, from: in_service, to: suspect}}
         expect:
           - at: 5s
             firing: [gpu_lost@node-01/gpu/3]
@@ -23,6 +25,12 @@ default 1 s, ``compute`` per rank, ``tokens`` per rank, ``params``) or changes a
 ``rank``'s compute time, every rank's ``compute`` or ``step_time``, a ``checkpoint`` of a given
 cost written now, or ``stop: true``. ``node_failures: {node: N}`` counts N past failures of a
 node (they shorten the checkpoint interval fleetwatch advises).
+
+An ``action`` step says an action ended on a node now (``outcome``, default ``succeeded``), and
+a ``lifecycle`` step that the node moved now (``from``, default ``in_service``; ``to``, default
+``suspect``; ``by``, default ``rule:test``, ``person:NAME`` for a person's move; ``reason``), as
+the dispatcher and the lifecycle tell the collector: they feed the counts a lemon rule reads
+(``node.remediations_7d``, ``node.incidents_7d``, ``node.seen_by_person``).
 
 Time runs in whole seconds of a fake clock, evaluating every second. ``actions`` lists what ran
 since the previous expectation (suppressed or silenced incidents run none); ``firing`` lists
@@ -40,6 +48,8 @@ from collector.incidents.evaluator import NO_DRAINS, Evaluator
 from collector.jobs.book import JobBook
 from collector.jobs.config import JobsConfig
 from collector.model.fleet import FleetModel
+from collector.model.recent_faults import RecentFaults
+from collector.store.lifecycle import TransitionRow
 from fleetwatch.model import EventKind, SampleValue, Target, TargetKind, sample_to_pb
 from fleetwatch.testing import FakeClock, made_up_hello, made_up_uuid
 from fleetwatch.wire.v1 import fleetwatch_pb2 as pb
@@ -200,6 +210,7 @@ class _Run:
             self.fleet.on_hello(hello, self.clock.monotonic(), self.clock.now())
             self.fleet.apply_report(name, pb.Report())  # an agent's first Report follows
         self.extras = dict(NO_DRAINS)
+        self.faults = RecentFaults(self.clock)
         rules, catalog = loaded or (load_rules(rule_paths, builtin=builtin), load_catalog())
         self.book = JobBook(
             config=JobsConfig(), fleet=self.fleet, clock=self.clock, xid_class=catalog.class_of
@@ -211,7 +222,9 @@ class _Run:
             clock=self.clock,
             jobs=self.book,
             fleet_extras=lambda: self.extras,
+            node_faults=self.faults.fields,
         )
+        self.faults.changed.append(self.evaluator.note_node)
         self.fleet.observer = self.evaluator
         self.nodes = nodes
         self.jobs: dict[str, _Job] = {}
@@ -246,16 +259,7 @@ class _Run:
                 self.fleet.mark_unreachable(node)
             self.fleet.apply_event(node, kind, _target(node, raw), int(raw.get("xid", 0)))
         elif "sample" in step:
-            raw = step["sample"]
-            node = str(raw["node"])
-            value: SampleValue = raw["value"]
-            target = _target(node, raw)
-            signal = str(raw["signal"])
-            if not known(_SCOPES[target.kind], signal):
-                msg = f"unknown signal {signal!r} for a {target.kind} (a typo would test nothing)"
-                raise RuleTestError(msg)
-            sample = sample_to_pb(target, signal, value)
-            self.fleet.apply_report(node, pb.Report(samples=[sample]))
+            self._sample(step["sample"])
         elif "fleet" in step:
             self.extras.update({str(k): v for k, v in dict(step["fleet"]).items()})
         elif "job" in step:
@@ -264,10 +268,47 @@ class _Run:
             for node, count in dict(step["node_failures"]).items():
                 for _ in range(int(count)):
                     self.book.note_failure(str(node))
+        elif "action" in step or "lifecycle" in step:
+            self._fault(step)
         else:
-            msg = f"a step needs an event, a sample, fleet variables or a job: {step}"
+            msg = (
+                "a step needs an event, a sample, fleet variables, a job, an action or a "
+                f"lifecycle move: {step}"
+            )
             raise RuleTestError(msg)
         self._tick()
+
+    def _sample(self, raw: dict[str, Any]) -> None:
+        node = str(raw["node"])
+        value: SampleValue = raw["value"]
+        target = _target(node, raw)
+        signal = str(raw["signal"])
+        if not known(_SCOPES[target.kind], signal):
+            msg = f"unknown signal {signal!r} for a {target.kind} (a typo would test nothing)"
+            raise RuleTestError(msg)
+        sample = sample_to_pb(target, signal, value)
+        self.fleet.apply_report(node, pb.Report(samples=[sample]))
+
+    def _fault(self, step: dict[str, Any]) -> None:
+        """An action ended, or the node moved: what the lemon counts are made of.
+
+        As the dispatcher counts the action, as the lifecycle makes the move.
+        """
+        if "action" in step:
+            raw = step["action"]
+            outcome = str(raw.get("outcome", "succeeded"))
+            self.faults.action(str(raw["name"]), outcome, str(raw["node"]))
+            return
+        raw = step["lifecycle"]
+        row = TransitionRow(
+            node=str(raw["node"]),
+            state=str(raw.get("to", "suspect")),
+            previous=str(raw.get("from", "in_service")),
+            at_ms=round(self.clock.now() * 1000),
+            actor=str(raw.get("by", "rule:test")),
+            reason=str(raw.get("reason", "")),
+        )
+        self.faults.moved(row)
 
     def _job(self, raw: dict[str, Any]) -> None:
         job_id = str(raw["id"])

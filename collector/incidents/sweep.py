@@ -21,7 +21,7 @@ from collector.model.target_keys import gpu_key, link_key, node_key, port_key
 from rules.model import Scope
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from collector.incidents.changes import Changes
     from collector.jobs.book import JobBook
@@ -82,6 +82,8 @@ class Sweeper:
             for scope in Scope
         }
         self._reading_cache: dict[tuple[Scope, frozenset[str]], tuple[Rule, ...]] = {}
+        # A node's recent remediations and episodes, for its map (None: none; the evaluator's).
+        self.faults: Callable[[str], Mapping[str, Any]] | None = None
         self._last_tick: float | None = None
         self._sweep_queue: list[str] = []  # nodes still to sweep in this round
         self._sweep_credit = 0.0
@@ -266,7 +268,7 @@ class Sweeper:
             base: dict[str, Any] | None = None  # the node's and the fleet's maps, once needed
             key = node_key(name)
             if rules := self._rules_for(sweep, history, name, key, Scope.NODE):
-                base = base_map(sweep.nodes, sweep.fleet, node)
+                base = base_map(sweep.nodes, sweep.fleet, node, self.faults)
                 yield name, key, Scope.NODE, rules, base
             for gpu in node.gpus.values():
                 key = gpu_key(name, gpu.index)
@@ -275,14 +277,14 @@ class Sweeper:
                 if rules := self._rules_for(
                     sweep, history, name, key, Scope.GPU, ranked=bool(rank)
                 ):
-                    base = base or base_map(sweep.nodes, sweep.fleet, node)
+                    base = base or base_map(sweep.nodes, sweep.fleet, node, self.faults)
                     gpu_data = gpu_map(gpu)
                     yield name, key, Scope.GPU, rules, {**base, "gpu": gpu_data, "rank": rank}
                 for link, values in gpu.link_signals.items() if links else ():
                     lkey = link_key(name, gpu.index, link)
                     if not (rules := self._rules_for(sweep, history, name, lkey, Scope.NVLINK)):
                         continue
-                    base = base or base_map(sweep.nodes, sweep.fleet, node)
+                    base = base or base_map(sweep.nodes, sweep.fleet, node, self.faults)
                     gpu_data = gpu_data or gpu_map(gpu)
                     link_data = {
                         "index": link,
@@ -299,5 +301,5 @@ class Sweeper:
             for port in node.ports.values():
                 pkey = port_key(name, port.device, port.port)
                 if rules := self._rules_for(sweep, history, name, pkey, Scope.IB_PORT):
-                    base = base or base_map(sweep.nodes, sweep.fleet, node)
+                    base = base or base_map(sweep.nodes, sweep.fleet, node, self.faults)
                     yield name, pkey, Scope.IB_PORT, rules, {**base, "port": port_map(port)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from collector.model.recent_faults import counts_words, reads_counts
 from rules.engine import Phase
 from rules.model import Scope
 
@@ -66,6 +67,9 @@ def evidence(rule: Rule, data: dict[str, Any], jobs: JobBook | None) -> str:
             return culprit
     if rank and jobs is not None and "rank." in rule.when:
         return jobs.straggler_summary(rank["job"], rank["rank"])
+    node = data.get("node")
+    if node and "remediations_7d" in node and reads_counts(rule.when):
+        return counts_words(node)  # a lemon's: its drain reason names the counts too
     return target_line(rule, data)
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from fleetwatch.clock import Clock
 
-__all__ = ["PERSON_MOVES", "Lifecycle", "LifecycleError", "State"]
+__all__ = ["PERSON_MOVES", "STILL_FIRING", "Lifecycle", "LifecycleError", "State"]
 
 log = structlog.get_logger("collector.model.lifecycle")
 
@@ -63,6 +63,9 @@ _NEXT: Final[dict[State, frozenset[State]]] = {
 }
 # States a node is out of work in: a fault that fires there does not make it suspect again.
 OUT_OF_SERVICE: Final = frozenset({State.DRAINED, State.IN_REPAIR, State.REQUALIFYING, State.RMA})
+# The reason of the move back to suspect of a node put back in service while one of its faults
+# still fires: the same incident episode going on, not a new one (collector.model.reliability).
+STILL_FIRING: Final = "put back in service while this still fires"
 _MAX_REASON: Final = 500
 _QUEUE_WARN: Final = 10_000
 
@@ -91,6 +94,8 @@ class Lifecycle:
         # Called with a node that just went back in service (the incidents' watcher makes it
         # suspect again when a fault of it still fires).
         self.back_in_service: list[Callable[[str], None]] = []
+        # Called with each move as it is made (the reliability counts the rules read).
+        self.moved: list[Callable[[TransitionRow], None]] = []
         self.write_failures = 0
 
     def load(self, rows: Iterable[TransitionRow]) -> None:
@@ -184,6 +189,8 @@ class Lifecycle:
             self._queue.put_nowait(row)
             if self._queue.qsize() == _QUEUE_WARN:
                 log.warning("lifecycle_journal_behind", queued=_QUEUE_WARN)
+        for hook in self.moved:
+            hook(row)
         if to == State.IN_SERVICE:
             for told in self.back_in_service:
                 told(node)

@@ -206,7 +206,10 @@ class FleetActions:
     (where: the node, or for resets the incident's target; only starts within the cooldown when
     the caller gives one);
     ``breaker_open_until_ms``: when the fleet-wide breaker closes (0: closed); ``nodes``: how
-    many nodes the journal knows.
+    many nodes the journal knows; ``rebooting_now``: nodes with a reboot planned or running;
+    ``rebooting``: those and the nodes a reboot succeeded on (within the reboot window the
+    caller gives) that have not said hello from a new boot since (a node drained by a reboot
+    counts in ``drained`` too).
     """
 
     drained: dict[str, str]
@@ -216,6 +219,8 @@ class FleetActions:
     last_ms: dict[tuple[str, str], int]
     breaker_open_until_ms: int
     nodes: int = 0  # nodes the journal knows (every collector's): the fleet the cap is a share of
+    rebooting_now: frozenset[str] = frozenset()
+    rebooting: frozenset[str] = frozenset()
 
 
 # What decide_action's callback answers: (state, why, open the breaker until ms or 0);
@@ -362,12 +367,14 @@ class IncidentStore:
         *,
         breaker_window_ms: int,
         cooldown_ms: int | None = None,
+        reboot_window_ms: int | None = None,
     ) -> tuple[int, bool, str, str]:
         """Decide and record an action under the fleet lock: (id, new, state, why).
 
         ``decide`` sees what every collector is doing (:class:`FleetActions`) and answers the
         state to journal ``row`` in, and when (if at all) the fleet-wide breaker opens until. A
-        key journaled before keeps its first decision (new is False).
+        key journaled before keeps its first decision (new is False). ``reboot_window_ms``:
+        how far back a reboot counts as in flight (None: reboots are not looked at).
         """
         with self._db.transaction():
             self._db.fleet_lock()
@@ -381,6 +388,7 @@ class IncidentStore:
             fleet = self._fleet_actions(
                 row.created_ms - breaker_window_ms,
                 None if cooldown_ms is None else row.created_ms - cooldown_ms,
+                None if reboot_window_ms is None else row.created_ms - reboot_window_ms,
             )
             state, why, breaker_until_ms = decide(fleet)
             if breaker_until_ms > fleet.breaker_open_until_ms:
@@ -441,21 +449,23 @@ class IncidentStore:
         """What the whole fleet's collectors are doing (drains counted since ``since_ms``)."""
         return self._fleet_actions(since_ms)
 
-    def _fleet_actions(self, since_ms: int, recent_ms: int | None = None) -> FleetActions:
+    def _fleet_actions(
+        self, since_ms: int, recent_ms: int | None = None, reboots_ms: int | None = None
+    ) -> FleetActions:
         drained: dict[str, str] = {}
         for node, incident, action in self._db.rows(
             "SELECT node, incident_id, action FROM actions WHERE state = 'succeeded' AND "
-            "action IN ('drain_node', 'escalated_drain_node', 'resume_node', 'release_node') "
-            "ORDER BY id",
+            "action IN ('drain_node', 'escalated_drain_node', 'reboot_node', "
+            "'escalated_reboot_node', 'resume_node', 'release_node') ORDER BY id",
         ):
-            if str(action).endswith("drain_node"):
+            if str(action).endswith(("drain_node", "reboot_node")):  # a reboot drains too
                 drained[str(node)] = str(incident)
             else:
                 drained.pop(str(node), None)
         busy = self._db.rows(
             "SELECT action, node, target FROM actions WHERE state IN ('planned', 'running') "
             "AND action IN ('drain_node', 'escalated_drain_node', 'reset_gpu', "
-            "'escalated_reset_gpu')",
+            "'escalated_reset_gpu', 'reboot_node', 'escalated_reboot_node')",
         )
         ((since,),) = self._db.rows(
             "SELECT COUNT(*) FROM actions WHERE action IN ('drain_node', 'escalated_drain_node') "
@@ -488,7 +498,30 @@ class IncidentStore:
             last_ms=last,
             breaker_open_until_ms=self._get_state(BREAKER_KEY),
             nodes=int(self._db.rows("SELECT COUNT(*) FROM nodes")[0][0]),
+            rebooting_now=frozenset(str(n) for a, n, _ in busy if str(a).endswith("reboot_node")),
+            rebooting=self._rebooting(reboots_ms) if reboots_ms is not None else frozenset(),
         )
+
+    def _rebooting(self, since_ms: int) -> frozenset[str]:
+        """Nodes with a reboot planned, running, or succeeded since ``since_ms`` and not back.
+
+        A node is back once the journal holds a Hello of it from another boot than the one the
+        reboot was asked from (the action's ``params.boot_id``).
+        """
+        rows = self._db.rows(
+            "SELECT a.node, a.state, a.params, n.boot_id FROM actions a "
+            "LEFT JOIN nodes n ON n.name = a.node "
+            "WHERE a.action IN ('reboot_node', 'escalated_reboot_node') "
+            "AND a.state IN ('planned', 'running', 'succeeded') AND a.created_ms >= ?",
+            (since_ms,),
+        )
+        out: set[str] = set()
+        for node, state, params, boot_now in rows:
+            boot = json.loads(params).get("boot_id") if params else None
+            back = state == "succeeded" and bool(boot) and boot_now not in (None, "", boot)
+            if not back:
+                out.add(str(node))
+        return frozenset(out)
 
     def _get_state(self, key: str) -> int:
         rows = self._db.rows("SELECT value FROM fleet_state WHERE key = ?", (key,))
@@ -533,6 +566,21 @@ class IncidentStore:
             (*params, limit),
         )
         return [_action(r) for r in rows]
+
+    def succeeded_since(self, since_ms: int, node: str | None = None) -> list[tuple[str, str, int]]:
+        """(node, action, when it succeeded) of the actions that succeeded, oldest first.
+
+        Those created from ``since_ms`` on (of ``node``, or all): the reliability counts read it.
+        """
+        clauses, params = where(
+            ("state = ?", "succeeded"), ("created_ms >= ?", since_ms), ("node = ?", node)
+        )
+        rows = self._db.rows(
+            "SELECT node, action, COALESCE(finished_ms, created_ms) FROM actions"  # noqa: S608
+            f"{clauses} ORDER BY id",
+            tuple(params),
+        )
+        return [(str(n), str(a), int(t)) for n, a, t in rows]
 
     def action_nodes(self, action_ids: Sequence[int]) -> dict[int, str]:
         """The node of each action journaled under one of ``action_ids``."""

@@ -10,7 +10,7 @@ each store's migrations.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -52,6 +52,12 @@ CREATE INDEX lifecycle_by_time ON lifecycle (at_ms);
 _COLUMNS: Final = "node, state, previous, at_ms, actor, incident, reason, collector"
 # Most rows a history query returns (a flapping node's history is bounded in the API).
 MAX_HISTORY: Final = 1000
+# Most rows a window of the reliability figures reads (about 2 GB of a journal): a read of a
+# whole fleet's year is cut, oldest rows first, rather than take the collector's memory.
+MAX_WINDOW_ROWS: Final = 2_000_000
+# Moves that take a node out of service (and start a repair), as SQL lists.
+_SERVING_SQL: Final = "('in_service', 'suspect')"
+_OUT_SQL: Final = "('drained', 'in_repair', 'requalifying', 'rma')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,17 @@ class TransitionRow:
     def to_json(self) -> dict[str, Any]:
         """The row as the API gives it."""
         return asdict(self)
+
+
+class Move(NamedTuple):
+    """A move as the reliability figures read it (:meth:`LifecycleStore.moves`)."""
+
+    node: str
+    state: str
+    previous: str
+    at_ms: int
+    actor: str
+    reason: str = ""
 
 
 def _row(row: Sequence[Any]) -> TransitionRow:
@@ -131,3 +148,45 @@ class LifecycleStore:
             (*params, max(1, min(limit, MAX_HISTORY))),
         )
         return [_row(r) for r in reversed(rows)]
+
+    def moves(self, since_ms: int, node: str | None = None, keep_reason: str = "") -> list[Move]:
+        """Every move at or after ``since_ms`` (of ``node``, or all), oldest first, lean.
+
+        What the reliability figures read: a :class:`Move` per row (a tuple: a window of a busy
+        fleet's 30 days is some 300,000), its reason only where it is ``keep_reason`` (the
+        evidence a move carries can be long). At most :data:`MAX_WINDOW_ROWS`, the newest.
+        """
+        where = "at_ms >= ?" + (" AND node = ?" if node is not None else "")
+        params: tuple[object, ...] = (since_ms,) + ((node,) if node is not None else ())
+        rows = self.db.rows(
+            "SELECT node, state, previous, at_ms, actor, "  # noqa: S608 - fixed text
+            "CASE WHEN reason = ? THEN reason ELSE '' END "
+            f"FROM lifecycle WHERE {where} ORDER BY id DESC LIMIT ?",
+            (keep_reason, *params, MAX_WINDOW_ROWS),
+        )
+        return list(map(Move._make, reversed(rows)))  # text and integers, as the table has
+
+    def before(self, since_ms: int, node: str | None = None) -> dict[str, TransitionRow]:
+        """Each node's newest transition before ``since_ms``: where it stood then."""
+        where = "at_ms < ?" + (" AND node = ?" if node is not None else "")
+        params: tuple[object, ...] = (since_ms,) + ((node,) if node is not None else ())
+        rows = self.db.rows(
+            f"SELECT {_COLUMNS}, id FROM lifecycle WHERE id IN "  # noqa: S608 - fixed text
+            f"(SELECT MAX(id) FROM lifecycle WHERE {where} GROUP BY node)",
+            params,
+        )
+        return {r.node: r for r in map(_row, rows)}
+
+    def left_service_before(self, since_ms: int, node: str | None = None) -> dict[str, int]:
+        """When each node last left service before ``since_ms``, in Unix milliseconds.
+
+        Leaving is a move from in service or suspect to drained, in repair, re-qualifying or RMA.
+        """
+        where = "at_ms < ?" + (" AND node = ?" if node is not None else "")
+        params: tuple[object, ...] = (since_ms,) + ((node,) if node is not None else ())
+        rows = self.db.rows(
+            f"SELECT node, MAX(at_ms) FROM lifecycle WHERE {where} "  # noqa: S608 - fixed text
+            f"AND previous IN {_SERVING_SQL} AND state IN {_OUT_SQL} GROUP BY node",
+            params,
+        )
+        return {str(n): int(at) for n, at in rows}

@@ -19,7 +19,7 @@ from collector.actions.config import ActionsConfig, WebhookConfig
 from collector.actions.safety import SafetyConfig
 from collector.main import CollectorService
 from fleetwatch.clock import SystemClock
-from fleetwatch.testing import wait_until
+from fleetwatch.testing import wait_for_more, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -176,3 +176,16 @@ async def job_fleet(
         await cluster.stop()
         await service.stop(grace=0)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+async def later_ticks(service: CollectorService, count: int = 3) -> None:
+    """Let ``count`` more rule ticks run and the actions they started finish: whatever those
+    ticks would have done (again) is done and journaled by then."""
+    await wait_for_more(lambda: service.incidents.ticks, count, what=f"{count} more rule ticks")
+    await service.incidents.idle()
+
+
+async def journaled(service: CollectorService, node: str, *wanted: tuple[str, str]) -> bool:
+    """Whether ``node`` has an action journaled, and each (action, state) of ``wanted``."""
+    rows = await service.journal.do(lambda s: s.incidents.actions(node=node))
+    return bool(rows) and set(wanted) <= {(r.action, r.state) for r in rows}

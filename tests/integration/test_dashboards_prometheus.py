@@ -44,6 +44,19 @@ MAY_BE_EMPTY = {
         "the demo's agents send nothing the collector refuses, and a rejection reason gets its "
         "series with the first rejection"
     ),
+    ("fleetwatch-reliability", "panel 'Which nodes are lemons'"): "no node of the demo is a lemon",
+    # No node of the demo is back in service, nor has two incident episodes, in its 30 s.
+    **{
+        ("fleetwatch-reliability", f"panel '{title}'"): (
+            "no repair ends and no node has a second incident episode in the demo"
+        )
+        for title in (
+            "Mean time to repair (30 days)",
+            "Median time to repair over the range",
+            "Mean time between incidents (30 days)",
+            "Median time between incidents over the range",
+        )
+    },
     # The pre-flight series exist once a run finished; this demo starts no pre-flight run.
     **{
         ("fleetwatch-preflight", f"panel '{title}'"): "no pre-flight run in this demo"

@@ -138,6 +138,7 @@ async def test_a_node_moves_through_its_lifecycle_and_keeps_it_over_a_restart(
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     acts = actions(receiver, tmp_path, max_drained_share=1.0)
+
     # Re-qualification off: a repaired node is released at once (test_requalify.py has it on).
     def make(**kw: object) -> CollectorConfig:
         return collector_config(requalify="", **kw)  # type: ignore[no-any-return]

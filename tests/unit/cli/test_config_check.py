@@ -103,6 +103,7 @@ class TestExamples:
         names = (
             "drain.secret",
             "notify.secret",
+            "rma.secret",
             "api.token",
             "journal-password",
             "alertmanager.token",
@@ -114,6 +115,7 @@ class TestExamples:
         (etc / "tls" / "bmc-ca.pem").write_bytes((etc / "tls" / "ca.pem").read_bytes())
         (etc / "tls" / "alertmanager-ca.pem").write_bytes((etc / "tls" / "ca.pem").read_bytes())
         monkeypatch.setenv("FLEETWATCH_ONCALL_SECRET", "oncall-secret")
+        monkeypatch.setenv("FLEETWATCH_REBOOT_SECRET", "reboot-secret")
         switched = []
         for example in ("agent.toml", "collector.toml"):
             text = re.sub(
@@ -131,7 +133,11 @@ class TestExamples:
         assert "node gpu-node-017, " in out
         assert "BMC redfish 10.20.0.17" in out
         assert "http 0.0.0.0:9470 (changes with the API token)" in out
-        assert re.search(r"\d+ rules, drains via slurm and webhook, 2 notify channels\n", out)
+        assert re.search(
+            r"\d+ rules, drains via slurm and webhook, 2 notify channels, reboots via slurm and "
+            r"webhook, RMA tickets via webhook\n",
+            out,
+        )
 
     def test_every_part_of_a_full_collector_file(self, capsys, tmp_path: Path, monkeypatch):
         """Rule files, Slurm, a webhook with a secret file and one with a secret variable."""

@@ -21,6 +21,7 @@ from agent.config import AgentConfig
 from cli.config_keys import accepted_keys
 from collector.actions.alertmanager_config import ALERTMANAGER_KEYS
 from collector.actions.config import (
+    RMA_KEYS,
     SAFETY_KEYS,
     SLURM_KEYS,
     WEBHOOK_KEYS,
@@ -51,9 +52,13 @@ def accepted(kind: str) -> dict[str, set[str]]:
     return {
         "collector": names(CollectorConfig),
         # parse_actions takes the safety keys, then one key per part of ActionsConfig but safety
-        "collector.actions": set(SAFETY_KEYS) | names(ActionsConfig) - {"safety"},
+        # (and the RMA webhook's bundle limit, a key of that webhook's table)
+        "collector.actions": set(SAFETY_KEYS)
+        | names(ActionsConfig) - {"safety", "rma_max_bundle_bytes"},
         "collector.actions.slurm": set(SLURM_KEYS),
         "collector.actions.drain_webhook": set(WEBHOOK_KEYS),
+        "collector.actions.reboot_webhook": set(WEBHOOK_KEYS),
+        "collector.actions.rma_webhook": set(RMA_KEYS),
         f"{CHANNELS}.*": set(WEBHOOK_KEYS),
         "collector.alertmanager": set(ALERTMANAGER_KEYS),
         "collector.jobs": names(JobsConfig),

@@ -17,7 +17,13 @@ JSON_DIR = ROOT / "dashboards" / "json"
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "fleetwatch.yaml"
 DASHBOARDS = sorted(JSON_DIR.glob("*.json"))
-CATALOG_NAMES = {spec.name for spec in catalog()}
+# A histogram's series are its _bucket, _sum and _count.
+CATALOG_NAMES = {spec.name for spec in catalog()} | {
+    f"{spec.name}{suffix}"
+    for spec in catalog()
+    if spec.kind == "histogram"
+    for suffix in ("_bucket", "_sum", "_count")
+}
 # Series Prometheus makes itself, which rules may read.
 PROMETHEUS_SERIES = {"up"}
 

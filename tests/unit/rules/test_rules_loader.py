@@ -440,3 +440,49 @@ class TestRequeueJobAction:
         """A quoted boolean is refused, naming the parameter."""
         found = problems(one_rule("gpu", "true", 'actions: [{requeue_job: {exclude_node: "no"}}]'))
         assert any("requeue_job.exclude_node must be true or false" in p for p in found), found
+
+
+class TestRebootAndRmaActions:
+    @pytest.mark.parametrize("scope", ["node", "gpu", "nvlink", "ib_port"])
+    def test_node_level_rules_may_reboot_and_open_tickets(self, scope):
+        """Both name the incident's node: any rule whose target is on a node may use them."""
+        text = one_rule(scope, "true", "actions: [reboot_node, rma_ticket]")
+        (rule,) = parse_rules(text, "r.yaml").rules
+        assert [(a.name, a.params) for a in rule.actions] == [
+            ("reboot_node", {"reason": ""}),
+            ("rma_ticket", {}),
+        ]
+
+    @pytest.mark.parametrize("scope", ["job", "fleet"])
+    @pytest.mark.parametrize("action", ["reboot_node", "rma_ticket"])
+    def test_need_a_node_scope(self, scope, action):
+        """A job or fleet incident names no node to reboot or send back."""
+        found = problems(one_rule(scope, "true", f"actions: [{action}]"))
+        assert any(f"{action} needs a node, and a {scope} rule has none" in p for p in found)
+
+    def test_escalation_actions_are_checked_too(self):
+        """A reboot in a job rule's escalation is as wrong as in its actions."""
+        extra = "escalate: {after: 2, within: 1h, actions: [reboot_node]}"
+        found = problems(one_rule("job", "true", extra))
+        assert any("reboot_node needs a node" in p for p in found), found
+
+    def test_a_reason_of_words_is_kept(self):
+        """``reason`` adds the rule's words to the reboot's reason."""
+        text = one_rule("gpu", "true", "actions: [{reboot_node: {reason: Xid 79 after reset}}]")
+        (rule,) = parse_rules(text, "r.yaml").rules
+        assert rule.actions[0].params == {"reason": "Xid 79 after reset"}
+
+    @pytest.mark.parametrize(
+        "reason", ['"a; reboot"', '"$(id)"', '"x\\"y"', '" padded"', '"' + "a" * 81 + '"']
+    )
+    def test_a_reason_with_more_than_words_is_refused(self, reason):
+        """What reaches scontrol and a webhook from a rule file is words and . _ : / ( ) , -."""
+        found = problems(
+            one_rule("gpu", "true", f"actions: [{{reboot_node: {{reason: {reason}}}}}]")
+        )
+        assert any("reboot_node.reason must be 1-80 letters" in p for p in found), found
+
+    def test_rma_ticket_takes_no_parameter(self):
+        """An unknown parameter is named."""
+        found = problems(one_rule("gpu", "true", "actions: [{rma_ticket: {vendor: x}}]"))
+        assert any("rma_ticket has no parameter vendor" in p for p in found), found

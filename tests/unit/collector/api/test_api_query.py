@@ -38,6 +38,7 @@ class TestEndpoints:
             ("/api/v1/jobs/slurm/1234", "/api/v1/jobs/<id>"),
             ("/api/v1/preflight", "/api/v1/preflight"),
             ("/api/v1/preflight/latest", "/api/v1/preflight/<id>"),
+            ("/api/v1/reliability", "/api/v1/reliability"),
             ("/healthz", None),
             ("/api/v1/nope", None),
             ("/metrics/other", None),
@@ -59,6 +60,7 @@ class TestEndpoints:
             "/api/v1/drains": ["node"],
             "/api/v1/jobs": ["node"],
             "/api/v1/preflight": ["limit", "node"],
+            "/api/v1/reliability": ["node", "window"],
         }
 
 
