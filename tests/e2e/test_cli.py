@@ -44,7 +44,8 @@ def test_demo_runs_and_summarises(tmp_path: Path):
     assert re.search(r"node-02\s+nvlink_down\s+GPU 5 NVLink 7", out)
     assert "events still unacknowledged in agent outboxes: 0" in out
     assert re.search(r"node-04\s+UNREACHABLE", out)
-    assert re.search(r"node-01\s+drained\s+7/8", out)  # the lost GPU's drain held
+    # the lost GPU's drain held: its state, its lifecycle, its GPUs
+    assert re.search(r"node-01\s+drained\s+drained\s+7/8", out)
     journaled = re.search(r"events journaled: (\d+) \((.*)\)", out)
     assert journaled is not None
     assert "gpu_lost 1" in journaled[2]
